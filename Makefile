@@ -1,0 +1,42 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both set up what they need.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+NODE_STAMP := tests/clients/node_modules/.installed-stamp
+
+.PHONY: demo serve test test-fast bench soak venv node clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# Real agent clients (opencode, Codex CLI) for the end-to-end tests.
+node: $(NODE_STAMP)
+
+$(NODE_STAMP): tests/clients/package.json
+	cd tests/clients && npm install --no-audit --no-fund --loglevel=error
+	touch $(NODE_STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/switchyard-model demo
+
+serve: $(STAMP)
+	$(VENV)/bin/switchyard-model demo --serve
+
+test: $(STAMP) node
+	$(PY) -m pytest -q
+
+# Unit tests only: no processes, no node clients.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not integration"
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) tests/clients/node_modules switchyard-captures .pytest_cache

@@ -1,0 +1,1 @@
+"""Pure ASGI middleware for switchyard-model (correlation and request guards)."""

@@ -1,0 +1,211 @@
+"""create_app(settings): the routes, the middleware stack, and the lifespan that owns Switchyard."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from middleware.correlation import CorrelationMiddleware
+from server.calls import ModelEndpoints
+from server.config import Settings
+from server.errors import OpenAIError
+from server.proxy import SwitchyardProxy, build_proxy
+from server.telemetry import Telemetry
+from server.upstream import Upstream
+
+log = logging.getLogger("switchyard_model.app")
+
+
+@dataclass
+class AppState:
+    """Everything the handlers share; filled in by the lifespan, empty before it runs."""
+
+    settings: Settings
+    proxy: SwitchyardProxy
+    upstream: Upstream | None = None
+    store: Any = None  # server.capture.store.CaptureStore when capture is on
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    semaphore: asyncio.Semaphore | None = None
+    route: str = ""
+    ready: bool = False
+    on_ready: Callable[[], None] | None = None  # the CLI prints where it listens
+    startup_error: BaseException | None = None  # why the lifespan failed, for the CLI's exit message
+
+
+def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
+
+
+def _error_response(error: OpenAIError) -> Response:
+    return _json(error.status, error.to_dict(), error.headers)
+
+
+async def _http_exception(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        error = OpenAIError(404, f"no such endpoint: {request.method} {request.url.path}", code="endpoint_not_found")
+    elif exc.status_code == 405:
+        error = OpenAIError(405, f"method {request.method} is not allowed on {request.url.path}",
+                            code="method_not_allowed", headers=dict(exc.headers or {}))
+    else:
+        error = OpenAIError(exc.status_code, str(exc.detail))
+    return _error_response(error)
+
+
+async def _openai_error(request: Request, exc: OpenAIError) -> Response:
+    return _error_response(exc)
+
+
+async def _unhandled(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return _error_response(OpenAIError(500, "internal server error", code="internal_error"))
+
+
+class _RequiresReady:
+    """Answers 503 until the lifespan has brought Switchyard up (and after it went down)."""
+
+    def __init__(self, state: AppState, endpoint) -> None:
+        self.state = state
+        self.endpoint = endpoint
+
+    async def __call__(self, scope, receive, send) -> None:
+        if not self.state.ready or self.state.proxy.is_running() is False:
+            from server.asgi import send_error
+
+            await send_error(send, OpenAIError(503, "Switchyard is not running", code="proxy_unavailable"))
+            return
+        await self.endpoint(scope, receive, send)
+
+
+async def _discover_route(upstream: Upstream) -> str:
+    models = await upstream.get_json("/models")
+    route = models.get("default_model") or next((m.get("id") for m in models.get("data") or []), None)
+    if not route:
+        raise RuntimeError("Switchyard exposes no route; set switchyard_model")
+    return route
+
+
+def create_app(settings: Settings) -> Starlette:
+    """Build the ASGI app. Nothing starts here: Switchyard, the upstream client and capture start in
+    the lifespan, on the event-loop thread (the hosted server is thread-affine)."""
+    state = AppState(settings=settings, proxy=build_proxy(settings))
+    endpoints = ModelEndpoints(state)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        try:
+            await state.proxy.start()
+            state.upstream = Upstream(
+                state.proxy.root_url + "/v1",
+                api_key=settings.switchyard_api_key,
+                default_headers=settings.default_headers,
+                timeout_s=settings.upstream_timeout_s,
+                connect_timeout_s=settings.upstream_connect_timeout_s,
+                max_connections=settings.upstream_max_connections,
+            )
+            state.route = settings.switchyard_model or await _discover_route(state.upstream)
+            if settings.max_concurrent_requests:
+                state.semaphore = asyncio.Semaphore(settings.max_concurrent_requests)
+            if settings.capture:
+                from server.capture.store import CaptureStore
+
+                state.store = CaptureStore(settings.capture_dir, queue_size=settings.capture_queue_size,
+                                           capture_uncorrelated=settings.capture_uncorrelated)
+                state.store.start()
+            state.ready = True
+            log.info("serving route %r through Switchyard at %s (%s)", state.route, state.proxy.root_url,
+                     state.proxy.mode)
+            if state.on_ready is not None:
+                state.on_ready()
+        except BaseException as exc:
+            state.startup_error = exc
+            await _shutdown(state)
+            raise
+        try:
+            yield
+        finally:
+            await _shutdown(state)
+
+    async def health(request: Request) -> Response:
+        up = await _proxy_up(state)
+        body = {
+            "status": "ok" if up else "unavailable",
+            "mode": state.proxy.mode,
+            "route": state.route or None,
+            "proxy": {"url": state.proxy.root_url, "up": up},
+        }
+        if state.store is not None:
+            body["capture"] = state.store.stats()
+        return _json(200 if up else 503, body)
+
+    async def models(request: Request) -> Response:
+        if not state.ready:
+            raise OpenAIError(503, "Switchyard is not running", code="proxy_unavailable")
+        try:
+            upstream_models = await state.upstream.get_json("/models")
+        except (httpx.HTTPError, ValueError) as exc:
+            raise OpenAIError(502, f"cannot list Switchyard's routes: {exc}", code="upstream_error") from exc
+        data = []
+        for entry in upstream_models.get("data") or []:
+            caps = entry.get("capabilities") or {}
+            data.append({
+                "id": entry.get("id"),
+                "object": "model",
+                "created": entry.get("created", 0),
+                "owned_by": entry.get("owned_by", "switchyard"),
+                "max_model_len": caps.get("context_window"),
+            })
+        return _json(200, {"object": "list", "data": data})
+
+    routes = [
+        Route("/v1/chat/completions", _RequiresReady(state, endpoints.chat_completions), methods=["POST"]),
+        Route("/v1/responses", _RequiresReady(state, endpoints.responses), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    if settings.capture:
+        from server.sessions import session_routes
+
+        routes += session_routes(lambda: state.store)
+
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(CorrelationMiddleware)],
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_exception, OpenAIError: _openai_error, Exception: _unhandled},
+    )
+    app.state.switchyard = state
+    return app
+
+
+async def _shutdown(state: AppState) -> None:
+    """Undo whatever the lifespan got to; safe to call twice. The proxy is closed last."""
+    state.ready = False
+    try:
+        if state.store is not None:
+            store, state.store = state.store, None
+            await asyncio.to_thread(store.close)
+        if state.upstream is not None:
+            upstream, state.upstream = state.upstream, None
+            await upstream.aclose()
+        state.telemetry.shutdown()
+    finally:
+        await state.proxy.close()
+
+
+async def _proxy_up(state: AppState) -> bool:
+    if not state.ready or state.upstream is None or state.proxy.is_running() is False:
+        return False
+    return await state.upstream.healthy(state.proxy.root_url)

@@ -1,0 +1,368 @@
+"""The model-call endpoints: forward to Switchyard's chat API, translate for Responses, hand off capture."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from middleware.correlation import Correlation, current_correlation
+from server.accumulate import ChatStreamAccumulator
+from server.asgi import SSE_HEADERS, ClientGone, parse_json_object, read_body, run_until_disconnect, send_error, send_json
+from server.errors import OpenAIError
+from server.translate import ResponsesStreamWriter, chat_to_response, responses_to_chat
+from server.upstream import relayed_headers
+
+if TYPE_CHECKING:
+    from server.app import AppState
+
+log = logging.getLogger("switchyard_model.calls")
+
+# What we add to a chat request so the upstream (vLLM) returns token ids and logprobs.
+_TOKEN_ID_FIELDS = (("return_token_ids", True), ("logprobs", True), ("top_logprobs", 0))
+
+
+@dataclass(slots=True)
+class Call:
+    """One model call as it moves through the handler."""
+
+    correlation: Correlation
+    request_id: str
+    request: dict[str, Any]  # the chat body sent upstream
+    stream: bool
+    capture: bool
+    added_fields: frozenset[str]  # token-id fields the client did not ask for
+    started: float
+
+
+def _request_id(corr: Correlation) -> str:
+    return corr.request_id or f"req_{uuid.uuid4().hex}"
+
+
+class ModelEndpoints:
+    """Holds the app state; `chat_completions` and `responses` are raw ASGI apps."""
+
+    def __init__(self, state: "AppState") -> None:
+        self.state = state
+
+    # ---- shared plumbing -------------------------------------------------------------------
+    async def _read_request(self, receive) -> tuple[dict[str, Any], Correlation]:
+        body = parse_json_object(await read_body(receive, self.state.settings.max_body_bytes))
+        # Always removed: it is ours, never the upstream's.
+        corr = current_correlation().with_body_session_id(body.pop("proxy_x_session_id", None))
+        return body, corr
+
+    def _prepare(self, chat_body: dict[str, Any], corr: Correlation, stream: bool, want_ids: bool) -> Call:
+        state = self.state
+        request = {**state.settings.extra_body, **chat_body} if state.settings.extra_body else chat_body
+        request["model"] = state.route
+        request["stream"] = stream
+        capture = state.store is not None and (corr.session_id is not None or state.settings.capture_uncorrelated)
+        added: set[str] = set()
+        if (capture and state.settings.request_token_ids) or want_ids:
+            for key, value in _TOKEN_ID_FIELDS:
+                if key not in request:
+                    request[key] = value
+                    added.add(key)
+        return Call(corr, _request_id(corr), request, stream, capture, frozenset(added), time.perf_counter())
+
+    def _upstream_headers(self, call: Call) -> dict[str, str]:
+        headers = {"x-request-id": call.request_id}
+        corr = call.correlation
+        if corr.session_id and self.state.settings.forward_session_id:
+            for name in self.state.settings.session_id_headers:
+                headers[name] = corr.session_id
+        return headers
+
+    def _limit(self) -> AbstractAsyncContextManager:
+        return self.state.semaphore or nullcontext()
+
+    def _record(self, call: Call, chat_response: dict[str, Any], api: str, status: str = "completed") -> None:
+        """Hand the call to the capture store; never raises, never blocks."""
+        if not call.capture:
+            return
+        try:
+            corr = call.correlation
+            self.state.store.submit_call(
+                session_id=corr.session_id or f"uncorrelated-{call.request_id}",
+                parent_session_id=corr.parent_session_id,
+                rollout_id=corr.rollout_id,
+                request_id=call.request_id,
+                chat_request=call.request,
+                chat_response=chat_response,
+                route=self.state.route,
+                api=api,
+                stream=call.stream,
+                latency_ms=(time.perf_counter() - call.started) * 1000.0,
+                status=status,
+            )
+        except Exception:  # capture must never fail a call
+            log.exception("capture hand-off failed")
+
+    async def _guarded(self, scope, receive, send, handler) -> None:
+        """Errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""
+        started = {"value": False}
+
+        async def tracking_send(message) -> None:
+            if message["type"] == "http.response.start":
+                started["value"] = True
+            await send(message)
+
+        try:
+            body, corr = await self._read_request(receive)
+            await run_until_disconnect(receive, lambda: handler(body, corr, tracking_send))
+        except ClientGone:
+            return
+        except OpenAIError as error:
+            if not started["value"]:
+                await send_error(send, error)
+        except Exception:
+            log.exception("unhandled error in %s", scope.get("path"))
+            if not started["value"]:
+                await send_error(send, OpenAIError(500, "internal server error", code="internal_error"))
+
+    # ---- /v1/chat/completions -----------------------------------------------------------------
+    async def chat_completions(self, scope, receive, send) -> None:
+        await self._guarded(scope, receive, send, self._chat)
+
+    async def _chat(self, body: dict[str, Any], corr: Correlation, send) -> None:
+        _validate_chat(body)
+        call = self._prepare(body, corr, body.get("stream") is True, want_ids=False)
+        span = self.state.telemetry.start_call(api="chat", route=self.state.route, request=call.request,
+                                               correlation=corr, stream=call.stream, scope={})
+        headers = self._upstream_headers(call)
+        span.upstream_headers(headers)
+        try:
+            async with self._limit():
+                if call.stream:
+                    await self._chat_stream(call, headers, send, span)
+                else:
+                    reply = await self.state.upstream.post("/chat/completions", orjson.dumps(call.request), headers)
+                    chat = _parse_reply(reply.body)
+                    out = reply.body
+                    if call.added_fields:
+                        out = orjson.dumps(_strip_token_fields(chat, call.added_fields, copy=True))
+                    await send_json(send, 200, out, relayed_headers(reply.headers))
+                    span.finish(chat)
+                    self._record(call, chat, "chat")
+        except BaseException as exc:
+            span.finish(None, exc)
+            raise
+
+    async def _chat_stream(self, call: Call, headers: dict[str, str], send, span) -> None:
+        stream = await self.state.upstream.open_stream("/chat/completions", orjson.dumps(call.request), headers)
+        accumulator = ChatStreamAccumulator() if call.capture else None
+        parse = accumulator is not None or bool(call.added_fields)
+        saw_done = False
+        first = True
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": SSE_HEADERS + relayed_headers(stream.headers)})
+            async for event in stream.events():
+                if first:
+                    span.first_chunk()
+                    first = False
+                data = _sse_data(event)
+                if data is None:
+                    continue
+                if data == b"[DONE]":
+                    saw_done = True
+                    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+                    break
+                out = event
+                if parse:
+                    chunk = orjson.loads(data)
+                    if "error" in chunk and "choices" not in chunk:
+                        raise _in_band_error(chunk)
+                    if accumulator is not None:
+                        accumulator.feed(chunk)
+                    if call.added_fields:
+                        out = b"data: " + orjson.dumps(_strip_token_fields(chunk, call.added_fields, copy=False))
+                await send({"type": "http.response.body", "body": out + b"\n\n", "more_body": True})
+            if not saw_done:
+                raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
+            await send({"type": "http.response.body", "body": b""})
+            result = accumulator.result() if accumulator is not None else None
+            span.finish(result)
+            if result is not None:
+                self._record(call, result, "chat")
+        except OpenAIError as error:
+            # Mid-stream: the status line is gone, so the error travels in-band, as Switchyard does.
+            await send({"type": "http.response.body", "body": b"data: " + error.to_json() + b"\n\n"})
+            if accumulator is not None:
+                self._record(call, accumulator.result(), "chat", status="failed")
+            span.finish(None, error)
+        except asyncio.CancelledError:
+            if accumulator is not None:
+                self._record(call, accumulator.result(), "chat", status="partial")
+            raise
+        finally:
+            await stream.aclose()
+
+    # ---- /v1/responses ------------------------------------------------------------------------
+    async def responses(self, scope, receive, send) -> None:
+        await self._guarded(scope, receive, send, self._responses)
+
+    async def _responses(self, body: dict[str, Any], corr: Correlation, send) -> None:
+        want_triple = bool(body.pop("return_token_id_information", False)) or self.state.settings.return_token_id_information
+        stream = body.get("stream") is True
+        if self.state.settings.upstream_api == "responses":
+            await self._responses_passthrough(body, corr, stream, send)
+            return
+        translated = responses_to_chat(body)
+        call = self._prepare(translated.body, corr, stream, want_ids=want_triple)
+        span = self.state.telemetry.start_call(api="responses", route=self.state.route, request=call.request,
+                                               correlation=corr, stream=stream, scope={})
+        headers = self._upstream_headers(call)
+        span.upstream_headers(headers)
+        response_id = f"resp_{uuid.uuid4().hex}"
+        created_at = int(time.time())
+        try:
+            async with self._limit():
+                if stream:
+                    await self._responses_stream(call, body, translated.tool_map, headers, send, span,
+                                                 response_id, created_at, want_triple)
+                else:
+                    reply = await self.state.upstream.post("/chat/completions", orjson.dumps(call.request), headers)
+                    chat = _parse_reply(reply.body)
+                    response = chat_to_response(chat, body, translated.tool_map, response_id=response_id,
+                                                created_at=created_at, token_ids=want_triple)
+                    await send_json(send, 200, orjson.dumps(response), relayed_headers(reply.headers))
+                    span.finish(chat)
+                    self._record(call, chat, "responses")
+        except BaseException as exc:
+            span.finish(None, exc)
+            raise
+
+    async def _responses_stream(self, call: Call, body, tool_map, headers, send, span,
+                                response_id: str, created_at: int, want_triple: bool) -> None:
+        stream = await self.state.upstream.open_stream("/chat/completions", orjson.dumps(call.request), headers)
+        model = stream.headers.get("x-model-router-selected-model") or self.state.route
+        writer = ResponsesStreamWriter(body, tool_map, response_id=response_id, created_at=created_at,
+                                       model=model, token_ids=want_triple)
+        first = True
+        saw_done = False
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": SSE_HEADERS + relayed_headers(stream.headers)})
+            await send({"type": "http.response.body", "body": writer.start(), "more_body": True})
+            async for event in stream.events():
+                if first:
+                    span.first_chunk()
+                    first = False
+                data = _sse_data(event)
+                if data is None:
+                    continue
+                if data == b"[DONE]":
+                    saw_done = True
+                    break
+                chunk = orjson.loads(data)
+                if "error" in chunk and "choices" not in chunk:
+                    raise _in_band_error(chunk)
+                out = writer.feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            if not saw_done:
+                raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
+            await send({"type": "http.response.body", "body": writer.finish()})
+            result = writer.accumulator.result()
+            span.finish(result)
+            self._record(call, result, "responses")
+        except OpenAIError as error:
+            await send({"type": "http.response.body", "body": writer.fail(error.message, error.code)})
+            self._record(call, writer.accumulator.result(), "responses", status="failed")
+            span.finish(None, error)
+        except asyncio.CancelledError:
+            self._record(call, writer.accumulator.result(), "responses", status="partial")
+            raise
+        finally:
+            await stream.aclose()
+
+    async def _responses_passthrough(self, body: dict[str, Any], corr: Correlation, stream: bool, send) -> None:
+        """`upstream_api: responses`: relay to Switchyard's /v1/responses unchanged (no token ids there)."""
+        request = {**self.state.settings.extra_body, **body}
+        request["model"] = self.state.route
+        call = Call(corr, _request_id(corr), request, stream, False, frozenset(), time.perf_counter())
+        headers = self._upstream_headers(call)
+        async with self._limit():
+            if not stream:
+                reply = await self.state.upstream.post("/responses", orjson.dumps(request), headers)
+                await send_json(send, 200, reply.body, relayed_headers(reply.headers))
+                return
+            upstream = await self.state.upstream.open_stream("/responses", orjson.dumps(request), headers)
+            try:
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": SSE_HEADERS + relayed_headers(upstream.headers)})
+                async for event in upstream.events():
+                    await send({"type": "http.response.body", "body": event + b"\n\n", "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+            except OpenAIError as error:
+                payload = {"type": "error", "code": error.code, "message": error.message, "param": None}
+                await send({"type": "http.response.body",
+                            "body": b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"})
+            finally:
+                await upstream.aclose()
+
+
+def _sse_data(event: bytes) -> bytes | None:
+    """The payload of an SSE event's `data:` line(s); None for comments and keep-alives."""
+    if event.startswith(b"data: "):
+        if b"\ndata:" not in event:
+            return event[6:]
+    lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
+def _in_band_error(chunk: dict[str, Any]) -> OpenAIError:
+    err = chunk.get("error")
+    message = err.get("message") if isinstance(err, dict) else str(err)
+    return OpenAIError(502, message or "upstream stream failed", code="upstream_stream_error")
+
+
+def _parse_reply(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise OpenAIError(502, f"the upstream answered with invalid JSON: {exc}", code="upstream_invalid_json") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
+        raise OpenAIError(502, "the upstream answer is not a chat completion", code="upstream_invalid_response")
+    return doc
+
+
+def _strip_token_fields(chat: dict[str, Any], added: frozenset[str], *, copy: bool) -> dict[str, Any]:
+    """Remove what we asked the upstream for but the client did not, so it gets the shape it asked for."""
+    if copy:
+        chat = {**chat, "choices": [dict(c) for c in chat.get("choices") or ()]}
+    if "return_token_ids" in added:
+        chat.pop("prompt_token_ids", None)
+        for choice in chat.get("choices") or ():
+            choice.pop("token_ids", None)
+    if "logprobs" in added:
+        for choice in chat.get("choices") or ():
+            if "logprobs" in choice:
+                choice["logprobs"] = None
+    return chat
+
+
+def _validate_chat(body: dict[str, Any]) -> None:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError(400, "`messages` must be a non-empty array of chat messages", param="messages",
+                          code="invalid_value")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise OpenAIError(400, f"messages[{i}] must be an object with a string `role`", param=f"messages[{i}]",
+                              code="invalid_value")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise OpenAIError(400, "`stream` must be a boolean", param="stream", code="invalid_type")
+    for key in ("max_tokens", "max_completion_tokens", "n", "top_logprobs"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise OpenAIError(400, f"`{key}` must be a non-negative integer", param=key, code="invalid_type")

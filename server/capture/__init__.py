@@ -1,0 +1,1 @@
+"""Token-exact capture: records, the durable store, and rollout reconstruction."""

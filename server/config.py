@@ -1,0 +1,201 @@
+"""Settings: NeMo Gym's switchyard_model field names plus ours, from defaults < YAML < env < flags."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+log = logging.getLogger("switchyard_model.config")
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+# Gym's base server fields: a Gym YAML carries them, they mean nothing to a standalone server.
+_GYM_BASE_FIELDS = {"entrypoint", "name", "domain", "num_workers"}
+
+# Environment variables, as Gym's switchyard_model YAML reads them (`${oc.env:...}`).
+ENV_VARS = {
+    "switchyard_base_url": "SWITCHYARD_BASE_URL",
+    "deployment": "SWITCHYARD_DEPLOYMENT",
+    "switchyard_api_key": "SWITCHYARD_API_KEY",
+    "condition_dir": "SWITCHYARD_CONDITION_DIR",
+    "capture_dir": "SWITCHYARD_MODEL_CAPTURE_DIR",
+}
+
+
+class ConfigError(ValueError):
+    """A configuration the server cannot start with; the message is shown to the user as is."""
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- NeMo Gym's switchyard_model fields (same names, same meanings) ---
+    switchyard_model: str | None = None  # the route; None = Switchyard's default route
+    switchyard_base_url: str | None = None  # attach mode when set
+    switchyard_api_key: str = "dummy"
+    deployment: str | None = None  # a Switchyard TOML (path or shipped profile name): launch mode
+    proxy_port: int | None = Field(default=None, ge=0, le=65535)
+    session_id_headers: list[str] = Field(default_factory=lambda: ["x-switchyard-session-id"])
+    forward_session_id: bool = True
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    default_headers: dict[str, str] = Field(default_factory=dict)
+    max_concurrent_requests: int | None = Field(default=None, ge=1)
+    condition_dir: str | None = None
+
+    # --- ours ---
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    # Launch a separately installed Switchyard instead of hosting it in-process, e.g.
+    # "switchyard-server --config {deployment} --port {port}".
+    switchyard_command: str | None = None
+    proxy_startup_timeout_s: float = Field(default=240.0, gt=0)
+    upstream_timeout_s: float = Field(default=600.0, gt=0)  # whole call, stream included
+    upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
+    upstream_max_connections: int = Field(default=512, ge=1)
+    upstream_api: Literal["chat", "responses"] = "chat"
+    # Ask the upstream for token ids / logprobs on correlated calls (needed for capture).
+    request_token_ids: bool = True
+    # Gym vllm_model's name: put the token triple on generated Responses output items.
+    return_token_id_information: bool = False
+    # For upstreams that do not stream token ids: call them non-stream and synthesise the stream.
+    buffer_upstream_streams: bool = False
+    capture: bool = True
+    capture_dir: str = "switchyard-captures"
+    capture_uncorrelated: bool = False
+    capture_queue_size: int = Field(default=10000, ge=1)
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    log_level: str = "info"
+
+    @field_validator("session_id_headers")
+    @classmethod
+    def _header_names_are_tokens(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
+                raise ValueError(f"session_id_headers: {name!r} is not a valid header name")
+        return [n.lower() for n in names]
+
+    @model_validator(mode="after")
+    def _needs_a_switchyard(self) -> "Settings":
+        if not self.switchyard_base_url and not self.deployment:
+            raise ValueError(
+                "switchyard_model needs either deployment (this server hosts Switchyard from a TOML "
+                "deployment) or switchyard_base_url (attach to a Switchyard you run yourself)"
+            )
+        return self
+
+    @property
+    def launches_proxy(self) -> bool:
+        return not self.switchyard_base_url
+
+    @property
+    def mode(self) -> str:
+        if not self.launches_proxy:
+            return "attach"
+        return "launch-process" if self.switchyard_command else "launch-hosted"
+
+
+def _interpolate_gym_env(value: Any) -> Any:
+    """Resolve Gym-style `${oc.env:VAR,default}` in YAML strings, so Gym configs port unchanged."""
+    if isinstance(value, dict):
+        return {k: _interpolate_gym_env(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate_gym_env(v) for v in value]
+    if not isinstance(value, str):
+        return value
+    full = re.fullmatch(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}", value.strip())
+    if full:
+        default = full.group(2)
+        resolved = os.environ.get(full.group(1))
+        if resolved is not None:
+            return resolved
+        if default is None or default.strip() == "null":
+            return None
+        return default.strip()
+    return value
+
+
+def _settings_block(doc: Any, path: Path) -> dict[str, Any]:
+    """Accept a flat mapping or Gym's `policy_model: responses_api_models: switchyard_model: {...}`."""
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    for instance in doc.values():
+        if isinstance(instance, dict) and isinstance(instance.get("responses_api_models"), dict):
+            block = instance["responses_api_models"].get("switchyard_model")
+            if isinstance(block, dict):
+                return dict(block)
+    return dict(doc)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+    block = _interpolate_gym_env(_settings_block(doc, path))
+    for key in _GYM_BASE_FIELDS & block.keys():
+        block.pop(key)
+    # Relative deployment paths in a file are relative to that file, not to the cwd.
+    dep = block.get("deployment")
+    if isinstance(dep, str) and dep and not Path(dep).is_absolute() and (path.parent / dep).exists():
+        block["deployment"] = str((path.parent / dep).resolve())
+    return block
+
+
+def load_settings(
+    config_file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Merge the sources, later wins: defaults < YAML < environment < explicit overrides (flags)."""
+    environ = os.environ if environ is None else environ
+    merged: dict[str, Any] = {}
+    if config_file:
+        merged.update(load_yaml(config_file))
+    for field, var in ENV_VARS.items():
+        if environ.get(var):
+            merged[field] = environ[var]
+    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        settings = Settings(**merged)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from exc
+    if settings.switchyard_base_url and settings.deployment:
+        log.warning(
+            "switchyard_model: both switchyard_base_url and deployment are set. Attaching to %s; the "
+            "deployment %s is served by that proxy, not by this server, and is otherwise ignored.",
+            settings.switchyard_base_url,
+            settings.deployment,
+        )
+    return settings
+
+
+def resolve_deployment(name_or_path: str) -> Path:
+    """A path as given, or a bare profile name (`demo`, `vllm`) resolved to the shipped file."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return path.resolve()
+    if "/" not in name_or_path and not path.suffix:
+        shipped = PROFILES_DIR / f"{name_or_path}.toml"
+        if shipped.exists():
+            return shipped
+    raise ConfigError(f"deployment {name_or_path!r} not found (neither a file nor a shipped profile in {PROFILES_DIR})")
+
+
+def _one_line(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid configuration: " + "; ".join(parts)

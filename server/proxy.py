@@ -1,0 +1,256 @@
+"""Switchyard's lifecycle in each mode: attached, hosted in-process, or launched as a child process."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from server import profiles
+from server.config import ConfigError, Settings, resolve_deployment
+
+log = logging.getLogger("switchyard_model.proxy")
+
+_LOOPBACK = "127.0.0.1,localhost,::1"
+
+
+def ensure_no_proxy_for_loopback() -> None:
+    """Switchyard honours HTTP_PROXY even for 127.0.0.1 upstreams; keep loopback traffic direct."""
+    for var in ("NO_PROXY", "no_proxy"):
+        current = os.environ.get(var, "")
+        missing = [h for h in _LOOPBACK.split(",") if h not in current.split(",")]
+        if missing:
+            os.environ[var] = ",".join([p for p in [current, *missing] if p])
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def root_url(base_url: str) -> str:
+    """`http://h:p/v1/` → `http://h:p`: the server root that /health and /v1/... hang off."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class SwitchyardProxy:
+    """The common face of the three modes: a root URL, start/close, and whether it is up."""
+
+    mode = "attach"
+
+    def __init__(self) -> None:
+        self.root_url: str | None = None
+        self.deployment_path: Path | None = None  # the deployment as the user named it
+        self._rendered_path: Path | None = None  # the private, interpolated copy Switchyard reads
+
+    def _render_deployment(self) -> Path:
+        """Interpolate `${VAR}` in the deployment and write it privately (0600) for Switchyard."""
+        rendered = profiles.render(self.deployment_path)
+        self._rendered_path = profiles.write_private(rendered)
+        return self._rendered_path
+
+    def _forget_rendered(self) -> None:
+        if self._rendered_path is not None:
+            profiles.remove_private(self._rendered_path)
+            self._rendered_path = None
+
+    async def start(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Idempotent."""
+
+    def is_running(self) -> bool | None:
+        """False when we know the proxy is gone (closed, exited); None when only a probe can tell."""
+        return None
+
+
+class AttachedProxy(SwitchyardProxy):
+    mode = "attach"
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__()
+        self.root_url = root_url(base_url)
+
+    async def start(self) -> None:
+        return None
+
+
+class HostedProxy(SwitchyardProxy):
+    """Hosts `switchyard_rust.server.Server` in this process.
+
+    The native server is thread-affine: create and close it on one thread (the event loop's, from
+    the lifespan). A call from another thread raises a PanicException that `except Exception` misses.
+    """
+
+    mode = "launch-hosted"
+
+    def __init__(self, deployment: Path, port: int | None) -> None:
+        super().__init__()
+        self.deployment_path = deployment
+        self.port = port or 0
+        self._server = None
+
+    async def start(self) -> None:
+        try:
+            from switchyard_rust.server import Server, ServerConfigError  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError(
+                "cannot import switchyard_rust: install nemo-switchyard==0.3.0 "
+                "(pip install nemo-switchyard==0.3.0) or set switchyard_base_url to attach"
+            ) from exc
+        ensure_no_proxy_for_loopback()
+        config_path = self._render_deployment()
+        try:
+            self._server = Server(str(config_path), port=self.port)
+        except RuntimeError as exc:  # ServerConfigError is a RuntimeError too
+            self._forget_rendered()
+            message = str(exc).replace(str(config_path), str(self.deployment_path))
+            if "Address already in use" in message:
+                raise RuntimeError(f"Switchyard cannot bind port {self.port}: {message}") from exc
+            raise RuntimeError(f"Switchyard rejected the deployment {self.deployment_path}: {message}") from exc
+        self.root_url = self._server.base_url
+        log.info("hosted Switchyard on %s (deployment %s)", self.root_url, self.deployment_path)
+
+    async def close(self) -> None:
+        server, self._server = self._server, None
+        self._forget_rendered()
+        if server is None:
+            return
+        try:
+            server.close(timeout_secs=5.0)
+        except RuntimeError as exc:
+            log.warning("closing the hosted Switchyard: %s", exc)
+
+    def is_running(self) -> bool | None:
+        return self._server is not None
+
+
+def _die_with_parent() -> None:
+    """Child-side: ask Linux to SIGTERM the child when this server dies, so it is never orphaned."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+class LaunchedProxy(SwitchyardProxy):
+    """Runs a command (e.g. a separately installed `switchyard-server`) as a child process."""
+
+    mode = "launch-process"
+
+    def __init__(self, command: str, deployment: Path, port: int | None, startup_timeout_s: float) -> None:
+        super().__init__()
+        self.command = command
+        self.deployment_path = deployment
+        self.port = port or free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen | None = None
+        self._stderr_file = None
+
+    def _argv(self, config_path: Path) -> list[str]:
+        return [part.format(deployment=str(config_path), port=self.port) for part in shlex.split(self.command)]
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        if self._stderr_file is None:
+            return ""
+        try:
+            self._stderr_file.flush()
+            with open(self._stderr_file.name, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - limit))
+                return fh.read().decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+
+    async def start(self) -> None:
+        ensure_no_proxy_for_loopback()
+        argv = self._argv(self._render_deployment())
+        self._stderr_file = tempfile.NamedTemporaryFile(prefix="switchyard-stderr-", suffix=".log", delete=False)
+        try:
+            self.process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr_file,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            raise RuntimeError(f"cannot launch Switchyard ({argv[0]}): {exc.strerror or exc}") from exc
+        self.root_url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                tail = self.stderr_tail()
+                await self.close()
+                raise RuntimeError(
+                    f"Switchyard exited with code {code} before it was ready" + (f": {tail}" if tail else "")
+                )
+            if await _port_open("127.0.0.1", self.port):
+                log.info("launched Switchyard (pid %s) on %s", self.process.pid, self.root_url)
+                return
+            if time.monotonic() > deadline:
+                await self.close()
+                raise RuntimeError(f"Switchyard not ready after {self.startup_timeout_s:g}s on port {self.port}")
+            await asyncio.sleep(0.1)
+
+    async def close(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                await asyncio.to_thread(process.wait, 10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                await asyncio.to_thread(process.wait)
+        self._forget_rendered()
+        if self._stderr_file is not None:
+            self._stderr_file.close()
+            try:
+                os.unlink(self._stderr_file.name)
+            except OSError:
+                pass
+            self._stderr_file = None
+
+    def is_running(self) -> bool | None:
+        return self.process is not None and self.process.poll() is None
+
+
+async def _port_open(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=1.0)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+    return True
+
+
+def build_proxy(settings: Settings) -> SwitchyardProxy:
+    """Pick the mode from the settings. Has no side effects: nothing starts until `start()`."""
+    if settings.switchyard_base_url:
+        return AttachedProxy(settings.switchyard_base_url)
+    deployment = resolve_deployment(settings.deployment or "")
+    if settings.switchyard_command:
+        return LaunchedProxy(settings.switchyard_command, deployment, settings.proxy_port, settings.proxy_startup_timeout_s)
+    return HostedProxy(deployment, settings.proxy_port)
+
+
+__all__ = ["AttachedProxy", "ConfigError", "HostedProxy", "LaunchedProxy", "SwitchyardProxy", "build_proxy", "root_url"]

@@ -1,0 +1,190 @@
+"""The httpx clients to Switchyard, and the mapping of every upstream failure to an OpenAI error."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import orjson
+
+from server.errors import OpenAIError
+
+log = logging.getLogger("switchyard_model.upstream")
+
+# Headers of Switchyard's (or the model server's) answer worth relaying to the client.
+_RELAYED_RESPONSE_HEADERS = ("x-model-router-selected-model", "x-request-id", "openai-processing-ms")
+
+
+@dataclass(slots=True)
+class UpstreamReply:
+    status: int
+    body: bytes
+    headers: httpx.Headers
+
+    def json(self) -> dict:
+        return orjson.loads(self.body)
+
+
+def relayed_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
+    out = []
+    for name in _RELAYED_RESPONSE_HEADERS:
+        value = headers.get(name)
+        if value is not None:
+            out.append((name.encode(), value.encode("latin-1")))
+    return out
+
+
+def error_from_reply(status: int, body: bytes, headers: httpx.Headers) -> OpenAIError:
+    """Keep the upstream status and message; put them in the OpenAI shape."""
+    message = None
+    err_type = code = param = None
+    try:
+        doc = orjson.loads(body)
+        err = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(err, dict):
+            message = err.get("message")
+            err_type, code, param = err.get("type"), err.get("code"), err.get("param")
+        elif isinstance(err, str):
+            message = err
+        elif isinstance(doc, dict) and isinstance(doc.get("message"), str):
+            message = doc["message"]
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    if not isinstance(message, str) or not message:
+        text = body[:500].decode("utf-8", "replace").strip()
+        message = f"upstream returned HTTP {status}" + (f": {text}" if text else "")
+    extra = {}
+    if status == 429:
+        # Switchyard 0.3.0 honours Retry-After itself, then relays the 429 without it; a client
+        # still needs some back-off hint, so a missing one becomes a conservative 1 s.
+        extra["retry-after"] = headers.get("retry-after", "1")
+    return OpenAIError(
+        status,
+        message,
+        type=err_type if isinstance(err_type, str) else None,
+        code=code if isinstance(code, str) else "upstream_error",
+        param=param if isinstance(param, str) else None,
+        headers=extra,
+    )
+
+
+def error_from_exception(exc: Exception, target: str) -> OpenAIError:
+    if isinstance(exc, httpx.TimeoutException):
+        return OpenAIError(504, f"the upstream ({target}) did not answer in time", code="upstream_timeout")
+    if isinstance(exc, httpx.ConnectError):
+        return OpenAIError(502, f"cannot connect to the upstream ({target}): {exc}", code="upstream_unreachable")
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+        return OpenAIError(502, f"the upstream ({target}) closed the connection: {exc}", code="upstream_disconnected")
+    return OpenAIError(502, f"upstream call failed: {type(exc).__name__}: {exc}", code="upstream_error")
+
+
+class UpstreamStream:
+    """An open streamed answer: yields each SSE event's raw bytes (`data: ...` lines) as it arrives."""
+
+    def __init__(self, response: httpx.Response, target: str) -> None:
+        self.response = response
+        self.target = target
+        self.headers = response.headers
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """Whole SSE events (without the blank-line terminator), split across network chunks as needed."""
+        buffer = b""
+        try:
+            async for chunk in self.response.aiter_raw():
+                buffer += chunk
+                if b"\n\n" not in buffer:
+                    continue
+                # Upstreams may use \r\n; normalise only when we see it, it is rare.
+                if b"\r\n" in buffer:
+                    buffer = buffer.replace(b"\r\n", b"\n")
+                *complete, buffer = buffer.split(b"\n\n")
+                for event in complete:
+                    if event:
+                        yield event
+        except httpx.HTTPError as exc:
+            raise error_from_exception(exc, self.target) from exc
+        if buffer.strip():
+            yield buffer.strip()
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
+class Upstream:
+    """One pooled client for non-stream calls and one for streams, both to Switchyard's /v1."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str,
+        default_headers: dict[str, str],
+        timeout_s: float,
+        connect_timeout_s: float,
+        max_connections: int,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"authorization": f"Bearer {api_key}", "content-type": "application/json"}
+        headers.update({k.lower(): v for k, v in default_headers.items()})
+        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        # trust_env=False: HTTP_PROXY must never capture loopback traffic to Switchyard.
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=timeout,
+            trust_env=False,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+        # Switchyard 0.3.0 stalls ~40 ms per stream on a reused connection (Nagle against delayed
+        # ACKs, see docs/architecture.md); a fresh connection per stream avoids it.
+        self._stream_client = httpx.AsyncClient(
+            headers=headers,
+            timeout=timeout,
+            trust_env=False,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=0),
+        )
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamReply:
+        url = self.base_url + path
+        try:
+            response = await self._client.post(url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise error_from_exception(exc, self.base_url) from exc
+        reply = UpstreamReply(response.status_code, response.content, response.headers)
+        if response.status_code >= 400:
+            raise error_from_reply(response.status_code, response.content, response.headers)
+        return reply
+
+    async def open_stream(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamStream:
+        url = self.base_url + path
+        request = self._stream_client.build_request("POST", url, content=body, headers=headers)
+        try:
+            response = await self._stream_client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise error_from_exception(exc, self.base_url) from exc
+        if response.status_code >= 400:
+            try:
+                content = await response.aread()
+            except httpx.HTTPError:
+                content = b""
+            finally:
+                await response.aclose()
+            raise error_from_reply(response.status_code, content, response.headers)
+        return UpstreamStream(response, self.base_url)
+
+    async def get_json(self, path: str, timeout_s: float = 5.0) -> dict:
+        response = await self._client.get(self.base_url + path, timeout=timeout_s)
+        response.raise_for_status()
+        return response.json()
+
+    async def healthy(self, root_url: str) -> bool:
+        try:
+            response = await self._client.get(root_url + "/health", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        await self._stream_client.aclose()
