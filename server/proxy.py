@@ -195,7 +195,7 @@ class LaunchedProxy(SwitchyardProxy):
         while True:
             code = self.process.poll()
             if code is not None:
-                tail = self.stderr_tail()
+                tail = self.stderr_tail().replace(str(self._rendered_path), str(self.deployment_path))
                 await self.close()
                 raise RuntimeError(
                     f"Switchyard exited with code {code} before it was ready" + (f": {tail}" if tail else "")

@@ -27,14 +27,15 @@ def main(argv: list[str] | None = None) -> int:
 
     ensure_no_proxy_for_loopback()
     try:
-        rendered = profiles.write_private(profiles.render(resolve_deployment(args.config)))
+        source = resolve_deployment(args.config)
+        rendered = profiles.write_private(profiles.render(source))
     except ConfigError as exc:
         print(f"switchyard_host: {exc}", file=sys.stderr)
         return 2
     try:
         server = Server(str(rendered), port=args.port)
     except RuntimeError as exc:
-        print(f"switchyard_host: {exc}", file=sys.stderr)
+        print(f"switchyard_host: {str(exc).replace(str(rendered), str(source))}", file=sys.stderr)
         return 2
     finally:
         profiles.remove_private(rendered)
