@@ -79,6 +79,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.config, _serve_overrides(args))
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
         app = create_app(settings)
         sock = _bind(settings.host, settings.port)
     except ConfigError as exc:
@@ -95,9 +96,15 @@ def run_serve(args: argparse.Namespace) -> int:
         )
 
     state.on_ready = announce
+    # A failed startup is reported below in one line; uvicorn would also log the whole traceback.
+    logging.getLogger("uvicorn.error").addFilter(lambda record: state.startup_error is None)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=30)
     server = uvicorn.Server(config)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:
+        if state.startup_error is None:
+            raise
     if state.startup_error is not None:
         print(f"switchyard-model: startup failed: {state.startup_error}", file=sys.stderr)
         return EXIT_USAGE if isinstance(state.startup_error, (ConfigError, RuntimeError)) else EXIT_FAILED

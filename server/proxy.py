@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import os
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -112,7 +114,8 @@ class HostedProxy(SwitchyardProxy):
         ensure_no_proxy_for_loopback()
         config_path = self._render_deployment()
         try:
-            self._server = Server(str(config_path), port=self.port)
+            with _keep_python_signal_handlers():
+                self._server = Server(str(config_path), port=self.port)
         except RuntimeError as exc:  # ServerConfigError is a RuntimeError too
             self._forget_rendered()
             message = str(exc).replace(str(config_path), str(self.deployment_path))
@@ -134,6 +137,22 @@ class HostedProxy(SwitchyardProxy):
 
     def is_running(self) -> bool | None:
         return self._server is not None
+
+
+@contextlib.contextmanager
+def _keep_python_signal_handlers():
+    """The native server installs its own SIGTERM/SIGINT handlers, which would shut Switchyard down
+    (and end the process) behind the lifespan's back. Put the Python-level handlers (uvicorn's)
+    back, so a signal goes through the graceful shutdown, which closes Switchyard last."""
+    signals = (signal.SIGTERM, signal.SIGINT)
+    saved = {sig: signal.getsignal(sig) for sig in signals}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in saved.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
 
 
 def _die_with_parent() -> None:

@@ -34,7 +34,8 @@ class Proc:
         self.pid = self.popen.pid
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def wait_http(self, url: str, timeout: float = 60.0, expect: int | None = 200) -> None:
