@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from middleware.auth import AuthMiddleware
 from middleware.correlation import CorrelationMiddleware
 from server.calls import ModelEndpoints
 from server.config import Settings
@@ -39,10 +40,24 @@ class AppState:
     store: Any = None  # server.capture.store.CaptureStore when capture is on
     telemetry: Telemetry = field(default_factory=Telemetry)
     semaphore: asyncio.Semaphore | None = None
-    route: str = ""
+    route: str = ""  # the default route (switchyard_model, or Switchyard's default)
+    routes: frozenset[str] = frozenset()  # every route Switchyard exposes
     ready: bool = False
     on_ready: Callable[[], None] | None = None  # the CLI prints where it listens
     startup_error: BaseException | None = None  # why the lifespan failed, for the CLI's exit message
+
+    def route_for(self, requested: Any) -> str:
+        """The Switchyard route for a request's `model` (the configured route wins, as in Gym)."""
+        aliases = self.settings.model_aliases
+        if aliases and isinstance(requested, str) and requested in aliases:
+            return aliases[requested]
+        if self.settings.strict_models:
+            if isinstance(requested, str) and requested in self.routes:
+                return requested
+            known = sorted(self.routes | set(aliases))
+            raise OpenAIError(404, f"the model {requested!r} does not exist here; known models: {known}",
+                              param="model", code="model_not_found")
+        return self.route
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
@@ -89,12 +104,11 @@ class _RequiresReady:
         await self.endpoint(scope, receive, send)
 
 
-async def _discover_route(upstream: Upstream) -> str:
+async def _discover_routes(upstream: Upstream) -> tuple[str | None, frozenset[str]]:
+    """Switchyard's default route and all its route ids, from its /v1/models."""
     models = await upstream.get_json("/models")
-    route = models.get("default_model") or next((m.get("id") for m in models.get("data") or []), None)
-    if not route:
-        raise RuntimeError("Switchyard exposes no route; set switchyard_model")
-    return route
+    ids = frozenset(m["id"] for m in models.get("data") or [] if isinstance(m.get("id"), str))
+    return models.get("default_model") or (min(ids) if ids else None), ids
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -115,7 +129,21 @@ def create_app(settings: Settings) -> Starlette:
                 connect_timeout_s=settings.upstream_connect_timeout_s,
                 max_connections=settings.upstream_max_connections,
             )
-            state.route = settings.switchyard_model or await _discover_route(state.upstream)
+            try:
+                default_route, state.routes = await _discover_routes(state.upstream)
+            except (httpx.HTTPError, ValueError) as exc:
+                if not settings.switchyard_model:
+                    raise RuntimeError(f"cannot list Switchyard's routes at {state.proxy.root_url}: {exc}") from exc
+                # An attached Switchyard may come up later; calls fail with 502/503 until it does.
+                log.warning("cannot list Switchyard's routes at %s (%s); serving route %r anyway",
+                            state.proxy.root_url, exc, settings.switchyard_model)
+                default_route = None
+            state.route = settings.switchyard_model or default_route
+            if not state.route:
+                raise RuntimeError("Switchyard exposes no route; set switchyard_model")
+            unknown = {settings.switchyard_model, *settings.model_aliases.values()} - state.routes - {None}
+            if unknown and state.routes:
+                log.warning("routes %s are not among Switchyard's routes %s", sorted(unknown), sorted(state.routes))
             if settings.max_concurrent_requests:
                 state.semaphore = asyncio.Semaphore(settings.max_concurrent_requests)
             if settings.capture:
@@ -182,7 +210,11 @@ def create_app(settings: Settings) -> Starlette:
 
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(CorrelationMiddleware)],
+        # Outermost first: the Gym prefix is stripped before auth looks at the path.
+        middleware=[
+            Middleware(CorrelationMiddleware),
+            Middleware(AuthMiddleware, api_keys=settings.api_keys, session_api_keys=settings.session_api_keys),
+        ],
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_exception, OpenAIError: _openai_error, Exception: _unhandled},
     )

@@ -34,6 +34,7 @@ class Call:
 
     correlation: Correlation
     request_id: str
+    route: str
     request: dict[str, Any]  # the chat body sent upstream
     stream: bool
     capture: bool
@@ -58,10 +59,12 @@ class ModelEndpoints:
         corr = current_correlation().with_body_session_id(body.pop("proxy_x_session_id", None))
         return body, corr
 
-    def _prepare(self, chat_body: dict[str, Any], corr: Correlation, stream: bool, want_ids: bool) -> Call:
+    def _prepare(self, chat_body: dict[str, Any], corr: Correlation, stream: bool, want_ids: bool,
+                 requested_model: Any) -> Call:
         state = self.state
+        route = state.route_for(requested_model)
         request = {**state.settings.extra_body, **chat_body} if state.settings.extra_body else chat_body
-        request["model"] = state.route
+        request["model"] = route
         request["stream"] = stream
         capture = state.store is not None and (corr.session_id is not None or state.settings.capture_uncorrelated)
         added: set[str] = set()
@@ -70,10 +73,15 @@ class ModelEndpoints:
                 if key not in request:
                     request[key] = value
                     added.add(key)
-        return Call(corr, _request_id(corr), request, stream, capture, frozenset(added), time.perf_counter())
+        return Call(corr, _request_id(corr), route, request, stream, capture, frozenset(added), time.perf_counter())
 
-    def _upstream_headers(self, call: Call) -> dict[str, str]:
+    def _upstream_headers(self, call: Call, scope) -> dict[str, str]:
         headers = {"x-request-id": call.request_id}
+        if self.state.settings.forward_client_authorization:
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    headers["authorization"] = value.decode("latin-1")
+                    break
         corr = call.correlation
         if corr.session_id and self.state.settings.forward_session_id:
             for name in self.state.settings.session_id_headers:
@@ -96,7 +104,7 @@ class ModelEndpoints:
                 request_id=call.request_id,
                 chat_request=call.request,
                 chat_response=chat_response,
-                route=self.state.route,
+                route=call.route,
                 api=api,
                 stream=call.stream,
                 latency_ms=(time.perf_counter() - call.started) * 1000.0,
@@ -116,7 +124,7 @@ class ModelEndpoints:
 
         try:
             body, corr = await self._read_request(receive)
-            await run_until_disconnect(receive, lambda: handler(body, corr, tracking_send))
+            await run_until_disconnect(receive, lambda: handler(body, corr, tracking_send, scope))
         except ClientGone:
             return
         except OpenAIError as error:
@@ -131,12 +139,12 @@ class ModelEndpoints:
     async def chat_completions(self, scope, receive, send) -> None:
         await self._guarded(scope, receive, send, self._chat)
 
-    async def _chat(self, body: dict[str, Any], corr: Correlation, send) -> None:
+    async def _chat(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         _validate_chat(body)
-        call = self._prepare(body, corr, body.get("stream") is True, want_ids=False)
-        span = self.state.telemetry.start_call(api="chat", route=self.state.route, request=call.request,
-                                               correlation=corr, stream=call.stream, scope={})
-        headers = self._upstream_headers(call)
+        call = self._prepare(body, corr, body.get("stream") is True, want_ids=False, requested_model=body.get("model"))
+        span = self.state.telemetry.start_call(api="chat", route=call.route, request=call.request,
+                                               correlation=corr, stream=call.stream, scope=scope)
+        headers = self._upstream_headers(call, scope)
         span.upstream_headers(headers)
         try:
             async with self._limit():
@@ -209,17 +217,17 @@ class ModelEndpoints:
     async def responses(self, scope, receive, send) -> None:
         await self._guarded(scope, receive, send, self._responses)
 
-    async def _responses(self, body: dict[str, Any], corr: Correlation, send) -> None:
+    async def _responses(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         want_triple = bool(body.pop("return_token_id_information", False)) or self.state.settings.return_token_id_information
         stream = body.get("stream") is True
         if self.state.settings.upstream_api == "responses":
-            await self._responses_passthrough(body, corr, stream, send)
+            await self._responses_passthrough(body, corr, stream, send, scope)
             return
         translated = responses_to_chat(body)
-        call = self._prepare(translated.body, corr, stream, want_ids=want_triple)
-        span = self.state.telemetry.start_call(api="responses", route=self.state.route, request=call.request,
-                                               correlation=corr, stream=stream, scope={})
-        headers = self._upstream_headers(call)
+        call = self._prepare(translated.body, corr, stream, want_ids=want_triple, requested_model=body.get("model"))
+        span = self.state.telemetry.start_call(api="responses", route=call.route, request=call.request,
+                                               correlation=corr, stream=stream, scope=scope)
+        headers = self._upstream_headers(call, scope)
         span.upstream_headers(headers)
         response_id = f"resp_{uuid.uuid4().hex}"
         created_at = int(time.time())
@@ -243,7 +251,7 @@ class ModelEndpoints:
     async def _responses_stream(self, call: Call, body, tool_map, headers, send, span,
                                 response_id: str, created_at: int, want_triple: bool) -> None:
         stream = await self.state.upstream.open_stream("/chat/completions", orjson.dumps(call.request), headers)
-        model = stream.headers.get("x-model-router-selected-model") or self.state.route
+        model = stream.headers.get("x-model-router-selected-model") or call.route
         writer = ResponsesStreamWriter(body, tool_map, response_id=response_id, created_at=created_at,
                                        model=model, token_ids=want_triple)
         first = True
@@ -284,12 +292,14 @@ class ModelEndpoints:
         finally:
             await stream.aclose()
 
-    async def _responses_passthrough(self, body: dict[str, Any], corr: Correlation, stream: bool, send) -> None:
+    async def _responses_passthrough(self, body: dict[str, Any], corr: Correlation, stream: bool, send,
+                                     scope) -> None:
         """`upstream_api: responses`: relay to Switchyard's /v1/responses unchanged (no token ids there)."""
         request = {**self.state.settings.extra_body, **body}
-        request["model"] = self.state.route
-        call = Call(corr, _request_id(corr), request, stream, False, frozenset(), time.perf_counter())
-        headers = self._upstream_headers(call)
+        route = self.state.route_for(body.get("model"))
+        request["model"] = route
+        call = Call(corr, _request_id(corr), route, request, stream, False, frozenset(), time.perf_counter())
+        headers = self._upstream_headers(call, scope)
         async with self._limit():
             if not stream:
                 reply = await self.state.upstream.post("/responses", orjson.dumps(request), headers)

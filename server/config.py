@@ -71,6 +71,15 @@ class Settings(BaseModel):
     capture_queue_size: int = Field(default=10000, ge=1)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     log_level: str = "info"
+    # Request `model` → Switchyard route. Unlisted names go to switchyard_model unless strict_models.
+    model_aliases: dict[str, str] = Field(default_factory=dict)
+    strict_models: bool = False  # unknown model names get a 404 instead of the default route
+    # Bearer tokens a client must present on the model endpoints; empty = no auth (loopback default).
+    api_keys: list[str] = Field(default_factory=list)
+    # The session endpoints expose every prompt: their own keys; empty = the api_keys rule applies.
+    session_api_keys: list[str] = Field(default_factory=list)
+    # Forward the caller's Authorization to Switchyard instead of `Bearer switchyard_api_key`.
+    forward_client_authorization: bool = False
 
     @field_validator("session_id_headers")
     @classmethod

@@ -125,7 +125,7 @@ def test_failed_startup_after_the_proxy_started_still_closes_it(deployment, monk
     async def no_routes(upstream):
         raise RuntimeError("startup failed later")
 
-    monkeypatch.setattr("server.app._discover_route", no_routes)
+    monkeypatch.setattr("server.app._discover_routes", no_routes)
 
     async def scenario():
         with pytest.raises(RuntimeError, match="startup failed later"):

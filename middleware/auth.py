@@ -1,0 +1,56 @@
+"""Bearer-token access control (pure ASGI): one key set for model calls, a stricter one for sessions."""
+
+from __future__ import annotations
+
+import hmac
+
+from server.errors import OpenAIError
+
+# Always open: liveness probes and scrapers must not need a model key.
+_OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+def _matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
+    # Compare against every key, without stopping early, so timing does not reveal which one was close.
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(presented, key)
+    return found
+
+
+class AuthMiddleware:
+    """Requires `Authorization: Bearer <key>` when keys are configured.
+
+    Model endpoints take `api_keys`. Session endpoints (`/v1/sessions...`, which expose prompts) take
+    `session_api_keys` when set, else the `api_keys` rule. With no keys configured at all the server
+    is open, which is why it binds 127.0.0.1 by default.
+    """
+
+    def __init__(self, app, *, api_keys: list[str], session_api_keys: list[str]) -> None:
+        self.app = app
+        self.model_keys = tuple(k.encode() for k in api_keys)
+        self.session_keys = tuple(k.encode() for k in session_api_keys) or self.model_keys
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        keys = self.session_keys if scope["path"].startswith("/v1/sessions") else self.model_keys
+        if keys:
+            presented = b""
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    if value[:7].lower() == b"bearer ":
+                        presented = value[7:].strip()
+                    break
+            if not presented or not _matches(presented, keys):
+                await _reject(send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _reject(send) -> None:
+    from server.asgi import send_error
+
+    await send_error(send, OpenAIError(401, "missing or invalid API key (send Authorization: Bearer <key>)",
+                                       code="invalid_api_key", headers={"www-authenticate": "Bearer"}))
