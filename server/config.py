@@ -55,6 +55,8 @@ class Settings(BaseModel):
     # "switchyard-server --config {deployment} --port {port}".
     switchyard_command: str | None = None
     proxy_startup_timeout_s: float = Field(default=240.0, gt=0)
+    # Delays before restarting a launched Switchyard that died (the last one repeats).
+    proxy_restart_backoff_s: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0, 5.0, 10.0, 30.0], min_length=1)
     upstream_timeout_s: float = Field(default=600.0, gt=0)  # whole call, stream included
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
     upstream_max_connections: int = Field(default=512, ge=1)

@@ -166,18 +166,27 @@ def _die_with_parent() -> None:
 
 
 class LaunchedProxy(SwitchyardProxy):
-    """Runs a command (e.g. a separately installed `switchyard-server`) as a child process."""
+    """Runs a command (e.g. a separately installed `switchyard-server`) as a supervised child process.
+
+    If the child dies while serving, it is restarted on the same port with exponential back-off;
+    meanwhile `is_running()` is False, so calls get a prompt 503 instead of hanging.
+    """
 
     mode = "launch-process"
 
-    def __init__(self, command: str, deployment: Path, port: int | None, startup_timeout_s: float) -> None:
+    def __init__(self, command: str, deployment: Path, port: int | None, startup_timeout_s: float,
+                 restart_backoff_s: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)) -> None:
         super().__init__()
+        self.restart_backoff_s = tuple(restart_backoff_s)
         self.command = command
         self.deployment_path = deployment
         self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen | None = None
+        self.restarts = 0
         self._stderr_file = None
+        self._supervisor: asyncio.Task | None = None
+        self._closing = False
 
     def _argv(self, config_path: Path) -> list[str]:
         return [part.format(deployment=str(config_path), port=self.port) for part in shlex.split(self.command)]
@@ -191,14 +200,25 @@ class LaunchedProxy(SwitchyardProxy):
                 fh.seek(0, os.SEEK_END)
                 size = fh.tell()
                 fh.seek(max(0, size - limit))
-                return fh.read().decode("utf-8", "replace").strip()
+                text = fh.read().decode("utf-8", "replace").strip()
         except OSError:
             return ""
+        return text.replace(str(self._rendered_path), str(self.deployment_path))
 
     async def start(self) -> None:
         ensure_no_proxy_for_loopback()
-        argv = self._argv(self._render_deployment())
+        self._render_deployment()
         self._stderr_file = tempfile.NamedTemporaryFile(prefix="switchyard-stderr-", suffix=".log", delete=False)
+        self.root_url = f"http://127.0.0.1:{self.port}"
+        try:
+            await self._spawn_until_ready()
+        except BaseException:
+            await self.close()
+            raise
+        self._supervisor = asyncio.ensure_future(self._supervise())
+
+    async def _spawn_until_ready(self) -> None:
+        argv = self._argv(self._rendered_path)
         try:
             self.process = subprocess.Popen(
                 argv,
@@ -209,13 +229,11 @@ class LaunchedProxy(SwitchyardProxy):
             )
         except OSError as exc:
             raise RuntimeError(f"cannot launch Switchyard ({argv[0]}): {exc.strerror or exc}") from exc
-        self.root_url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             code = self.process.poll()
             if code is not None:
-                tail = self.stderr_tail().replace(str(self._rendered_path), str(self.deployment_path))
-                await self.close()
+                tail = self.stderr_tail()
                 raise RuntimeError(
                     f"Switchyard exited with code {code} before it was ready" + (f": {tail}" if tail else "")
                 )
@@ -223,19 +241,42 @@ class LaunchedProxy(SwitchyardProxy):
                 log.info("launched Switchyard (pid %s) on %s", self.process.pid, self.root_url)
                 return
             if time.monotonic() > deadline:
-                await self.close()
                 raise RuntimeError(f"Switchyard not ready after {self.startup_timeout_s:g}s on port {self.port}")
             await asyncio.sleep(0.1)
 
-    async def close(self) -> None:
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
+    async def _supervise(self) -> None:
+        attempt = 0
+        while not self._closing:
+            await asyncio.sleep(0.2)
+            process = self.process
+            if process is None or process.poll() is None:
+                continue
+            delay = self.restart_backoff_s[min(attempt, len(self.restart_backoff_s) - 1)]
+            log.error("Switchyard (pid %s) exited with code %s; restarting in %gs: %s",
+                      process.pid, process.returncode, delay, self.stderr_tail(500))
+            await asyncio.sleep(delay)
+            if self._closing:
+                return
             try:
-                await asyncio.to_thread(process.wait, 10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                await asyncio.to_thread(process.wait)
+                await self._spawn_until_ready()
+                self.restarts += 1
+                attempt = 0
+            except RuntimeError as exc:
+                attempt += 1
+                log.error("restarting Switchyard failed: %s", exc)
+                await _terminate(self.process)
+
+    async def close(self) -> None:
+        self._closing = True
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:
+            supervisor.cancel()
+            try:
+                await supervisor
+            except asyncio.CancelledError:
+                pass
+        process, self.process = self.process, None
+        await _terminate(process)
         self._forget_rendered()
         if self._stderr_file is not None:
             self._stderr_file.close()
@@ -247,6 +288,18 @@ class LaunchedProxy(SwitchyardProxy):
 
     def is_running(self) -> bool | None:
         return self.process is not None and self.process.poll() is None
+
+
+async def _terminate(process: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        await asyncio.to_thread(process.wait, 10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        await asyncio.to_thread(process.wait)
 
 
 async def _port_open(host: str, port: int) -> bool:
@@ -268,7 +321,8 @@ def build_proxy(settings: Settings) -> SwitchyardProxy:
         return AttachedProxy(settings.switchyard_base_url)
     deployment = resolve_deployment(settings.deployment or "")
     if settings.switchyard_command:
-        return LaunchedProxy(settings.switchyard_command, deployment, settings.proxy_port, settings.proxy_startup_timeout_s)
+        return LaunchedProxy(settings.switchyard_command, deployment, settings.proxy_port,
+                             settings.proxy_startup_timeout_s, tuple(settings.proxy_restart_backoff_s))
     return HostedProxy(deployment, settings.proxy_port)
 
 

@@ -204,22 +204,30 @@ def test_attach_to_a_switchyard_hosted_by_another_process(mock_upstream, tmp_pat
         host.stop()
 
 
-def test_proxy_down_is_503_and_health_says_so(mock_upstream, tmp_path):
+def test_launched_switchyard_that_dies_gives_503_then_is_restarted(mock_upstream, tmp_path):
     command = f"{sys.executable} -m server.switchyard_host --config {{deployment}} --port {{port}}"
-    chain = launch_chain(mock_upstream, tmp_path, "--switchyard-command", command)
+    config = tmp_path / "cfg.yaml"
+    config.write_text("proxy_restart_backoff_s: [3.0]\n")  # a wide window in which it is down
+    chain = launch_chain(mock_upstream, tmp_path / "cap", "--switchyard-command", command, "--config", str(config))
     try:
         assert httpx.get(chain.url + "/health", trust_env=False).json()["mode"] == "launch-process"
         assert chat(chain, "hi").status_code == 200
         children = psutil.Process(chain.proc.pid).children()
         assert len(children) == 1, "the launched Switchyard should be the server's only child"
         children[0].send_signal(signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while httpx.get(chain.url + "/health", trust_env=False).status_code != 503 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert httpx.get(chain.url + "/health", trust_env=False).json()["proxy"]["up"] is False
+        children[0].wait(5)
+        health = httpx.get(chain.url + "/health", trust_env=False)
+        assert health.status_code == 503 and health.json()["proxy"]["up"] is False
         assert_openai_error(chat(chain, "hi"), 503)
+        deadline = time.monotonic() + 30
+        while httpx.get(chain.url + "/health", trust_env=False).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert chat(chain, "hi again").status_code == 200
+        restarted = psutil.Process(chain.proc.pid).children()
+        assert len(restarted) == 1 and restarted[0].pid != children[0].pid
     finally:
         chain.proc.stop()
+    restarted[0].wait(10)  # stopping the server stops the restarted Switchyard too
 
 
 def test_bad_deployment_and_busy_port_fail_startup_with_exit_2(tmp_path):
