@@ -1,0 +1,276 @@
+"""The capture record: one upstream chat call as a token-exact, Switchyard-compatible JSON object."""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid as uuid_module
+from datetime import datetime, timezone
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# Same charset as the correlation middleware: the id is hashed into a directory name, but it is
+# also echoed in URLs and logs, so anything outside it is refused before use.
+SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_SESSION_ID_LENGTH = 200
+
+STATUSES = ("completed", "partial")
+
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+def is_valid_session_id(value: object) -> bool:
+    """True when `value` may be used as a session id (fullmatch, so a trailing newline fails too)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_SESSION_ID_LENGTH
+        and SESSION_ID_PATTERN.fullmatch(value) is not None
+    )
+
+
+def utc_timestamp() -> str:
+    """ISO 8601 UTC with a fixed-width microsecond field, so string order is time order."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def build_record(
+    *,
+    session_id: str,
+    parent_session_id: str | None,
+    rollout_id: str | None,
+    request_id: str | None,
+    chat_request: dict,
+    chat_response: dict,
+    route: str,
+    api: str,
+    stream: bool,
+    latency_ms: float,
+    status: str = "completed",
+    captured_at: str | None = None,
+    record_uuid: str | None = None,
+) -> dict:
+    """Build the record for one call. Never raises on odd upstream output: it marks the record invalid.
+
+    The caller hands `chat_request` and `chat_response` over: they are referenced, not deep-copied
+    (the record is serialised once by the store and never mutated).
+    """
+    choices = chat_response.get("choices")
+    if not isinstance(choices, list):
+        choices = []
+    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+
+    response_id = chat_response.get("id")
+    if not (isinstance(request_id, str) and request_id):
+        # The former format's request_id was the upstream completion id; keep that as the fallback.
+        request_id = response_id if isinstance(response_id, str) else None
+    model = chat_response.get("model")
+
+    prompt_ids = chat_response.get("prompt_token_ids")
+    if prompt_ids is None:
+        prompt_ids = choice.get("prompt_token_ids")
+    generation_ids, log_probs = _generation_tokens(choice)
+
+    usage = chat_response.get("usage") if isinstance(chat_response.get("usage"), dict) else None
+    request_messages = chat_request.get("messages")
+    messages = list(request_messages) if isinstance(request_messages, list) else []
+    messages.append(_assistant_message(choice.get("message")))
+
+    invalid_reason = _first_problem(
+        status=status,
+        n_choices=len(choices),
+        request_id=request_id,
+        model=model,
+        prompt_ids=prompt_ids,
+        generation_ids=generation_ids,
+        log_probs=log_probs,
+    )
+
+    # Key order: identity first, so a human (or a head-only reader) sees what the file is at once.
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "uuid": record_uuid or str(uuid_module.uuid4()),
+        "session_id": session_id,
+        "parent_session_id": parent_session_id,
+        "captured_at": captured_at or utc_timestamp(),
+        "request_id": request_id,
+        "response_id": response_id,
+        "model": model,
+        "route": route,
+        "api": api,
+        "stream": bool(stream),
+        "status": status,
+        "rollout_id": rollout_id,
+        "latency_ms": round(float(latency_ms), 3),
+        "is_valid": invalid_reason is None,
+        "invalid_reason": invalid_reason,
+        "finish_reason": choice.get("finish_reason"),
+        "token_count": _token_count(usage),
+        "usage": usage,
+        "tools": format_tools(chat_request.get("tools")),
+        "tool_choice": format_tool_choice(chat_request.get("tool_choice")),
+        "messages": messages,
+        "prompt_token_ids": prompt_ids,
+        "generation_token_ids": generation_ids,
+        "generation_log_probs": log_probs,
+    }
+
+
+def _generation_tokens(choice: dict) -> tuple[Any, list | None]:
+    """The generated ids and their log probs, as vLLM returned them (validity is judged later)."""
+    content = None
+    logprobs = choice.get("logprobs")
+    if isinstance(logprobs, dict):
+        content = logprobs.get("content")
+    log_probs = None
+    if isinstance(content, list):
+        log_probs = [entry.get("logprob") if isinstance(entry, dict) else None for entry in content]
+
+    generation_ids = choice.get("token_ids")
+    if generation_ids is None and isinstance(content, list) and content:
+        # vLLM's return_tokens_as_token_ids mode: ids only live in each entry's "token_id:<n>".
+        generation_ids = _ids_from_token_strings(content)
+    return generation_ids, log_probs
+
+
+def _ids_from_token_strings(content: list) -> list[int] | None:
+    ids = []
+    for entry in content:
+        token = entry.get("token") if isinstance(entry, dict) else None
+        if not (isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX)):
+            return None
+        try:
+            ids.append(int(token[len(_TOKEN_ID_PREFIX):]))
+        except ValueError:
+            return None
+    return ids
+
+
+def _assistant_message(message: object) -> dict:
+    """The generated turn in chat format; reasoning is kept (the former format dropped it)."""
+    out: dict[str, Any] = {"role": "assistant"}
+    if not isinstance(message, dict):
+        return out
+    if message.get("content") is not None:
+        out["content"] = message["content"]
+    reasoning = message.get("reasoning_content")
+    if reasoning is None:
+        reasoning = message.get("reasoning")  # vLLM renamed the field around 0.24
+    if reasoning is not None:
+        out["reasoning_content"] = reasoning
+    tool_calls = message.get("tool_calls")
+    if isinstance(tool_calls, list) and tool_calls:
+        out["tool_calls"] = tool_calls
+    return out
+
+
+def format_tools(tools: object) -> list[dict]:
+    """Tools in the former record's shape `{id, description, inputSchema: {jsonSchema}}` (what Gym reads)."""
+    if not isinstance(tools, list):
+        return []
+    out = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        # Chat tools nest the definition under "function"; Responses and Anthropic tools are flat.
+        spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        name = spec.get("name") or tool.get("id") or tool.get("type")
+        schema = spec.get("parameters")
+        if schema is None:
+            schema = spec.get("input_schema")
+        out.append(
+            {
+                "id": name,
+                "description": spec.get("description") or "",
+                "inputSchema": {"jsonSchema": schema if isinstance(schema, dict) else {}},
+            }
+        )
+    return out
+
+
+def format_tool_choice(tool_choice: object) -> str:
+    """The former record kept the mode string, or a named choice's `type`; unset means "auto"."""
+    if tool_choice is None:
+        return "auto"
+    if isinstance(tool_choice, dict):
+        return str(tool_choice.get("type") or "auto")
+    return str(tool_choice)
+
+
+def _token_count(usage: dict | None) -> dict[str, int]:
+    usage = usage or {}
+    counts = {}
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        value = usage.get(key)
+        counts[key] = value if type(value) is int else 0
+    return counts
+
+
+def _first_problem(
+    *,
+    status: str,
+    n_choices: int,
+    request_id: object,
+    model: object,
+    prompt_ids: object,
+    generation_ids: object,
+    log_probs: object,
+) -> str | None:
+    """Why the record cannot train a model, in the former format's order; None when it can."""
+    if status != "completed":
+        return f"call did not complete (status {status!r})"
+    if n_choices != 1:
+        return f"expected exactly one choice, got {n_choices}"
+    if not (isinstance(request_id, str) and request_id):
+        return "request_id is missing"
+    if not (isinstance(model, str) and model):
+        return "model is missing (token ids are meaningless without the tokenizer)"
+    if not _is_id_list(prompt_ids):
+        return "prompt_token_ids is not a non-empty list of ints"
+    if not _is_id_list(generation_ids):
+        return "generation_token_ids is not a non-empty list of ints"
+    if not _is_finite_list(log_probs):
+        return "generation_log_probs is not a list of finite numbers"
+    n_ids, n_log_probs = len(generation_ids), len(log_probs)  # type: ignore[arg-type]  # lists, checked above
+    if n_ids != n_log_probs:
+        return f"generation_token_ids ({n_ids}) and generation_log_probs ({n_log_probs}) have different lengths"
+    return None
+
+
+def _is_id_list(value: object) -> bool:
+    # set(map(type, ...)) runs in C: cheap even for long prompts, and `type is int` excludes bool.
+    return isinstance(value, list) and bool(value) and set(map(type, value)) == {int}
+
+
+def _is_finite_list(value: object) -> bool:
+    if not isinstance(value, list):
+        return False
+    if not set(map(type, value)) <= {float, int}:
+        return False
+    return all(map(math.isfinite, value))
+
+
+def validate_record(obj: object) -> str | None:
+    """Why `obj` is not a readable capture record (a foreign or damaged file), or None if it is.
+
+    This checks the shape a reader relies on, not trainability: an `is_valid: false` record is
+    still a readable record.
+    """
+    if not isinstance(obj, dict):
+        return f"not an object ({type(obj).__name__})"
+    if obj.get("schema_version") != SCHEMA_VERSION:
+        return f"unsupported schema_version {obj.get('schema_version')!r}"
+    if not (isinstance(obj.get("uuid"), str) and obj["uuid"]):
+        return "no uuid"
+    if not is_valid_session_id(obj.get("session_id")):
+        return "no valid session_id"
+    parent = obj.get("parent_session_id")
+    if parent is not None and not isinstance(parent, str):
+        return "parent_session_id is not a string"
+    if not isinstance(obj.get("captured_at"), str):
+        return "no captured_at"
+    if not isinstance(obj.get("messages"), list):
+        return "messages is not a list"
+    if not isinstance(obj.get("is_valid"), bool):
+        return "is_valid is not a boolean"
+    return None

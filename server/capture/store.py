@@ -1,0 +1,498 @@
+"""Durable capture store: one JSON file per call under sessions/<sha256(id)>/, written by one worker thread."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import re
+import shutil
+import threading
+import time
+import uuid as uuid_module
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from server.capture.record import build_record, is_valid_session_id, validate_record
+
+log = logging.getLogger("switchyard_model.capture")
+
+SESSIONS_SUBDIR = "sessions"
+_SESSION_DIR_NAME = re.compile(r"[0-9a-f]{64}")
+# A record's uuid becomes its file name: same charset as session ids, so never hidden or a path.
+_RECORD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+_OPEN_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+# Queue item kinds.
+_CALL, _RECORD, _FLUSH, _STOP = "call", "record", "flush", "stop"
+
+
+class UnknownSession(KeyError):
+    """No capture directory exists for this session id."""
+
+
+class InvalidSessionId(ValueError):
+    """The id is outside `^[A-Za-z0-9][A-Za-z0-9._-]*$` or longer than 200 chars; it was not used."""
+
+
+def session_dir_name(session_id: str) -> str:
+    """The directory name for a session: fixed-width hex, so no id can reach outside sessions/."""
+    return hashlib.sha256(session_id.encode("utf-8")).hexdigest()
+
+
+def check_session_id(session_id: object) -> str:
+    if not is_valid_session_id(session_id):
+        raise InvalidSessionId(f"invalid session id: {str(session_id)[:200]!r}")
+    return session_id  # type: ignore[return-value]
+
+
+def _record_key(record: dict) -> tuple[str, str]:
+    return (record.get("captured_at") or "", record.get("uuid") or "")
+
+
+@dataclass(slots=True)
+class _SessionEntry:
+    session_id: str
+    parent_session_id: str | None = None
+    parent_at: str = ""  # captured_at of the record the parent came from: the earliest one wins
+    record_count: int = 0
+    first_captured_at: str | None = None
+    last_captured_at: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "parent_session_id": self.parent_session_id,
+            "record_count": self.record_count,
+            "first_captured_at": self.first_captured_at,
+            "last_captured_at": self.last_captured_at,
+        }
+
+
+class _RateLimitedLog:
+    """Logs a repeating failure at most once per interval, saying how many were suppressed."""
+
+    def __init__(self, interval_s: float = 30.0) -> None:
+        self._interval = interval_s
+        self._last = float("-inf")
+        self._suppressed = 0
+        self._lock = threading.Lock()
+
+    def error(self, message: str, *args: object) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < self._interval:
+                self._suppressed += 1
+                return
+            suppressed, self._suppressed, self._last = self._suppressed, 0, now
+        if suppressed:
+            message += " (%d similar errors suppressed)"
+            args = (*args, suppressed)
+        log.error(message, *args)
+
+
+class CaptureStore:
+    """Writes capture records off the event loop and serves them back by session.
+
+    One process should own a capture directory for writing: the session index lives in memory
+    (rebuilt from disk by `start()`), while `read_completions` always reads the disk.
+    """
+
+    def __init__(
+        self,
+        capture_dir: str | Path,
+        *,
+        queue_size: int = 10000,
+        capture_uncorrelated: bool = False,
+    ) -> None:
+        self.capture_dir = Path(capture_dir)
+        self.sessions_dir = self.capture_dir / SESSIONS_SUBDIR
+        self.capture_uncorrelated = capture_uncorrelated
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max(1, queue_size))
+        self._read_only = False
+
+        self._state_lock = threading.Lock()  # started/closed, and enqueueing against close
+        self._started = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+        # Serialises file writes with deletes, so a delete never races a half-made directory.
+        self._io_lock = threading.Lock()
+        self._made_dirs: set[str] = set()
+
+        self._index_lock = threading.Lock()
+        self._index: dict[str, _SessionEntry] = {}
+        self._children: dict[str, set[str]] = {}
+
+        self._count_lock = threading.Lock()
+        self._written = 0
+        self._failed = 0
+        self._dropped = 0
+        self._skipped = 0
+        self._rejected = 0
+        self._uncorrelated = 0
+        # One limiter per kind of trouble, so a flood of one never hides the first of another.
+        self._write_errors = _RateLimitedLog()
+        self._drop_errors = _RateLimitedLog()
+        self._reject_errors = _RateLimitedLog()
+
+    @classmethod
+    def open_read_only(cls, capture_dir: str | Path) -> "CaptureStore":
+        """A store that indexes an existing directory and never writes, creates or deletes anything."""
+        store = cls(capture_dir, queue_size=1)
+        store._read_only = True
+        store._closed = True  # every submit is refused
+        store._scan()
+        return store
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Index what is already on disk, then start the writer. Idempotent."""
+        with self._state_lock:
+            if self._started:
+                return
+            if self._closed:
+                raise RuntimeError("capture store is closed")
+            self._started = True
+        try:
+            self._make_dir(self.capture_dir, parents=True)
+            self._make_dir(self.sessions_dir)
+        except OSError as exc:
+            # Capture must not take the server down; every write will fail and be counted.
+            log.error("capture directory %s is not usable: %s", self.sessions_dir, exc)
+        self._scan()
+        self._thread = threading.Thread(target=self._run, name="capture-writer", daemon=True)
+        self._thread.start()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything submitted so far is on disk. False on timeout or if not running."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return self._queue.empty()
+        done = threading.Event()
+        deadline = time.monotonic() + timeout
+        try:
+            self._queue.put((_FLUSH, done), timeout=max(0.0, timeout))
+        except queue.Full:
+            return False
+        return done.wait(max(0.0, deadline - time.monotonic()))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, then stop the writer. Idempotent; later submits are dropped."""
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        if thread is None:
+            # Never started: write what was accepted here rather than lose it.
+            if not self._read_only:
+                self._drain_inline()
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            self._queue.put((_STOP, None), timeout=max(0.0, timeout))
+        except queue.Full:
+            pass
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            log.warning("capture writer did not finish within %.1fs; %d records may be lost",
+                        timeout, self._queue.qsize())
+
+    # ---- submitting (any thread, never blocks) ---------------------------------------------
+
+    def submit_call(self, **build_record_kwargs: Any) -> bool:
+        """Queue one call; the record is built on the writer thread. False if not accepted.
+
+        The request/response dicts are handed over: the caller must not mutate them afterwards.
+        """
+        kwargs = build_record_kwargs
+        if not is_valid_session_id(kwargs.get("session_id")):
+            if not self.capture_uncorrelated:
+                self._count("_uncorrelated")
+                return False
+            # Each uncorrelated call is its own session: nothing ties it to any other call.
+            record_uuid = kwargs.get("record_uuid") or str(uuid_module.uuid4())
+            kwargs = {**kwargs, "record_uuid": record_uuid, "session_id": f"uncorrelated-{record_uuid}",
+                      "parent_session_id": None}
+        elif kwargs.get("parent_session_id") is not None and not is_valid_session_id(kwargs["parent_session_id"]):
+            kwargs = {**kwargs, "parent_session_id": None}
+        return self._enqueue(_CALL, kwargs)
+
+    def submit(self, record: dict) -> bool:
+        """Queue a prebuilt record. False (and counted) if it is malformed, the queue is full or closed."""
+        problem = validate_record(record)
+        if problem is None and not _RECORD_NAME.fullmatch(record["uuid"]):
+            problem = "uuid is not usable as a file name"
+        if problem is not None:
+            self._count("_rejected")
+            self._reject_errors.error("capture record rejected: %s", problem)
+            return False
+        return self._enqueue(_RECORD, record)
+
+    def _enqueue(self, kind: str, payload: Any) -> bool:
+        with self._state_lock:
+            if not self._closed:
+                try:
+                    self._queue.put_nowait((kind, payload))
+                    return True
+                except queue.Full:
+                    pass
+        self._count("_dropped")
+        self._drop_errors.error("capture queue full or store closed; record dropped")
+        return False
+
+    # ---- writer ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            kind, payload = self._queue.get()
+            if kind == _STOP:
+                return
+            self._handle(kind, payload)
+
+    def _drain_inline(self) -> None:
+        while True:
+            try:
+                kind, payload = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(kind, payload)
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        try:
+            if kind == _FLUSH:
+                payload.set()
+                return
+            record = build_record(**payload) if kind == _CALL else payload
+            self._write(record)
+            self._count("_written")
+        except Exception as exc:  # a capture failure must never escape into the server
+            self._count("_failed")
+            self._write_errors.error("capture write failed: %s: %s", type(exc).__name__, exc)
+
+    def _write(self, record: dict) -> None:
+        data = orjson.dumps(record)
+        dir_name = session_dir_name(record["session_id"])
+        directory = self.sessions_dir / dir_name
+        name = record["uuid"]
+        with self._io_lock:
+            final = directory / f"{name}.json"
+            # Hidden and not *.json: readers never pick up a half-written file.
+            tmp = directory / f".{name}.{os.getpid()}.tmp"
+            self._make_session_dir(directory)
+            try:
+                fd = os.open(tmp, _OPEN_NEW, 0o600)
+            except FileNotFoundError:
+                # Someone removed the tree under us: forget what we made and make it again.
+                self._made_dirs.clear()
+                self._make_session_dir(directory)
+                fd = os.open(tmp, _OPEN_NEW, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                replaced = os.path.lexists(final)
+                os.replace(tmp, final)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            if not replaced:
+                self._note(record)
+
+    def _make_session_dir(self, directory: Path) -> None:
+        if str(directory) not in self._made_dirs:
+            self._make_dir(self.capture_dir, parents=True)
+            self._make_dir(self.sessions_dir)
+            self._make_dir(directory)
+
+    def _make_dir(self, path: Path, *, parents: bool = False) -> None:
+        key = str(path)
+        if key in self._made_dirs:
+            return
+        if parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+        self._made_dirs.add(key)
+
+    # ---- index -----------------------------------------------------------------------------
+
+    def _note(self, record: dict) -> None:
+        session_id = record["session_id"]
+        captured_at = record["captured_at"]
+        parent = record.get("parent_session_id")
+        if parent is not None and not is_valid_session_id(parent):
+            parent = None
+        with self._index_lock:
+            entry = self._index.get(session_id)
+            if entry is None:
+                entry = self._index[session_id] = _SessionEntry(session_id)
+            entry.record_count += 1
+            if entry.first_captured_at is None or captured_at < entry.first_captured_at:
+                entry.first_captured_at = captured_at
+            if entry.last_captured_at is None or captured_at > entry.last_captured_at:
+                entry.last_captured_at = captured_at
+            if parent is not None and parent != session_id and (
+                entry.parent_session_id is None or captured_at < entry.parent_at
+            ):
+                if entry.parent_session_id is not None:
+                    self._children.get(entry.parent_session_id, set()).discard(session_id)
+                entry.parent_session_id = parent
+                entry.parent_at = captured_at
+                self._children.setdefault(parent, set()).add(session_id)
+
+    def _scan(self) -> None:
+        """Rebuild the index from disk; damaged or foreign files are skipped and counted."""
+        try:
+            session_dirs = list(os.scandir(self.sessions_dir))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            log.error("cannot read capture directory %s: %s", self.sessions_dir, exc)
+            return
+        skipped = 0
+        for session_dir in session_dirs:
+            if not (_SESSION_DIR_NAME.fullmatch(session_dir.name) and session_dir.is_dir(follow_symlinks=False)):
+                continue
+            for path in _record_files(session_dir.path):
+                record = _load_record(path)
+                if record is None or session_dir_name(record["session_id"]) != session_dir.name:
+                    skipped += 1
+                    continue
+                self._note(record)
+        if skipped:
+            self._count("_skipped", skipped)
+            log.warning("capture index skipped %d unreadable or foreign files under %s", skipped, self.sessions_dir)
+
+    # ---- reads (sync; HTTP handlers call them from a worker thread) --------------------------
+
+    def list_sessions(
+        self,
+        parent: str | None = None,
+        roots_only: bool = False,
+        limit: int = 1000,
+        after: str | None = None,
+    ) -> list[dict]:
+        """Sessions sorted by id; `after` is the last id of the previous page."""
+        with self._index_lock:
+            entries = [
+                entry
+                for entry in self._index.values()
+                if (parent is None or entry.parent_session_id == parent)
+                and (not roots_only or entry.parent_session_id is None)
+                and (after is None or entry.session_id > after)
+            ]
+            entries.sort(key=lambda entry: entry.session_id)
+            return [entry.as_dict() for entry in entries[: max(0, limit)]]
+
+    def session_info(self, session_id: str) -> dict | None:
+        with self._index_lock:
+            entry = self._index.get(session_id)
+            return entry.as_dict() if entry is not None else None
+
+    def children(self, session_id: str) -> list[str]:
+        with self._index_lock:
+            return sorted(self._children.get(session_id, ()))
+
+    def read_completions(self, session_id: str) -> tuple[list[dict], int]:
+        """The session's records ordered by (captured_at, uuid), and how many files were skipped.
+
+        A file in the directory whose record names another session is not served here, so a
+        crafted or colliding record cannot leak into this session.
+        """
+        check_session_id(session_id)
+        directory = os.path.join(self.sessions_dir, session_dir_name(session_id))
+        if os.path.islink(directory) or not os.path.isdir(directory):
+            raise UnknownSession(session_id)
+        records, skipped = [], 0
+        for path in _record_files(directory):
+            record = _load_record(path)
+            if record is None or record["session_id"] != session_id:
+                skipped += 1
+                continue
+            records.append(record)
+        records.sort(key=_record_key)
+        return records, skipped
+
+    def delete_session(self, session_id: str) -> int:
+        """Remove a session's files and directory; returns how many records were removed."""
+        check_session_id(session_id)
+        if self._read_only:
+            raise RuntimeError("capture store is read-only")
+        directory = self.sessions_dir / session_dir_name(session_id)
+        with self._io_lock:
+            if directory.is_symlink() or not directory.is_dir():
+                raise UnknownSession(session_id)
+            count = len(_record_files(str(directory)))
+            shutil.rmtree(directory)
+            self._made_dirs.discard(str(directory))
+            with self._index_lock:
+                entry = self._index.pop(session_id, None)
+                if entry is not None and entry.parent_session_id is not None:
+                    siblings = self._children.get(entry.parent_session_id)
+                    if siblings is not None:
+                        siblings.discard(session_id)
+                        if not siblings:
+                            del self._children[entry.parent_session_id]
+        return count
+
+    # ---- counters ----------------------------------------------------------------------------
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._count_lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def stats(self) -> dict[str, int]:
+        """Counters for telemetry; plain int reads, no locks taken."""
+        return {
+            "written": self._written,
+            "failed": self._failed,
+            "dropped": self._dropped,
+            "queue_depth": self._queue.qsize(),
+            "skipped": self._skipped,
+            "rejected": self._rejected,
+            "uncorrelated": self._uncorrelated,
+            "sessions": len(self._index),
+        }
+
+
+def _record_files(directory: str) -> list[str]:
+    """Paths of the finished record files in a session directory (temp files are hidden, not *.json)."""
+    try:
+        with os.scandir(directory) as entries:
+            return [
+                entry.path
+                for entry in entries
+                if entry.name.endswith(".json") and not entry.name.startswith(".")
+            ]
+    except OSError:
+        return []
+
+
+def _load_record(path: str) -> dict | None:
+    """The record in `path`, or None for anything torn, unreadable, foreign or a symlink."""
+    try:
+        fd = os.open(path, _OPEN_READ)
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read()
+        record = orjson.loads(data)
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if validate_record(record) is not None:
+        return None
+    return record
