@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ from starlette.routing import Route
 
 from middleware.auth import AuthMiddleware
 from middleware.correlation import CorrelationMiddleware
+from server import profiles, provenance
 from server.calls import ModelEndpoints
 from server.config import Settings
 from server.errors import OpenAIError
@@ -42,6 +44,7 @@ class AppState:
     semaphore: asyncio.Semaphore | None = None
     route: str = ""  # the default route (switchyard_model, or Switchyard's default)
     routes: frozenset[str] = frozenset()  # every route Switchyard exposes
+    max_model_lens: dict[str, int] = field(default_factory=dict)  # discovered from vLLM upstreams
     ready: bool = False
     on_ready: Callable[[], None] | None = None  # the CLI prints where it listens
     startup_error: BaseException | None = None  # why the lifespan failed, for the CLI's exit message
@@ -151,10 +154,18 @@ def create_app(settings: Settings) -> Starlette:
 
                 state.store = CaptureStore(settings.capture_dir, queue_size=settings.capture_queue_size,
                                            capture_uncorrelated=settings.capture_uncorrelated)
-                state.store.start()
+                await asyncio.to_thread(state.store.start)  # indexes what earlier runs recorded
+            await _discover_context_lengths(state)
             state.ready = True
             log.info("serving route %r through Switchyard at %s (%s)", state.route, state.proxy.root_url,
                      state.proxy.mode)
+            if settings.condition_dir:
+                await asyncio.to_thread(
+                    provenance.write_manifest, settings.condition_dir, route=state.route, mode=state.proxy.mode,
+                    proxy_root_url=state.proxy.root_url,
+                    deployment_path=str(state.proxy.deployment_path) if state.proxy.deployment_path else None,
+                    rendered_text=state.proxy.rendered.redacted_text if state.proxy.rendered else None,
+                    session_id_headers=settings.session_id_headers)
             if state.on_ready is not None:
                 state.on_ready()
         except BaseException as exc:
@@ -164,6 +175,8 @@ def create_app(settings: Settings) -> Starlette:
         try:
             yield
         finally:
+            if settings.condition_dir and state.proxy.root_url:  # while Switchyard still answers
+                await provenance.snapshot_stats(settings.condition_dir, state.proxy.root_url)
             await _shutdown(state)
 
     async def health(request: Request) -> Response:
@@ -193,7 +206,7 @@ def create_app(settings: Settings) -> Starlette:
                 "object": "model",
                 "created": entry.get("created", 0),
                 "owned_by": entry.get("owned_by", "switchyard"),
-                "max_model_len": caps.get("context_window"),
+                "max_model_len": caps.get("context_window") or state.max_model_lens.get(entry.get("id")),
             })
         return _json(200, {"object": "list", "data": data})
 
@@ -220,6 +233,21 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.switchyard = state
     return app
+
+
+async def _discover_context_lengths(state: AppState) -> None:
+    """For routes without a context_window, ask their vLLM upstream for max_model_len (best-effort)."""
+    if state.proxy.rendered is None:
+        return
+    for upstream in profiles.route_upstreams(state.proxy.rendered.text):
+        if upstream.context_window is not None:
+            continue
+        key = os.environ.get(upstream.api_key_env or "")
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(headers=headers, trust_env=False, timeout=5.0) as client:
+            length = await profiles.discover_max_model_len(upstream.base_url, upstream.model, client)
+        if length is not None:
+            state.max_model_lens[upstream.route_id] = length
 
 
 async def _shutdown(state: AppState) -> None:

@@ -121,6 +121,8 @@ def _add_mock(sub) -> None:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--model-name", default="mock-model", help="the model id it reports")
+    p.add_argument("--max-model-len", type=int, default=32768, help="the context length it reports and enforces")
 
 
 def _add_demo(sub) -> None:
@@ -149,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     from server.sessions_cli import add_sessions_parser
 
     add_sessions_parser(sub)
+    from server.profiles_cli import add_profiles_parser
+
+    add_profiles_parser(sub)
     return parser
 
 
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "mock-upstream":
         from server.mock_upstream import run
 
-        run(host=args.host, port=args.port)
+        run(host=args.host, port=args.port, model_name=args.model_name, max_model_len=args.max_model_len)
         return EXIT_OK
     if args.command == "demo":
         from server.demo import run_demo
@@ -169,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         from server.sessions_cli import run_sessions
 
         return run_sessions(args)
+    if args.command == "profiles":
+        from server.profiles_cli import run_profiles
+
+        return run_profiles(args)
     return EXIT_USAGE
 
 

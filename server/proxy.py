@@ -54,11 +54,12 @@ class SwitchyardProxy:
         self.root_url: str | None = None
         self.deployment_path: Path | None = None  # the deployment as the user named it
         self._rendered_path: Path | None = None  # the private, interpolated copy Switchyard reads
+        self.rendered: profiles.RenderedDeployment | None = None
 
     def _render_deployment(self) -> Path:
         """Interpolate `${VAR}` in the deployment and write it privately (0600) for Switchyard."""
-        rendered = profiles.render(self.deployment_path)
-        self._rendered_path = profiles.write_private(rendered)
+        self.rendered = profiles.render(self.deployment_path)
+        self._rendered_path = profiles.write_private(self.rendered)
         return self._rendered_path
 
     def _forget_rendered(self) -> None:
@@ -117,8 +118,9 @@ class HostedProxy(SwitchyardProxy):
             with _keep_python_signal_handlers():
                 self._server = Server(str(config_path), port=self.port)
         except RuntimeError as exc:  # ServerConfigError is a RuntimeError too
+            # Switchyard quotes TOML lines (which may hold secrets) and names the private copy.
+            message = profiles.switchyard_error(str(exc), self.rendered, config_path, str(self.deployment_path))
             self._forget_rendered()
-            message = str(exc).replace(str(config_path), str(self.deployment_path))
             if "Address already in use" in message:
                 raise RuntimeError(f"Switchyard cannot bind port {self.port}: {message}") from exc
             raise RuntimeError(f"Switchyard rejected the deployment {self.deployment_path}: {message}") from exc
