@@ -189,3 +189,35 @@ class ChatStreamAccumulator:
         if self.prompt_token_ids is not None:
             result["prompt_token_ids"] = self.prompt_token_ids
         return result
+
+
+def chunks_from_completion(chat: dict[str, Any]) -> list[dict[str, Any]]:
+    """The inverse of the accumulator: a non-stream chat.completion as the chunks a stream would carry.
+
+    Used when an upstream is called non-stream (it does not stream token ids) but the client asked
+    for a stream. Feeding the result to a ChatStreamAccumulator gives back `chat`'s message, ids and
+    logprobs.
+    """
+    base = {"id": chat.get("id"), "object": "chat.completion.chunk", "created": chat.get("created"),
+            "model": chat.get("model")}
+    choices = chat.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    message = choice.get("message") or {}
+    first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}]}
+    if "prompt_token_ids" in chat:
+        first["prompt_token_ids"] = chat["prompt_token_ids"]
+    delta: dict[str, Any] = {}
+    for key in ("reasoning_content", "content", "refusal"):
+        if message.get(key):
+            delta[key] = message[key]
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(message["tool_calls"])]
+    body_choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": choice.get("logprobs"),
+                                   "finish_reason": choice.get("finish_reason")}
+    if "token_ids" in choice:
+        body_choice["token_ids"] = choice["token_ids"]
+    chunks = [first, {**base, "choices": [body_choice]}]
+    if chat.get("usage") is not None:
+        chunks.append({**base, "choices": [], "usage": chat["usage"]})
+    return chunks

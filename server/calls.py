@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from middleware.correlation import Correlation, current_correlation
-from server.accumulate import ChatStreamAccumulator
+from server.accumulate import ChatStreamAccumulator, chunks_from_completion
 from server.asgi import SSE_HEADERS, ClientGone, parse_json_object, read_body, run_until_disconnect, send_error, send_json
 from server.errors import OpenAIError
 from server.translate import ResponsesStreamWriter, chat_to_response, responses_to_chat
-from server.upstream import relayed_headers
+from server.upstream import BufferedStream, relayed_headers
 
 if TYPE_CHECKING:
     from server.app import AppState
@@ -163,8 +163,16 @@ class ModelEndpoints:
             span.finish(None, exc)
             raise
 
+    async def _open_chat_stream(self, call: Call, headers: dict[str, str]):
+        """The upstream's chat stream; or, with `buffer_upstream_streams`, a non-stream call replayed as one."""
+        if self.state.settings.buffer_upstream_streams and call.capture:
+            body = orjson.dumps({**call.request, "stream": False})
+            reply = await self.state.upstream.post("/chat/completions", body, headers)
+            return BufferedStream(reply, chunks_from_completion(_parse_reply(reply.body)))
+        return await self.state.upstream.open_stream("/chat/completions", orjson.dumps(call.request), headers)
+
     async def _chat_stream(self, call: Call, headers: dict[str, str], send, span) -> None:
-        stream = await self.state.upstream.open_stream("/chat/completions", orjson.dumps(call.request), headers)
+        stream = await self._open_chat_stream(call, headers)
         accumulator = ChatStreamAccumulator() if call.capture else None
         parse = accumulator is not None or bool(call.added_fields)
         saw_done = False
@@ -250,7 +258,7 @@ class ModelEndpoints:
 
     async def _responses_stream(self, call: Call, body, tool_map, headers, send, span,
                                 response_id: str, created_at: int, want_triple: bool) -> None:
-        stream = await self.state.upstream.open_stream("/chat/completions", orjson.dumps(call.request), headers)
+        stream = await self._open_chat_stream(call, headers)
         model = stream.headers.get("x-model-router-selected-model") or call.route
         writer = ResponsesStreamWriter(body, tool_map, response_id=response_id, created_at=created_at,
                                        model=model, token_ids=want_triple)

@@ -112,6 +112,21 @@ class UpstreamStream:
         await self.response.aclose()
 
 
+class BufferedStream:
+    """A non-stream upstream answer presented as a stream (for upstreams that do not stream token ids)."""
+
+    def __init__(self, reply: UpstreamReply, chunks: list[dict]) -> None:
+        self.headers = reply.headers
+        self._events = [b"data: " + orjson.dumps(chunk) for chunk in chunks] + [b"data: [DONE]"]
+
+    async def events(self) -> AsyncIterator[bytes]:
+        for event in self._events:
+            yield event
+
+    async def aclose(self) -> None:
+        return None
+
+
 class Upstream:
     """One pooled client for non-stream calls and one for streams, both to Switchyard's /v1."""
 

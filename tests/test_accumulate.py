@@ -164,3 +164,30 @@ def test_any_split_of_text_and_arguments_reassembles_exactly(text, arguments, cu
     message = feed_all(chunks).result()["choices"][0]["message"]
     assert (message["content"] or "") == text
     assert message["tool_calls"][0]["function"]["arguments"] == arguments
+
+
+def test_chunks_from_completion_round_trips_through_the_accumulator():
+    from server.accumulate import ChatStreamAccumulator, chunks_from_completion
+
+    chat = {
+        "id": "c1", "object": "chat.completion", "created": 5, "model": "m",
+        "prompt_token_ids": [1, 2, 3],
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "token_ids": [7, 8, 9],
+                     "logprobs": {"content": [{"token": "a", "logprob": -0.1}, {"token": "b", "logprob": -0.2},
+                                              {"token": "c", "logprob": -0.3}]},
+                     "message": {"role": "assistant", "content": "hi", "reasoning_content": "think",
+                                 "tool_calls": [{"id": "call_1", "type": "function",
+                                                 "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+    }
+    acc = ChatStreamAccumulator()
+    for chunk in chunks_from_completion(chat):
+        acc.feed(chunk)
+    result = acc.result()
+    assert result["prompt_token_ids"] == [1, 2, 3]
+    choice = result["choices"][0]
+    assert choice["token_ids"] == [7, 8, 9] and choice["finish_reason"] == "tool_calls"
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == [-0.1, -0.2, -0.3]
+    assert choice["message"]["content"] == "hi" and choice["message"]["reasoning_content"] == "think"
+    assert choice["message"]["tool_calls"][0]["function"] == {"name": "f", "arguments": "{\"a\": 1}"}
+    assert result["usage"]["total_tokens"] == 6

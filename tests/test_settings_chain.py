@@ -118,3 +118,19 @@ def test_max_concurrent_requests_caps_upstream_calls(tmp_path, mock_upstream):
         assert peak == 2  # six calls at once, never more than two upstream
     finally:
         proc.stop()
+
+
+def test_buffered_upstream_streams_still_stream_to_the_client_with_token_ids(tmp_path, mock_upstream):
+    proc, url = serve(tmp_path, mock_upstream, buffer_upstream_streams=True)
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", headers={"x-session-id": "buffered"},
+                          trust_env=False, timeout=30,
+                          json={"stream": True, "messages": [{"role": "user", "content": "hi there"}]}) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]" and len(lines) >= 3
+        assert last_request(mock_upstream)["body"]["stream"] is False  # called non-stream upstream
+        records = httpx.get(url + "/v1/sessions/buffered/completions", trust_env=False).json()["completions"]
+        assert records[0]["stream"] is True and records[0]["is_valid"] is True
+        assert records[0]["generation_token_ids"]
+    finally:
+        proc.stop()
