@@ -16,7 +16,7 @@ from middleware.correlation import Correlation, current_correlation
 from server.accumulate import ChatStreamAccumulator, chunks_from_completion
 from server.asgi import SSE_HEADERS, ClientGone, parse_json_object, read_body, run_until_disconnect, send_error, send_json
 from server.errors import OpenAIError
-from server.translate import ResponsesStreamWriter, chat_to_response, responses_to_chat
+from server.translate import ResponsesStreamWriter, chat_to_response, response_to_chat, responses_to_chat
 from server.upstream import BufferedStream, relayed_headers
 
 if TYPE_CHECKING:
@@ -302,22 +302,35 @@ class ModelEndpoints:
 
     async def _responses_passthrough(self, body: dict[str, Any], corr: Correlation, stream: bool, send,
                                      scope) -> None:
-        """`upstream_api: responses`: relay to Switchyard's /v1/responses unchanged (no token ids there)."""
+        """`upstream_api: responses`: relay to Switchyard's /v1/responses unchanged.
+
+        Switchyard keeps vLLM's token ids only on a same-format hop, so this path records them only
+        when the Responses upstream itself returns them; the call is recorded either way.
+        """
         request = {**self.state.settings.extra_body, **body}
         route = self.state.route_for(body.get("model"))
         request["model"] = route
-        call = Call(corr, _request_id(corr), route, request, stream, False, frozenset(), time.perf_counter())
+        capture = self.state.store is not None and (corr.session_id is not None
+                                                     or self.state.settings.capture_uncorrelated)
+        call = Call(corr, _request_id(corr), route, request, stream, capture, frozenset(), time.perf_counter())
         headers = self._upstream_headers(call, scope)
         async with self._limit():
             if not stream:
                 reply = await self.state.upstream.post("/responses", orjson.dumps(request), headers)
                 await send_json(send, 200, reply.body, relayed_headers(reply.headers))
+                self._record_responses(call, _parse_json(reply.body))
                 return
             upstream = await self.state.upstream.open_stream("/responses", orjson.dumps(request), headers)
+            final = None
             try:
                 await send({"type": "http.response.start", "status": 200,
                             "headers": SSE_HEADERS + relayed_headers(upstream.headers)})
                 async for event in upstream.events():
+                    if capture and b'"response.' in event[:200]:
+                        data = _sse_data(event)
+                        payload = _parse_json(data) if data and data != b"[DONE]" else None
+                        if payload and payload.get("type") in _TERMINAL_RESPONSE_EVENTS:
+                            final = payload.get("response")
                     await send({"type": "http.response.body", "body": event + b"\n\n", "more_body": True})
                 await send({"type": "http.response.body", "body": b""})
             except OpenAIError as error:
@@ -326,6 +339,27 @@ class ModelEndpoints:
                             "body": b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"})
             finally:
                 await upstream.aclose()
+            self._record_responses(call, final, status="completed" if final else "failed")
+
+    def _record_responses(self, call: Call, response: dict[str, Any] | None, status: str = "completed") -> None:
+        if not call.capture:
+            return
+        try:
+            call.request = responses_to_chat(call.request).body
+        except OpenAIError:
+            call.request = {"messages": []}  # a field only the Responses upstream understands
+        self._record(call, response_to_chat(response or {}), "responses", status=status)
+
+
+_TERMINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def _parse_json(raw: bytes | None) -> dict[str, Any] | None:
+    try:
+        doc = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _sse_data(event: bytes) -> bytes | None:

@@ -954,6 +954,55 @@ def chat_to_response(
 _DONE = b"data: [DONE]\n\n"
 
 
+def response_to_chat(response: dict[str, Any]) -> dict[str, Any]:
+    """A Responses object as the chat.completion it stands for (for capture on the passthrough path).
+
+    Keeps what a Responses upstream may carry for training: top-level `prompt_token_ids` and
+    `output_token_ids` (vLLM's native Responses extras) and output_text logprobs.
+    """
+    content: list[str] = []
+    reasoning: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    logprobs: list[dict[str, Any]] = []
+    for item in response.get("output") or []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "message":
+            for part in item.get("content") or []:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    content.append(part["text"])
+                    logprobs.extend(part.get("logprobs") or [])
+        elif kind == "reasoning":
+            for part in (item.get("content") or []) + (item.get("summary") or []):
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    reasoning.append(part["text"])
+        elif kind == "function_call":
+            tool_calls.append({"id": item.get("call_id"), "type": "function",
+                               "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}})
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    incomplete = (response.get("incomplete_details") or {}).get("reason")
+    finish = "length" if incomplete == "max_output_tokens" else "tool_calls" if tool_calls else "stop"
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
+                              "logprobs": {"content": logprobs} if logprobs else None}
+    chat: dict[str, Any] = {"id": response.get("id"), "object": "chat.completion",
+                            "created": response.get("created_at"), "model": response.get("model"),
+                            "choices": [choice]}
+    if isinstance(response.get("output_token_ids"), list):
+        choice["token_ids"] = response["output_token_ids"]
+    if isinstance(response.get("prompt_token_ids"), list):
+        chat["prompt_token_ids"] = response["prompt_token_ids"]
+    usage = response.get("usage")
+    if isinstance(usage, dict):
+        chat["usage"] = {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens"),
+                         "total_tokens": usage.get("total_tokens")}
+    return chat
+
+
 class _StreamItem:
     """One output item while it streams; text arrives as parts and is joined when it closes."""
 
