@@ -117,13 +117,14 @@ async def _discover_routes(upstream: Upstream) -> tuple[str | None, frozenset[st
 def create_app(settings: Settings) -> Starlette:
     """Build the ASGI app. Nothing starts here: Switchyard, the upstream client and capture start in
     the lifespan, on the event-loop thread (the hosted server is thread-affine)."""
-    state = AppState(settings=settings, proxy=build_proxy(settings))
+    state = AppState(settings=settings, proxy=build_proxy(settings), telemetry=Telemetry(settings))
     endpoints = ModelEndpoints(state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         try:
             await state.proxy.start()
+            state.telemetry.set_upstream(state.proxy.root_url)
             state.upstream = Upstream(
                 state.proxy.root_url + "/v1",
                 api_key=settings.switchyard_api_key,
@@ -155,6 +156,7 @@ def create_app(settings: Settings) -> Starlette:
                 state.store = CaptureStore(settings.capture_dir, queue_size=settings.capture_queue_size,
                                            capture_uncorrelated=settings.capture_uncorrelated)
                 await asyncio.to_thread(state.store.start)  # indexes what earlier runs recorded
+                state.telemetry.capture_stats_source(state.store.stats)
             await _discover_context_lengths(state)
             state.ready = True
             log.info("serving route %r through Switchyard at %s (%s)", state.route, state.proxy.root_url,
@@ -215,6 +217,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/responses", _RequiresReady(state, endpoints.responses), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        state.telemetry.metrics_route(),
     ]
     if settings.capture:
         from server.sessions import session_routes

@@ -145,9 +145,9 @@ class ModelEndpoints:
         span = self.state.telemetry.start_call(api="chat", route=call.route, request=call.request,
                                                correlation=corr, stream=call.stream, scope=scope)
         headers = self._upstream_headers(call, scope)
-        span.upstream_headers(headers)
         try:
             async with self._limit():
+                span.upstream_headers(headers)  # the CLIENT span starts once the call may go out
                 if call.stream:
                     await self._chat_stream(call, headers, send, span)
                 else:
@@ -173,7 +173,8 @@ class ModelEndpoints:
 
     async def _chat_stream(self, call: Call, headers: dict[str, str], send, span) -> None:
         stream = await self._open_chat_stream(call, headers)
-        accumulator = ChatStreamAccumulator() if call.capture else None
+        # Telemetry wants the finish reason and usage even of calls that are not recorded.
+        accumulator = ChatStreamAccumulator() if call.capture or self.state.telemetry.enabled else None
         parse = accumulator is not None or bool(call.added_fields)
         saw_done = False
         first = True
@@ -236,11 +237,11 @@ class ModelEndpoints:
         span = self.state.telemetry.start_call(api="responses", route=call.route, request=call.request,
                                                correlation=corr, stream=stream, scope=scope)
         headers = self._upstream_headers(call, scope)
-        span.upstream_headers(headers)
         response_id = f"resp_{uuid.uuid4().hex}"
         created_at = int(time.time())
         try:
             async with self._limit():
+                span.upstream_headers(headers)
                 if stream:
                     await self._responses_stream(call, body, translated.tool_map, headers, send, span,
                                                  response_id, created_at, want_triple)
@@ -314,32 +315,47 @@ class ModelEndpoints:
                                                      or self.state.settings.capture_uncorrelated)
         call = Call(corr, _request_id(corr), route, request, stream, capture, frozenset(), time.perf_counter())
         headers = self._upstream_headers(call, scope)
-        async with self._limit():
-            if not stream:
-                reply = await self.state.upstream.post("/responses", orjson.dumps(request), headers)
-                await send_json(send, 200, reply.body, relayed_headers(reply.headers))
-                self._record_responses(call, _parse_json(reply.body))
-                return
-            upstream = await self.state.upstream.open_stream("/responses", orjson.dumps(request), headers)
-            final = None
-            try:
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": SSE_HEADERS + relayed_headers(upstream.headers)})
-                async for event in upstream.events():
-                    if capture and b'"response.' in event[:200]:
-                        data = _sse_data(event)
-                        payload = _parse_json(data) if data and data != b"[DONE]" else None
-                        if payload and payload.get("type") in _TERMINAL_RESPONSE_EVENTS:
-                            final = payload.get("response")
-                    await send({"type": "http.response.body", "body": event + b"\n\n", "more_body": True})
-                await send({"type": "http.response.body", "body": b""})
-            except OpenAIError as error:
-                payload = {"type": "error", "code": error.code, "message": error.message, "param": None}
-                await send({"type": "http.response.body",
-                            "body": b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"})
-            finally:
-                await upstream.aclose()
-            self._record_responses(call, final, status="completed" if final else "failed")
+        span = self.state.telemetry.start_call(api="responses", route=route, request=request, correlation=corr,
+                                               stream=stream, scope=scope)
+        try:
+            async with self._limit():
+                span.upstream_headers(headers)
+                final = await self._relay_responses(call, headers, send)
+            span.finish(final)
+        except BaseException as exc:
+            span.finish(None, exc)
+            raise
+
+    async def _relay_responses(self, call: Call, headers: dict[str, str], send) -> dict[str, Any] | None:
+        """Relay one /v1/responses call as is; returns the final Responses object, if there was one."""
+        if not call.stream:
+            reply = await self.state.upstream.post("/responses", orjson.dumps(call.request), headers)
+            await send_json(send, 200, reply.body, relayed_headers(reply.headers))
+            final = _parse_json(reply.body)
+            self._record_responses(call, final)
+            return final
+        upstream = await self.state.upstream.open_stream("/responses", orjson.dumps(call.request), headers)
+        final = None
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": SSE_HEADERS + relayed_headers(upstream.headers)})
+            async for event in upstream.events():
+                # Only the terminal event is parsed: it carries the whole response.
+                if b"response.completed" in event or b"response.incomplete" in event or b"response.failed" in event:
+                    data = _sse_data(event)
+                    payload = _parse_json(data) if data and data != b"[DONE]" else None
+                    if payload and payload.get("type") in _TERMINAL_RESPONSE_EVENTS:
+                        final = payload.get("response")
+                await send({"type": "http.response.body", "body": event + b"\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except OpenAIError as error:
+            payload = {"type": "error", "code": error.code, "message": error.message, "param": None}
+            await send({"type": "http.response.body",
+                        "body": b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"})
+        finally:
+            await upstream.aclose()
+        self._record_responses(call, final, status="completed" if final else "failed")
+        return final
 
     def _record_responses(self, call: Call, response: dict[str, Any] | None, status: str = "completed") -> None:
         if not call.capture:

@@ -39,6 +39,7 @@ def _add_serve(sub) -> None:
     p.add_argument("--capture-dir", help="where captured records are written (default ./switchyard-captures)")
     p.add_argument("--no-capture", action="store_true", help="do not record calls")
     p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--otel-console", action="store_true", help="print OpenTelemetry spans to stderr")
 
 
 def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -55,6 +56,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.no_capture:
         overrides["capture"] = False
+    if args.otel_console:
+        overrides["otel_console"] = True
     return overrides
 
 

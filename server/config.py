@@ -82,6 +82,10 @@ class Settings(BaseModel):
     session_api_keys: list[str] = Field(default_factory=list)
     # Forward the caller's Authorization to Switchyard instead of `Bearer switchyard_api_key`.
     forward_client_authorization: bool = False
+    # OpenTelemetry (exporters are configured by the standard OTEL_* variables; see docs/observability.md).
+    otel_console: bool = False  # print spans to stderr, for local debugging
+    otel_capture_content: bool = False  # put messages on spans (they may hold secrets or personal data)
+    otel_service_name: str | None = None  # overrides OTEL_SERVICE_NAME, which a hosted Switchyard also reads
 
     @field_validator("session_id_headers")
     @classmethod

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import httpx
 
+# Quiet Switchyard's per-request log lines, but keep the INFO spans it exports when OTLP is set
+# (RUST_LOG=warn alone would switch its span export off).
+_QUIET_SWITCHYARD = "warn,switchyard_server=info,switchyard_server::request=warn,libsy=info"
+
 ROOT_SESSION = "demo-root"
 CHILD_SESSION = "demo-child"
 
@@ -151,7 +155,7 @@ def run_demo(args: argparse.Namespace) -> int:
         env["MOCK_UPSTREAM_URL"] = f"http://127.0.0.1:{mock_port}/v1"
         server = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--deployment", "demo",
                                    "--port", str(port), "--capture-dir", capture_dir, "--log-level", "warning"],
-                                  env={**env, "RUST_LOG": "warn"})
+                                  env={**env, "RUST_LOG": os.environ.get("RUST_LOG", _QUIET_SWITCHYARD)})
         procs.append(server)
         base_url = f"http://127.0.0.1:{port}"
         _wait_ready(server, base_url + "/health", "switchyard-model")
