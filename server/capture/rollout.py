@@ -1,0 +1,712 @@
+"""Rebuild token-exact Gym rollouts (Responses items + token triples) from a session's capture records."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = [
+    "RolloutError",
+    "map_tools",
+    "reconstruct_envelope",
+    "reconstruct_session",
+    "reconstruct_tree",
+]
+
+SCHEMA_VERSION = 1
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_ENVIRONMENT_ROLES = frozenset({"user", "tool"})
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_INT_ONLY = frozenset({int})
+_NUMBER_TYPES = frozenset({int, float})
+
+
+class RolloutError(ValueError):
+    """A session's records cannot be turned into a (longer) trustworthy rollout."""
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry points
+# --------------------------------------------------------------------------------------------
+
+
+def reconstruct_envelope(envelope: object, session_id: str, *, allow_partial: bool = True) -> dict:
+    """Reconstruct from a `GET /v1/sessions/{id}/completions` envelope, validated as Gym does."""
+    if not isinstance(envelope, dict):
+        raise RolloutError(f"envelope is not an object: {type(envelope).__name__}")
+    version = envelope.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RolloutError(f"unsupported envelope schema_version: {version!r}")
+    if envelope.get("session_id") != session_id:
+        raise RolloutError(f"envelope session_id {envelope.get('session_id')!r} != requested {session_id!r}")
+    return reconstruct_session(session_id, envelope.get("completions"), allow_partial=allow_partial)
+
+
+def reconstruct_session(session_id: str, records: list[dict], *, allow_partial: bool = True) -> dict:
+    """One session's rollout: the longest trustworthy chain of its calls, as Gym Responses items.
+
+    Records are put in `(captured_at, uuid)` order first, so any input order gives one answer.
+    Indices in error messages and `partial_reason` refer to that sorted list (side calls included).
+    A failure before any call was accepted raises; later failures end the rollout there
+    (`partial_reason`, `mask_sample`) unless `allow_partial` is false, which raises instead.
+
+    Returns `{session_id, parent_session_id, model, tools (FunctionTool dicts), input, output
+    (Gym Responses items; the token triple on the last item of each generated turn),
+    record_uuids (the calls used, in order), partial_reason, mask_sample, degraded_reason
+    (set by reconstruct_tree when a sub-session is partial), side_calls (uuids set aside:
+    opencode title calls, one-off calls with other model/tools), discarded_record_uuids
+    (retried attempts not used)}`. Token lists in the items are the records' own lists, not copies.
+    """
+    if not isinstance(records, list) or not records:
+        raise RolloutError("envelope has no completions")
+    return _Reconstruction(session_id, records, allow_partial).run()
+
+
+def reconstruct_tree(
+    session_id: str,
+    load_records: Callable[[str], list[dict]],
+    children_of: Callable[[str], list[str]],
+    *,
+    allow_partial: bool = True,
+) -> dict:
+    """The session's rollout plus `subagents`: every descendant session's rollout, flat, depth first.
+
+    A descendant that cannot be reconstructed at all appears with empty items, its error as
+    `partial_reason`, and `mask_sample` true (with `allow_partial=False` it raises instead).
+    A rollout is masked when it, or any session below it, is partial.
+    """
+    root = reconstruct_session(session_id, load_records(session_id), allow_partial=allow_partial)
+    root["subagents"] = subagents = []
+    parent_of: dict[str, str] = {}
+    by_id: dict[str, dict] = {session_id: root}
+    # An explicit stack instead of recursion: a bad store could make the tree arbitrarily deep,
+    # and `by_id` stops a cycle (a session listed as its own descendant) from looping forever.
+    stack = [(child, session_id) for child in reversed(children_of(session_id))]
+    while stack:
+        child, parent = stack.pop()
+        if child in by_id:
+            continue
+        try:
+            rollout = reconstruct_session(child, load_records(child), allow_partial=allow_partial)
+        except RolloutError as exc:
+            if not allow_partial:
+                raise RolloutError(f"session {child!r}: {exc}") from exc
+            rollout = _failed_rollout(child, parent, str(exc))
+        if not rollout["parent_session_id"]:
+            rollout["parent_session_id"] = parent
+        parent_of[child] = parent
+        by_id[child] = rollout
+        subagents.append(rollout)
+        stack.extend((grandchild, child) for grandchild in reversed(children_of(child)))
+
+    for rollout in subagents:
+        if rollout["partial_reason"] is None:
+            continue
+        reason = f"subagent session {rollout['session_id']!r} is partial"
+        ancestor = parent_of.get(rollout["session_id"])
+        while ancestor is not None:
+            above = by_id[ancestor]
+            above["mask_sample"] = True
+            if above["degraded_reason"] is None:
+                above["degraded_reason"] = reason
+            ancestor = parent_of.get(ancestor)
+    return root
+
+
+def map_tools(raw_tools: object) -> list[dict]:
+    """Record tools (Switchyard, Chat or Responses shape) as Gym `FunctionTool` dicts.
+
+    Codex's `namespace` tools are flattened into their member functions. Hosted tools (any other
+    `type`, e.g. `web_search`) are not function tools a policy is trained to call, so they are left out.
+    """
+    if raw_tools is None:
+        return []
+    if not isinstance(raw_tools, list):
+        raise RolloutError(f"tools is not a list: {type(raw_tools).__name__}")
+    out: list[dict] = []
+    for i, tool in enumerate(raw_tools):
+        if not isinstance(tool, dict):
+            raise RolloutError(f"tool {i} has no usable id")
+        kind = tool.get("type")
+        function = tool.get("function")
+        if isinstance(function, dict):  # Chat: {type: function, function: {name, ...}}
+            spec, name = function, function.get("name")
+        elif kind == "namespace" and isinstance(tool.get("tools"), list):
+            out.extend(map_tools(tool["tools"]))
+            continue
+        elif kind == "function":  # Responses: {type: function, name, ...}
+            spec, name = tool, tool.get("name")
+        elif kind is None:  # Switchyard: {id, description, inputSchema: {jsonSchema}}
+            schema_holder = tool.get("inputSchema")
+            schema = schema_holder.get("jsonSchema") if isinstance(schema_holder, dict) else None
+            spec, name = {"description": tool.get("description"), "parameters": schema}, tool.get("id")
+        else:
+            continue
+        if not isinstance(name, str) or not name:
+            raise RolloutError(f"tool {i} has no usable id")
+        out.append(
+            {
+                "type": "function",
+                "name": name,
+                "description": spec.get("description") or None,
+                "parameters": spec.get("parameters"),
+                "strict": spec.get("strict"),
+            }
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The chain
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    """One validated record, and what its messages contribute once it is placed in the chain."""
+
+    index: int
+    uuid: str
+    record: dict
+    prompt_ids: list
+    generation_ids: list
+    log_probs: list
+    raw: list  # the record's messages, untouched
+    # (message index, normalized message, raw message) for the messages this call adds before its reply.
+    context: list = field(default_factory=list)
+    context_canon: list = field(default_factory=list)
+    reply: dict | None = None
+    reply_canon: dict | None = None
+
+
+class _Reconstruction:
+    def __init__(self, session_id: str, records: list, allow_partial: bool) -> None:
+        self.session_id = session_id
+        self.allow_partial = allow_partial
+        self.ordered = sorted(records, key=_order_key)
+        self.total = len(self.ordered)
+        # (sorted index, uuid): reported in record order whatever the order they were found in.
+        self.side_calls: list[tuple[int, str]] = []
+        self.discarded: list[tuple[int, str]] = []
+        self.seen_uuids: set[str] = set()
+        self.steps: list[_Call] = []  # the accepted calls, in order
+        self.history: list[dict] = []  # canonical messages of the accepted steps
+        self.step_by_prompt_len: dict[int, _Call] = {}
+        # The newest step is held open: a retry of it (same prompt tokens) may still arrive, and
+        # only the record after it shows which attempt the conversation continued from.
+        self.pending: list[_Call] = []
+
+    # -- driver ---------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        conversation: list[int] = []
+        for i, record in enumerate(self.ordered):
+            if _is_title_call(record):
+                self.side_calls.append((i, _uuid_or_index(record, i)))
+            else:
+                conversation.append(i)
+        if not conversation:
+            raise RolloutError(f"session {self.session_id!r} has only side calls ({len(self.side_calls)})")
+        self.conversation = conversation
+        self.signature = _signature(self.ordered[self._anchor()])
+
+        partial_reason = None
+        for position, i in enumerate(conversation):
+            try:
+                call = self._validate(i, self.ordered[i], position)
+                if call is not None:
+                    self._place(call, position)
+            except RolloutError as exc:
+                if not self.allow_partial or not (self.steps or self.pending):
+                    raise
+                partial_reason = f"record {i} of {self.total}: {exc}"
+                break
+        if self.pending:
+            self._commit(self.pending[-1])
+
+        model, tools, _ = self.signature
+        items = self._items()
+        split = next(
+            (k for k, item in enumerate(items)
+             if item.get("role") == "assistant" or item["type"] in ("reasoning", "reasoning_item", "function_call")),
+            len(items),
+        )
+        return {
+            "session_id": self.session_id,
+            "parent_session_id": self._parent_session_id(),
+            "model": model,
+            "tools": map_tools(tools),
+            "input": items[:split],
+            "output": items[split:],
+            "record_uuids": [step.uuid for step in self.steps],
+            "partial_reason": partial_reason,
+            "mask_sample": partial_reason is not None,
+            "degraded_reason": None,
+            "side_calls": [uuid for _, uuid in sorted(self.side_calls)],
+            "discarded_record_uuids": [uuid for _, uuid in sorted(self.discarded)],
+        }
+
+    def _anchor(self) -> int:
+        """The record whose model/tools/tool_choice define the session.
+
+        Gym takes the first record. Here it is the first record some later record continues from,
+        so an unrecognised one-off side call that happens to come first cannot define the session
+        (and so turn every real turn into a "side call"). When nothing continues anything, the
+        first record it is, as in Gym.
+        """
+        for position, i in enumerate(self.conversation):
+            record = self.ordered[i]
+            if isinstance(record, dict) and not self._dead_end(record, position):
+                return i
+        return self.conversation[0]
+
+    def _dead_end(self, record: dict, position: int) -> bool:
+        """True when no later record's prompt extends this record's prompt+generation."""
+        prompt, generation = record.get("prompt_token_ids"), record.get("generation_token_ids")
+        if not isinstance(prompt, list) or not isinstance(generation, list):
+            return True
+        for i in self.conversation[position + 1:]:
+            later = self.ordered[i]
+            later_prompt = later.get("prompt_token_ids") if isinstance(later, dict) else None
+            if isinstance(later_prompt, list) and _extends(later_prompt, prompt, generation):
+                return False
+        return True
+
+    # -- placing one call -------------------------------------------------------------------
+
+    def _place(self, call: _Call, position: int) -> None:
+        if not self.pending:
+            if self._is_side_call(call, position):
+                return
+            self._check_signature(call)
+            self._check_messages(call, base=[], partner=None)
+            self.pending = [call]
+            return
+
+        head = self.pending[0]
+        prompt = call.prompt_ids
+        if len(prompt) == len(head.prompt_ids) and prompt == head.prompt_ids:
+            # A transport retry or a client re-ask of the open step: another candidate for it.
+            self._check_signature(call)
+            self._check_messages(call, base=self.history, partner=head)
+            self.pending.append(call)
+            return
+
+        earlier = self.step_by_prompt_len.get(len(prompt))
+        if earlier is not None and earlier.prompt_ids == prompt:
+            # A retry of a step the conversation has already moved past (it finished late).
+            self.discarded.append((call.index, call.uuid))
+            return
+
+        # Latest attempt first: with several that fit, the last one is the one we would keep anyway.
+        continued = [c for c in reversed(self.pending) if _extends(prompt, c.prompt_ids, c.generation_ids)]
+        if not continued:
+            if self._is_side_call(call, position):
+                return
+            self._commit(self.pending[-1])
+            raise RolloutError(
+                f"record {call.index} prompt_token_ids do not extend the prior prompt+generation tokens"
+            )
+        first_error: RolloutError | None = None
+        for candidate in continued:
+            try:
+                self._check_signature(call)
+                base = self.history + candidate.context_canon + [candidate.reply_canon]
+                self._check_messages(call, base=base, partner=candidate)
+            except RolloutError as exc:
+                first_error = first_error or exc
+                continue
+            self._commit(candidate)
+            self.pending = [call]
+            return
+        self._commit(continued[0])
+        assert first_error is not None
+        raise first_error
+
+    def _is_side_call(self, call: _Call, position: int) -> bool:
+        """A call beside the conversation, set aside rather than treated as a break.
+
+        All three must hold: its model/tools/tool_choice differ from the session's, its prompt
+        does not continue the conversation (the caller has checked), and no later record
+        continues from it. Setting such a call aside cannot make the rollout wrong: every call
+        kept is still checked token by token against the one before it. A call that differs but
+        does continue the conversation stays an error (Gym's session-consistency rule), and a
+        "side" conversation that later calls build on is a break, not a side call.
+        """
+        if _signature(call.record) == self.signature or not self._dead_end(call.record, position):
+            return False
+        self.side_calls.append((call.index, call.uuid))
+        return True
+
+    def _commit(self, chosen: _Call) -> None:
+        for other in self.pending:
+            if other is not chosen:
+                self.discarded.append((other.index, other.uuid))
+        self.pending = []
+        self.steps.append(chosen)
+        self.history.extend(chosen.context_canon)
+        self.history.append(chosen.reply_canon)
+        self.step_by_prompt_len[len(chosen.prompt_ids)] = chosen
+
+    # -- checks, in Gym's order ---------------------------------------------------------------
+
+    def _validate(self, i: int, record: object, position: int) -> _Call | None:
+        """Gym's record checks, in Gym's order; None for a failed attempt that was retried."""
+        if not isinstance(record, dict):
+            raise RolloutError(f"record {i} is not an object")
+        if record.get("schema_version") != SCHEMA_VERSION:
+            raise RolloutError(f"record {i} has unsupported schema_version: {record.get('schema_version')!r}")
+        if record.get("session_id") != self.session_id:
+            raise RolloutError(f"record {i} session_id {record.get('session_id')!r} != requested {self.session_id!r}")
+        uuid = record.get("uuid")
+        if not isinstance(uuid, str) or not uuid:
+            raise RolloutError(f"record {i} has no uuid")
+        if uuid in self.seen_uuids:
+            raise RolloutError(f"record {i} duplicates uuid {uuid}")
+        self.seen_uuids.add(uuid)
+        if record.get("is_valid") is not True:
+            if self._is_failed_attempt(record, position):
+                self.discarded.append((i, uuid))
+                return None
+            raise RolloutError(f"record {uuid} is_valid is not true")
+        for name in ("request_id", "model"):
+            value = record.get(name)
+            if not isinstance(value, str) or not value:
+                raise RolloutError(f"record {uuid} has empty {name}")
+        for name in ("prompt_token_ids", "generation_token_ids"):
+            if not _is_token_list(record.get(name)):
+                raise RolloutError(f"record {uuid} {name} is not a non-empty list of ints")
+        log_probs = record.get("generation_log_probs")
+        if not _is_finite_list(log_probs):
+            raise RolloutError(f"record {uuid} generation_log_probs is not a list of finite floats")
+        if len(log_probs) != len(record["generation_token_ids"]):
+            raise RolloutError(f"record {uuid} generation token ids and log probs have different lengths")
+        messages = record.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RolloutError(f"record {uuid} has no messages")
+        return _Call(
+            index=i,
+            uuid=uuid,
+            record=record,
+            prompt_ids=record["prompt_token_ids"],
+            generation_ids=record["generation_token_ids"],
+            log_probs=log_probs,
+            raw=messages,
+        )
+
+    def _is_failed_attempt(self, record: dict, position: int) -> bool:
+        """An invalid record with a valid attempt at the same prompt beside it: a retried call.
+
+        Calls that fail or are cut off are recorded too (invalid, often without token ids), and
+        clients retry them (the openai SDK does by default). Nothing can build on a call whose
+        answer never fully arrived, so when a valid attempt at the same prompt exists, just
+        before (the open step, or an accepted one) or just after (past any further failed
+        attempts), this record is set aside. Any other invalid record ends the rollout.
+        """
+        if self.pending and _same_prompt(record, self.pending[0].record):
+            return True
+        prompt = record.get("prompt_token_ids")
+        if isinstance(prompt, list):
+            earlier = self.step_by_prompt_len.get(len(prompt))
+            if earlier is not None and earlier.prompt_ids == prompt:
+                return True
+        for i in self.conversation[position + 1:]:
+            later = self.ordered[i]
+            if not isinstance(later, dict) or not _same_prompt(record, later):
+                return False
+            if later.get("is_valid") is True:
+                return True
+        return False
+
+    def _check_signature(self, call: _Call) -> None:
+        model, tools, tool_choice = self.signature
+        if call.record["model"] != model:
+            raise RolloutError(f"record {call.index} model {call.record['model']!r} != session model {model!r}")
+        if call.record.get("tools") != tools or call.record.get("tool_choice") != tool_choice:
+            raise RolloutError(f"record {call.index} tools/tool_choice differ from the session's first record")
+
+    def _check_messages(self, call: _Call, *, base: list[dict], partner: _Call | None) -> None:
+        """Validate the call's messages and check its prompt extends `base` (canonical history).
+
+        `partner` is an accepted call whose messages line up with `base`: a message here equal to
+        the partner's at the same index is already known valid and, within `base`, already known
+        to match the history. Only the others are normalized and compared, so each record costs
+        roughly its new messages, not its whole history.
+        """
+        i = call.index
+        raw = call.raw
+        last = len(raw) - 1
+        normalized: list[dict | None] = [None] * len(raw)
+        theirs: list = partner.raw if partner is not None else []
+        limit = min(len(base), len(theirs), last)
+        # The partner's own reply rarely comes back byte-identical (clients re-serialize it), so
+        # the one-shot prefix comparison stops short of it and the rest goes message by message.
+        start = max(limit - 1, 0)
+        if raw[:start] != theirs[:start]:
+            start = 0
+        for j in range(start, len(raw)):
+            if j < limit and raw[j] == theirs[j]:
+                continue
+            normalized[j] = _normalize(i, raw[j])
+        reply = normalized[last]
+        assert reply is not None
+        if reply["role"] != "assistant":
+            raise RolloutError(f"record {i} messages do not end with an assistant message")
+
+        # An empty base means this is the session's first call (or a retry of it): its whole
+        # prompt is context, whatever the roles.
+        first_new = len(base)
+        if base:
+            if last < len(base):
+                raise RolloutError(f"record {i} prompt does not extend the reconstructed history")
+            for j in range(len(base)):
+                message = normalized[j]
+                if message is not None and _canonical(message) != base[j]:
+                    raise RolloutError(f"record {i} prompt does not extend the reconstructed history")
+            if first_new == last:
+                raise RolloutError(f"record {i} prompt adds no environment messages")
+            odd = {normalized[j]["role"] for j in range(first_new, last)} - _ENVIRONMENT_ROLES  # type: ignore[index]
+            if odd:
+                raise RolloutError(f"record {i} suffix contains non-environment roles: {sorted(odd)}")
+        call.context = [(j, normalized[j], raw[j]) for j in range(first_new, last)]
+        call.context_canon = [_canonical(message) for _, message, _ in call.context]
+        call.reply = reply
+        call.reply_canon = _canonical(reply)
+
+    # -- output -----------------------------------------------------------------------------
+
+    def _items(self) -> list[dict]:
+        items: list[dict] = []
+        for step in self.steps:
+            for j, message, raw in step.context:
+                items.extend(_message_items(message, raw, f"{step.uuid}_{j}", None))
+            items.extend(_message_items(step.reply, step.raw[-1], step.uuid, step))  # type: ignore[arg-type]
+        return items
+
+    def _parent_session_id(self) -> str | None:
+        for record in self.ordered:
+            if isinstance(record, dict):
+                parent = record.get("parent_session_id")
+                if isinstance(parent, str) and parent:
+                    return parent
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _order_key(record: object) -> tuple[int, str, str]:
+    # A record without a capture time cannot be placed in the conversation: it goes last, so a
+    # damaged entry ends the rollout there instead of failing the whole session up front.
+    if not isinstance(record, dict):
+        return (1, "", "")
+    captured_at, uuid = record.get("captured_at"), record.get("uuid")
+    uuid = uuid if isinstance(uuid, str) else ""
+    return (0, captured_at, uuid) if isinstance(captured_at, str) else (1, "", uuid)
+
+
+def _uuid_or_index(record: object, i: int) -> str:
+    uuid = record.get("uuid") if isinstance(record, dict) else None
+    return uuid if isinstance(uuid, str) and uuid else f"record {i}"
+
+
+def _signature(record: object) -> tuple[Any, Any, Any]:
+    if not isinstance(record, dict):
+        return (None, None, None)
+    return (record.get("model"), record.get("tools"), record.get("tool_choice"))
+
+
+def _is_title_call(record: object) -> bool:
+    """opencode's title request: no tools, and a system prompt that calls itself a title generator."""
+    if not isinstance(record, dict) or record.get("tools"):
+        return False
+    messages = record.get("messages")
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "system":
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+            if isinstance(content, str) and "title generator" in content.lower():
+                return True
+    return False
+
+
+def _extends(prompt: list, prior_prompt: list, prior_generation: list) -> bool:
+    """`prompt` starts with prior_prompt + prior_generation (Gym's contiguity rule).
+
+    Comparing against the previous call only is enough: that call was itself checked against
+    the one before it. The short generation part is compared first, so a mismatch is cheap, and
+    nothing is concatenated, so the growing history is never copied.
+    """
+    n, g = len(prior_prompt), len(prior_generation)
+    return len(prompt) >= n + g and prompt[n:n + g] == prior_generation and prompt[:n] == prior_prompt
+
+
+def _same_prompt(record: dict, other: dict) -> bool:
+    """Both records ask the same thing: equal prompt tokens, or, lacking tokens, equal prompt messages."""
+    prompt, other_prompt = record.get("prompt_token_ids"), other.get("prompt_token_ids")
+    if isinstance(prompt, list) and prompt and isinstance(other_prompt, list) and other_prompt:
+        return len(prompt) == len(other_prompt) and prompt == other_prompt
+    messages, other_messages = record.get("messages"), other.get("messages")
+    return (
+        isinstance(messages, list) and isinstance(other_messages, list)
+        and len(messages) > 1 and messages[:-1] == other_messages[:-1]
+    )
+
+
+def _is_token_list(value: object) -> bool:
+    if not isinstance(value, list) or not value:
+        return False
+    # Collecting the element types runs at C speed; the exact per-element test is only a fallback
+    # for the rare list that holds something other than plain ints (bools are rejected).
+    if set(map(type, value)) <= _INT_ONLY:
+        return True
+    return all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+
+
+def _is_finite_list(value: object) -> bool:
+    if not isinstance(value, list):
+        return False
+    if not set(map(type, value)) <= _NUMBER_TYPES:
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+            return False
+    return all(map(math.isfinite, value))
+
+
+def _normalize(i: int, message: object) -> dict:
+    """A message reduced to what the history comparison looks at (Gym's normalization)."""
+    if not isinstance(message, dict):
+        raise RolloutError(f"record {i} contains a non-object message")
+    role = message.get("role")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise RolloutError(f"record {i} contains a message with unsupported role {role!r}")
+    content = message.get("content")
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+                raise RolloutError(f"record {i} contains an unsupported content part")
+            parts.append(part["text"])
+        text = "".join(parts)
+    else:
+        raise RolloutError(f"record {i} contains unsupported content of type {type(content).__name__}")
+    out: dict[str, Any] = {"role": role, "content": text}
+    if role == "assistant":
+        tool_calls = message.get("tool_calls")
+        if tool_calls:
+            if not isinstance(tool_calls, list):
+                raise RolloutError(f"record {i} contains non-list tool_calls")
+            out["tool_calls"] = [_normalize_tool_call(i, call) for call in tool_calls]
+    elif role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise RolloutError(f"record {i} contains a tool message without tool_call_id")
+        out["tool_call_id"] = call_id
+    return out
+
+
+def _normalize_tool_call(i: int, call: object) -> dict:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        raise RolloutError(f"record {i} contains a malformed tool call")
+    call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+    if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name and isinstance(arguments, str)):
+        raise RolloutError(f"record {i} contains a malformed tool call")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _canonical(message: dict) -> dict:
+    """The message with tool-call arguments in one JSON spelling, for comparison only.
+
+    Clients re-serialize the arguments they echo back (opencode compacts them), which is not a
+    change to the conversation. Messages without tool calls are returned as they are.
+    """
+    tool_calls = message.get("tool_calls")
+    if not tool_calls:
+        return message
+    return {
+        **message,
+        "tool_calls": [
+            {**call, "function": {**call["function"], "arguments": _canonical_arguments(call["function"]["arguments"])}}
+            for call in tool_calls
+        ],
+    }
+
+
+def _canonical_arguments(arguments: str) -> str:
+    # The stdlib json on purpose: what counts as "the same arguments" must match Gym's rule
+    # exactly (NaN literals, huge ints, lone surrogates), and this runs on a few strings per call.
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except (ValueError, TypeError, RecursionError):
+        return arguments
+
+
+def _message_items(message: dict, raw: object, item_id: str, call: _Call | None) -> list[dict]:
+    """Gym Responses items for one normalized message; `call` puts its token triple on the last item."""
+    role = message["role"]
+    if role == "tool":
+        return [{"type": "function_call_output", "call_id": message["tool_call_id"],
+                 "output": message["content"], "status": "completed"}]
+    if role != "assistant":
+        return [{"type": "message", "role": role, "content": message["content"]}]
+
+    summaries: list[str] = []
+    if isinstance(raw, dict):
+        reasoning = raw.get("reasoning_content")
+        if reasoning is None:
+            reasoning = raw.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            summaries.append(reasoning)
+    text = message["content"]
+    if "<think>" in text:
+        summaries.extend(_THINK.findall(text))
+        text = _THINK.sub("", text)
+    tool_calls = message.get("tool_calls") or []
+
+    items: list[dict] = []
+    if summaries:
+        items.append({"type": "reasoning", "id": f"rs_{item_id}",
+                      "summary": [{"type": "summary_text", "text": s} for s in summaries]})
+    if text or not (items or tool_calls):
+        items.append({"type": "message", "id": f"msg_{item_id}", "role": "assistant", "status": "completed",
+                      "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    for tool_call in tool_calls:
+        items.append({"type": "function_call", "id": tool_call["id"], "call_id": tool_call["id"],
+                      "name": tool_call["function"]["name"], "arguments": tool_call["function"]["arguments"],
+                      "status": "completed"})
+    if call is not None:
+        # The lists are shared with the record, not copied: rollouts of long sessions stay cheap.
+        items[-1]["prompt_token_ids"] = call.prompt_ids
+        items[-1]["generation_token_ids"] = call.generation_ids
+        items[-1]["generation_log_probs"] = call.log_probs
+    return items
+
+
+def _failed_rollout(session_id: str, parent_session_id: str | None, reason: str) -> dict:
+    return {
+        "session_id": session_id,
+        "parent_session_id": parent_session_id,
+        "model": None,
+        "tools": [],
+        "input": [],
+        "output": [],
+        "record_uuids": [],
+        "partial_reason": reason,
+        "mask_sample": True,
+        "degraded_reason": None,
+        "side_calls": [],
+        "discarded_record_uuids": [],
+    }
