@@ -188,3 +188,22 @@ def test_fault_storm_leaks_no_connections_or_fds(chain):
     fds_after, conns_after = settle()
     assert fds_after <= fds_before + 4, (fds_before, fds_after)
     assert conns_after <= conns_before + 4, (conns_before, conns_after)
+
+
+def test_a_restarted_server_serves_what_the_previous_one_recorded(mock_upstream, tmp_path):
+    first = launch_chain(mock_upstream, tmp_path)
+    try:
+        for turn in range(2):
+            r = httpx.post(first.v1 + "/chat/completions", headers={"x-session-id": "restart-1"}, trust_env=False,
+                           timeout=30, json={"model": "x", "messages": [{"role": "user", "content": f"turn {turn}"}]})
+            assert r.status_code == 200
+        before = completions(first, "restart-1")
+    finally:
+        first.proc.stop()
+    second = launch_chain(mock_upstream, tmp_path)
+    try:
+        assert completions(second, "restart-1") == before and len(before["completions"]) == 2
+        sessions = httpx.get(second.url + "/v1/sessions", trust_env=False).json()["sessions"]
+        assert [s["session_id"] for s in sessions] == ["restart-1"]
+    finally:
+        second.proc.stop()
