@@ -82,19 +82,23 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
         except UnicodeDecodeError:
             return None
 
+    # The first source present decides, as DESIGN.md orders them; if its id is malformed the call
+    # goes on uncorrelated rather than falling through to a weaker source.
     session_id, source, outranks = None, None, False
-    if rollout_id:
+    if path.startswith("/ng-rollout/") and new_path is not None:
         session_id, source, outranks = rollout_id, "path:ng-rollout", True
     else:
         for name in _HEADERS_ABOVE_BODY:
-            if value := header_id(name):
-                session_id, source, outranks = value, "header:" + name.decode(), True
+            if name in found:
+                session_id, source, outranks = header_id(name), "header:" + name.decode(), True
                 break
         else:
             for name in _HEADERS_BELOW_BODY:
-                if value := header_id(name):
-                    session_id, source = value, "header:" + name.decode()
+                if name in found:
+                    session_id, source = header_id(name), "header:" + name.decode()
                     break
+    if session_id is None:
+        source = None
     parent = None
     for name in _PARENT_HEADERS:
         if value := header_id(name):

@@ -16,7 +16,13 @@ from middleware.correlation import Correlation, current_correlation
 from server.accumulate import ChatStreamAccumulator, chunks_from_completion
 from server.asgi import SSE_HEADERS, ClientGone, parse_json_object, read_body, run_until_disconnect, send_error, send_json
 from server.errors import OpenAIError
-from server.translate import ResponsesStreamWriter, chat_to_response, response_to_chat, responses_to_chat
+from server.translate import (
+    RESPONSES_FIELDS,
+    ResponsesStreamWriter,
+    chat_to_response,
+    response_to_chat,
+    responses_to_chat,
+)
 from server.upstream import BufferedStream, relayed_headers
 
 if TYPE_CHECKING:
@@ -51,6 +57,12 @@ class ModelEndpoints:
 
     def __init__(self, state: "AppState") -> None:
         self.state = state
+        # `extra_body` goes under the body of the API the client called, as in Gym. On /v1/responses
+        # the Responses fields go under the Responses body (before translation); anything else
+        # (vLLM knobs such as chat_template_kwargs) goes under the translated chat body.
+        extra = state.settings.extra_body
+        self._extra_for_responses = {k: v for k, v in extra.items() if k in RESPONSES_FIELDS}
+        self._extra_for_translated_chat = {k: v for k, v in extra.items() if k not in RESPONSES_FIELDS}
 
     # ---- shared plumbing -------------------------------------------------------------------
     async def _read_request(self, receive) -> tuple[dict[str, Any], Correlation]:
@@ -60,10 +72,10 @@ class ModelEndpoints:
         return body, corr
 
     def _prepare(self, chat_body: dict[str, Any], corr: Correlation, stream: bool, want_ids: bool,
-                 requested_model: Any) -> Call:
+                 requested_model: Any, extra_body: dict[str, Any]) -> Call:
         state = self.state
         route = state.route_for(requested_model)
-        request = {**state.settings.extra_body, **chat_body} if state.settings.extra_body else chat_body
+        request = {**extra_body, **chat_body} if extra_body else chat_body
         request["model"] = route
         request["stream"] = stream
         capture = state.store is not None and (corr.session_id is not None or state.settings.capture_uncorrelated)
@@ -73,6 +85,8 @@ class ModelEndpoints:
                 if key not in request:
                     request[key] = value
                     added.add(key)
+        if want_ids:
+            added.clear()  # the client asked for them: nothing to strip from its answer
         return Call(corr, _request_id(corr), route, request, stream, capture, frozenset(added), time.perf_counter())
 
     def _upstream_headers(self, call: Call, scope) -> dict[str, str]:
@@ -141,7 +155,9 @@ class ModelEndpoints:
 
     async def _chat(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         _validate_chat(body)
-        call = self._prepare(body, corr, body.get("stream") is True, want_ids=False, requested_model=body.get("model"))
+        want_ids = bool(body.pop("return_token_id_information", False)) or self.state.settings.return_token_id_information
+        call = self._prepare(body, corr, body.get("stream") is True, want_ids=want_ids, requested_model=body.get("model"),
+                             extra_body=self.state.settings.extra_body)
         span = self.state.telemetry.start_call(api="chat", route=call.route, request=call.request,
                                                correlation=corr, stream=call.stream, scope=scope)
         headers = self._upstream_headers(call, scope)
@@ -232,8 +248,11 @@ class ModelEndpoints:
         if self.state.settings.upstream_api == "responses":
             await self._responses_passthrough(body, corr, stream, send, scope)
             return
+        if self._extra_for_responses:
+            body = {**self._extra_for_responses, **body}
         translated = responses_to_chat(body)
-        call = self._prepare(translated.body, corr, stream, want_ids=want_triple, requested_model=body.get("model"))
+        call = self._prepare(translated.body, corr, stream, want_ids=want_triple, requested_model=body.get("model"),
+                             extra_body=self._extra_for_translated_chat)
         span = self.state.telemetry.start_call(api="responses", route=call.route, request=call.request,
                                                correlation=corr, stream=stream, scope=scope)
         headers = self._upstream_headers(call, scope)

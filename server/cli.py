@@ -35,11 +35,11 @@ def _add_serve(sub) -> None:
     p.add_argument("--switchyard-command", help="launch Switchyard as a child process: a command with {deployment} and {port}")
     p.add_argument("--proxy-port", type=int, help="port for the hosted or launched Switchyard (default: a free one)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port to bind (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=int, help="port to bind (default 8080; 0 picks a free one)")
     p.add_argument("--capture-dir", help="where captured records are written (default ./switchyard-captures)")
     p.add_argument("--no-capture", action="store_true", help="do not record calls")
     p.add_argument("--log-level", help="debug, info, warning, error")
-    p.add_argument("--otel-console", action="store_true", help="print OpenTelemetry spans to stderr")
+    p.add_argument("--otel-console", action="store_true", help="print OpenTelemetry spans to stdout")
 
 
 def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:

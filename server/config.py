@@ -50,7 +50,7 @@ class Settings(BaseModel):
 
     # --- ours ---
     host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default=8080, ge=0, le=65535)  # vLLM itself defaults to 8000
     # Launch a separately installed Switchyard instead of hosting it in-process, e.g.
     # "switchyard-server --config {deployment} --port {port}".
     switchyard_command: str | None = None
@@ -83,7 +83,7 @@ class Settings(BaseModel):
     # Forward the caller's Authorization to Switchyard instead of `Bearer switchyard_api_key`.
     forward_client_authorization: bool = False
     # OpenTelemetry (exporters are configured by the standard OTEL_* variables; see docs/observability.md).
-    otel_console: bool = False  # print spans to stderr, for local debugging
+    otel_console: bool = False  # print spans to stdout, for local debugging
     otel_capture_content: bool = False  # put messages on spans (they may hold secrets or personal data)
     otel_service_name: str | None = None  # overrides OTEL_SERVICE_NAME, which a hosted Switchyard also reads
 

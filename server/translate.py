@@ -76,7 +76,8 @@ _HANDLED_FIELDS = frozenset(
         "top_logprobs",
     }
 )
-_KNOWN_FIELDS = IGNORED_FIELDS | _HANDLED_FIELDS | frozenset(VLLM_PASSTHROUGH_FIELDS)
+# Every top-level Responses field this module accepts; anything else is a 400 naming it.
+RESPONSES_FIELDS = IGNORED_FIELDS | _HANDLED_FIELDS | frozenset(VLLM_PASSTHROUGH_FIELDS)
 
 # Gym's training variants of items carry these. Chat messages are rebuilt from known keys only, so
 # they never reach the upstream; token_triple reads a bundle already on a message under these names.
@@ -578,7 +579,7 @@ def responses_to_chat(body: dict[str, Any], *, developer_role: str = "system") -
     if not isinstance(body, dict):
         raise _wrong_type("body", "a JSON object")
     for key in body:
-        if key not in _KNOWN_FIELDS:
+        if key not in RESPONSES_FIELDS:
             raise _unsupported(f"unsupported parameter: {key}", key)
     _check_conditional_fields(body)
     if "input" not in body or body["input"] is None:

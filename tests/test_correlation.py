@@ -65,8 +65,19 @@ def test_ids_outside_the_charset_are_dropped(bad):
 def test_bad_rollout_id_still_strips_the_prefix_but_goes_uncorrelated():
     corr, path = resolve("/ng-rollout/bad%0d%0a/v1/responses", [])
     assert path == "/v1/responses" and corr.session_id is None
+    # The first source present decides: a malformed one does not fall through to a weaker source.
     corr, path = resolve("/ng-rollout/" + "y" * 201 + "/v1/responses", h(x_session_id="fallback"))
-    assert path == "/v1/responses" and corr.session_id == "fallback"
+    assert path == "/v1/responses" and corr.session_id is None
+
+
+def test_a_malformed_header_id_makes_the_call_uncorrelated():
+    corr, _ = resolve("/v1/x", [(b"x-switchyard-session-id", b"../x"), (b"x-session-id", b"good")])
+    assert corr.session_id is None and corr.source is None
+    # ... and the body field, which ranks below it, cannot take over either.
+    assert corr.with_body_session_id("from-body").session_id is None
+    # A malformed weaker header leaves room for the body field, which outranks it.
+    corr, _ = resolve("/v1/x", [(b"x-session-id", b"bad id")])
+    assert corr.with_body_session_id("from-body").session_id == "from-body"
 
 
 def test_longest_valid_id_is_accepted():

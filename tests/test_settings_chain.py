@@ -27,7 +27,8 @@ def last_request(mock_upstream) -> dict:
 
 
 def post(url, path="/v1/chat/completions", headers=None, **body):
-    body.setdefault("messages", [{"role": "user", "content": "hi"}])
+    if path.endswith("/chat/completions"):
+        body.setdefault("messages", [{"role": "user", "content": "hi"}])
     return httpx.post(url + path, json=body, headers=headers or {}, trust_env=False, timeout=30)
 
 
@@ -132,5 +133,30 @@ def test_buffered_upstream_streams_still_stream_to_the_client_with_token_ids(tmp
         records = httpx.get(url + "/v1/sessions/buffered/completions", trust_env=False).json()["completions"]
         assert records[0]["stream"] is True and records[0]["is_valid"] is True
         assert records[0]["generation_token_ids"]
+    finally:
+        proc.stop()
+
+
+def test_extra_body_goes_under_the_body_of_the_api_called(tmp_path, mock_upstream):
+    """Gym's `extra_body: {max_output_tokens: 16}` is a Responses field; a vLLM knob reaches the chat body."""
+    proc, url = serve(tmp_path, mock_upstream, extra_body={"max_output_tokens": 16,
+                                                           "chat_template_kwargs": {"enable_thinking": False}})
+    try:
+        assert post(url, path="/v1/responses", input="hi").status_code == 200
+        body = last_request(mock_upstream)["body"]
+        assert body["max_tokens"] == 16 and body["chat_template_kwargs"] == {"enable_thinking": False}
+        assert "max_output_tokens" not in body
+        assert post(url, path="/v1/responses", input="hi", max_output_tokens=5).status_code == 200
+        assert last_request(mock_upstream)["body"]["max_tokens"] == 5  # the caller's value wins
+    finally:
+        proc.stop()
+
+
+def test_return_token_id_information_on_chat_returns_vllm_token_fields(tmp_path, mock_upstream):
+    proc, url = serve(tmp_path, mock_upstream)
+    try:
+        reply = post(url, return_token_id_information=True).json()
+        assert reply["prompt_token_ids"] and reply["choices"][0]["token_ids"]
+        assert "return_token_id_information" not in last_request(mock_upstream)["body"]
     finally:
         proc.stop()

@@ -3,30 +3,24 @@
 from __future__ import annotations
 
 import math
-import re
 import uuid as uuid_module
 from datetime import datetime, timezone
 from typing import Any
 
+from middleware.correlation import valid_id
+
 SCHEMA_VERSION = 1
 
-# Same charset as the correlation middleware: the id is hashed into a directory name, but it is
-# also echoed in URLs and logs, so anything outside it is refused before use.
-SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-MAX_SESSION_ID_LENGTH = 200
-
-STATUSES = ("completed", "partial")
+# How a call ended: whole; cut short because the client went away; ended by an upstream failure.
+STATUSES = ("completed", "partial", "failed")
 
 _TOKEN_ID_PREFIX = "token_id:"
 
 
 def is_valid_session_id(value: object) -> bool:
-    """True when `value` may be used as a session id (fullmatch, so a trailing newline fails too)."""
-    return (
-        isinstance(value, str)
-        and 0 < len(value) <= MAX_SESSION_ID_LENGTH
-        and SESSION_ID_PATTERN.fullmatch(value) is not None
-    )
+    """True when `value` may be used as a session id: the correlation middleware's rule. The id is
+    hashed into a directory name, but it is also echoed in URLs and logs."""
+    return isinstance(value, str) and valid_id(value) is not None
 
 
 def utc_timestamp() -> str:
