@@ -217,6 +217,8 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/responses", _RequiresReady(state, endpoints.responses), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        # NeMo Gym probes its servers' liveness at `/`.
+        Route("/", lambda request: _json(200, {"status": "ok"}), methods=["GET"]),
         state.telemetry.metrics_route(),
     ]
     if settings.capture:

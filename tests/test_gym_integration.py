@@ -90,3 +90,31 @@ target = "policy"
             proc.stop()
     finally:
         mock.stop()
+
+
+def test_started_the_way_gym_starts_a_model_server(mock_upstream, tmp_path):
+    """`NEMO_GYM_CONFIG_DICT=<merged yaml> NEMO_GYM_CONFIG_PATH=<instance> python app.py` in the drop-in dir."""
+    import yaml
+
+    port = free_port()
+    merged = {
+        "policy_model_name": "demo",
+        "policy_model": {"responses_api_models": {"switchyard_model": {
+            "entrypoint": "app.py", "host": "127.0.0.1", "port": port, "name": "policy_model",
+            "switchyard_model": "${policy_model_name}", "deployment": "demo",
+            "capture_dir": str(tmp_path / "cap")}}},
+        "other_server": {"resources_servers": {"x": {"api_key": "not-ours"}}},
+    }
+    drop_in = REPO / "profiles" / "gym" / "responses_api_models" / "switchyard_model"
+    proc = Proc([sys.executable, "app.py"], cwd=drop_in,
+                env={"NEMO_GYM_CONFIG_DICT": yaml.safe_dump(merged), "NEMO_GYM_CONFIG_PATH": "policy_model",
+                     "MOCK_UPSTREAM_URL": mock_upstream + "/v1", "PYTHONPATH": str(REPO)})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_http(url + "/")
+        assert httpx.get(url + "/", trust_env=False).json() == {"status": "ok"}  # Gym's liveness probe
+        assert httpx.get(url + "/health", trust_env=False).json()["route"] == "demo"
+        assert gym_call(url, "task7-r0")["model"] == "mock-model"
+        assert (tmp_path / "cap" / "sessions").is_dir()
+    finally:
+        proc.stop()

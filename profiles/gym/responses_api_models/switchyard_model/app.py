@@ -1,0 +1,8 @@
+"""NeMo Gym entrypoint for switchyard-model: Gym runs `python app.py` here with its config in the env."""
+
+import sys
+
+from server.gym_entry import main
+
+if __name__ == "__main__":
+    sys.exit(main())
