@@ -60,9 +60,12 @@ class ClientGone(Exception):
     """The client disconnected; there is nobody left to answer."""
 
 
-async def run_until_disconnect(receive, work: Callable[[], Awaitable[None]]) -> None:
+async def run_until_disconnect(receive, work: Callable[[], Awaitable[None]],
+                               answered: Callable[[], bool] = lambda: False) -> None:
     """Run `work`, cancelling it as soon as the client disconnects (which cancels its upstream call).
 
+    A disconnect after the response is complete (`answered()`) cancels nothing: the work is then
+    only cleaning up (closing the upstream stream, handing off capture), which must not be cut.
     Only call this after the request body has been read: from then on the only message the
     server can deliver on `receive` is `http.disconnect`.
     """
@@ -72,7 +75,8 @@ async def run_until_disconnect(receive, work: Callable[[], Awaitable[None]]) -> 
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                task.cancel()
+                if not answered():
+                    task.cancel()
                 return
 
     watcher = asyncio.ensure_future(watch())

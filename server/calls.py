@@ -6,7 +6,8 @@ import asyncio
 import logging
 import time
 import uuid
-from contextlib import AbstractAsyncContextManager, nullcontext
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -129,24 +130,27 @@ class ModelEndpoints:
 
     async def _guarded(self, scope, receive, send, handler) -> None:
         """Errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""
-        started = {"value": False}
+        progress = {"started": False, "answered": False}
 
         async def tracking_send(message) -> None:
             if message["type"] == "http.response.start":
-                started["value"] = True
+                progress["started"] = True
+            elif not message.get("more_body", False):
+                progress["answered"] = True
             await send(message)
 
         try:
             body, corr = await self._read_request(receive)
-            await run_until_disconnect(receive, lambda: handler(body, corr, tracking_send, scope))
+            await run_until_disconnect(receive, lambda: handler(body, corr, tracking_send, scope),
+                                       answered=lambda: progress["answered"])
         except ClientGone:
             return
         except OpenAIError as error:
-            if not started["value"]:
+            if not progress["started"]:
                 await send_error(send, error)
         except Exception:
             log.exception("unhandled error in %s", scope.get("path"))
-            if not started["value"]:
+            if not progress["started"]:
                 await send_error(send, OpenAIError(500, "internal server error", code="internal_error"))
 
     # ---- /v1/chat/completions -----------------------------------------------------------------
@@ -192,35 +196,19 @@ class ModelEndpoints:
         # Telemetry wants the finish reason and usage even of calls that are not recorded.
         accumulator = ChatStreamAccumulator() if call.capture or self.state.telemetry.enabled else None
         parse = accumulator is not None or bool(call.added_fields)
-        saw_done = False
-        first = True
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": SSE_HEADERS + relayed_headers(stream.headers)})
-            async for event in stream.events():
-                if first:
-                    span.first_chunk()
-                    first = False
-                data = _sse_data(event)
-                if data is None:
-                    continue
-                if data == b"[DONE]":
-                    saw_done = True
-                    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
-                    break
+            async for event, data in _chunk_events(stream, span):
                 out = event
                 if parse:
                     chunk = orjson.loads(data)
-                    if "error" in chunk and "choices" not in chunk:
-                        raise _in_band_error(chunk)
                     if accumulator is not None:
                         accumulator.feed(chunk)
                     if call.added_fields:
                         out = b"data: " + orjson.dumps(_strip_token_fields(chunk, call.added_fields, copy=False))
                 await send({"type": "http.response.body", "body": out + b"\n\n", "more_body": True})
-            if not saw_done:
-                raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
-            await send({"type": "http.response.body", "body": b""})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
             result = accumulator.result() if accumulator is not None else None
             span.finish(result)
             if result is not None:
@@ -282,30 +270,14 @@ class ModelEndpoints:
         model = stream.headers.get("x-model-router-selected-model") or call.route
         writer = ResponsesStreamWriter(body, tool_map, response_id=response_id, created_at=created_at,
                                        model=model, token_ids=want_triple)
-        first = True
-        saw_done = False
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": SSE_HEADERS + relayed_headers(stream.headers)})
             await send({"type": "http.response.body", "body": writer.start(), "more_body": True})
-            async for event in stream.events():
-                if first:
-                    span.first_chunk()
-                    first = False
-                data = _sse_data(event)
-                if data is None:
-                    continue
-                if data == b"[DONE]":
-                    saw_done = True
-                    break
-                chunk = orjson.loads(data)
-                if "error" in chunk and "choices" not in chunk:
-                    raise _in_band_error(chunk)
-                out = writer.feed(chunk)
+            async for _event, data in _chunk_events(stream, span):
+                out = writer.feed(orjson.loads(data))
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-            if not saw_done:
-                raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
             await send({"type": "http.response.body", "body": writer.finish()})
             result = writer.accumulator.result()
             span.finish(result)
@@ -395,6 +367,36 @@ def _parse_json(raw: bytes | None) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+async def _chunk_events(stream, span) -> AsyncIterator[tuple[bytes, bytes]]:
+    """Each data event of an upstream chat stream as (raw event, JSON payload), up to `[DONE]`.
+
+    An in-band error (Switchyard's `data: {"error": ...}`) or a stream that ends without `[DONE]`
+    raises, so the client gets an error event, never a silent cut.
+    """
+    first = True
+    done = False
+    # aclosing: the generators below must be closed here, not whenever they are collected, or the
+    # upstream connection under them stays checked out.
+    async with aclosing(stream.events()) as events:
+        async for event in events:
+            if first:
+                span.first_chunk()
+                first = False
+            if done:
+                continue  # read to the end, so the connection is released cleanly
+            data = _sse_data(event)
+            if data is None:
+                continue
+            if data == b"[DONE]":
+                done = True
+                continue
+            if data.startswith(b'{"error"'):
+                raise _in_band_error(orjson.loads(data))
+            yield event, data
+    if not done:
+        raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
 
 
 def _sse_data(event: bytes) -> bytes | None:
