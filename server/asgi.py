@@ -40,7 +40,17 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise OpenAIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(doc, dict):
         raise OpenAIError(400, "request body must be a JSON object", code="invalid_json")
+    # orjson reads 1024 levels of nesting but writes only 254, and the body is written again on its
+    # way upstream. Only a body with that many brackets can be that deep, so most skip the check.
+    if raw.count(b"[") + raw.count(b"{") > _MAX_WRITABLE_DEPTH:
+        try:
+            orjson.dumps(doc)
+        except orjson.JSONEncodeError as exc:
+            raise OpenAIError(400, f"request body is nested too deeply ({exc})", code="invalid_json") from exc
     return doc
+
+
+_MAX_WRITABLE_DEPTH = 254
 
 
 async def send_json(send, status: int, body: bytes, extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -440,6 +440,7 @@ def _strip_token_fields(chat: dict[str, Any], added: frozenset[str], *, copy: bo
 
 
 def _validate_chat(body: dict[str, Any]) -> None:
+    """The checks that keep a malformed chat body from ever reaching the upstream (400 naming the field)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise OpenAIError(400, "`messages` must be a non-empty array of chat messages", param="messages",
@@ -448,10 +449,23 @@ def _validate_chat(body: dict[str, Any]) -> None:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise OpenAIError(400, f"messages[{i}] must be an object with a string `role`", param=f"messages[{i}]",
                               code="invalid_value")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise OpenAIError(400, "`stream` must be a boolean", param="stream", code="invalid_type")
+    _expect(body, "stream", bool, "a boolean")
+    _expect(body, "model", str, "a string")
     for key in ("max_tokens", "max_completion_tokens", "n", "top_logprobs"):
         value = body.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise OpenAIError(400, f"`{key}` must be a non-negative integer", param=key, code="invalid_type")
+    for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise OpenAIError(400, f"`{key}` must be a number", param=key, code="invalid_type")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise OpenAIError(400, "`tools` must be an array of tool objects", param="tools", code="invalid_type")
+    _expect(body, "tool_choice", (str, dict), "a string or an object")
+
+
+def _expect(body: dict[str, Any], key: str, kind, expected: str) -> None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise OpenAIError(400, f"`{key}` must be {expected}", param=key, code="invalid_type")

@@ -411,7 +411,7 @@ class _History:
 
 def _message_item(item: dict[str, Any], param: str, history: _History, developer_role: str) -> None:
     role = item.get("role")
-    if role not in _MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in _MESSAGE_ROLES:
         raise _invalid(f"`{param}.role` must be one of user, system, developer, assistant (got {role!r})",
                        f"{param}.role")
     content = item.get("content")
@@ -581,6 +581,11 @@ def responses_to_chat(body: dict[str, Any], *, developer_role: str = "system") -
     for key in body:
         if key not in RESPONSES_FIELDS:
             raise _unsupported(f"unsupported parameter: {key}", key)
+    for key in ("stream", "parallel_tool_calls"):
+        if body.get(key) is not None and not isinstance(body[key], bool):
+            raise _wrong_type(key, "a boolean")
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise _wrong_type("model", "a string")
     _check_conditional_fields(body)
     if "input" not in body or body["input"] is None:
         raise _invalid("`input` is required", "input", code="missing_required_parameter")
@@ -601,11 +606,8 @@ def responses_to_chat(body: dict[str, Any], *, developer_role: str = "system") -
         chat["tools"] = chat_tools
         if tool_choice is not None:
             chat["tool_choice"] = tool_choice
-        parallel = body.get("parallel_tool_calls")
-        if parallel is not None:
-            if not isinstance(parallel, bool):
-                raise _wrong_type("parallel_tool_calls", "a boolean")
-            chat["parallel_tool_calls"] = parallel
+        if body.get("parallel_tool_calls") is not None:
+            chat["parallel_tool_calls"] = body["parallel_tool_calls"]
 
     max_output_tokens = body.get("max_output_tokens")
     if max_output_tokens is not None:
@@ -651,8 +653,24 @@ def responses_to_chat(body: dict[str, Any], *, developer_role: str = "system") -
 
     for key in VLLM_PASSTHROUGH_FIELDS:
         if body.get(key) is not None:
+            check_passthrough_type(key, body[key])
             chat[key] = body[key]
     return ChatRequest(chat, tool_map, dropped)
+
+
+def check_passthrough_type(key: str, value: Any) -> None:
+    """The vLLM sampling fields are forwarded as given, so at least their types are checked here."""
+    if key == "stop":
+        if not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
+            raise _wrong_type(key, "a string or an array of strings")
+    elif key == "chat_template_kwargs":
+        if not isinstance(value, dict):
+            raise _wrong_type(key, "an object")
+    elif key in ("seed", "top_k"):
+        if not _is_int(value):
+            raise _wrong_type(key, "an integer")
+    elif not _is_number(value):
+        raise _wrong_type(key, "a number")
 
 
 # ---- the response -------------------------------------------------------------------------------
