@@ -38,5 +38,9 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 
+# Bounded soak: 3 min of mixed, faulty load; exits 1 if an invariant fails. SOAK_ARGS=--quick for 30 s.
+soak: $(STAMP)
+	$(PY) bench/soak.py $(SOAK_ARGS)
+
 clean:
 	rm -rf $(VENV) tests/clients/node_modules switchyard-captures .pytest_cache

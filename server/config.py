@@ -57,7 +57,9 @@ class Settings(BaseModel):
     proxy_startup_timeout_s: float = Field(default=240.0, gt=0)
     # Delays before restarting a launched Switchyard that died (the last one repeats).
     proxy_restart_backoff_s: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0, 5.0, 10.0, 30.0], min_length=1)
-    upstream_timeout_s: float = Field(default=600.0, gt=0)  # whole call, stream included
+    # How long the upstream may stay silent: each connect, read and write. A stream that keeps
+    # sending is never cut; a whole-call deadline is Switchyard's `timeout_ms` (set in profiles).
+    upstream_timeout_s: float = Field(default=600.0, gt=0)
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
     upstream_max_connections: int = Field(default=512, ge=1)
     upstream_api: Literal["chat", "responses"] = "chat"
