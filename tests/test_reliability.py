@@ -111,6 +111,8 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
     for w in workers:
         w.start()
     assert wait_for(lambda: len(acknowledged) > 150, timeout=60)
+    # What the server has reported written must survive the kill; what was still queued may not.
+    written = httpx.get(chain.url + "/health", trust_env=False).json()["capture"]["written"]
     os.kill(chain.proc.pid, signal.SIGKILL)
     stop.set()
     for w in workers:
@@ -120,20 +122,15 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
     files = list((tmp_path / "sessions").rglob("*.json"))
     for path in files:
         json.loads(path.read_bytes())
+    assert written > 0 and len(files) >= written
+    assert len(files) <= len(acknowledged) + 8  # at most one call in flight per worker beyond those answered
     # The next server on the same directory serves them all.
     after = launch_chain(mock_upstream, tmp_path)
     try:
         served = sum(len(completions(after, f"heavy-{w}").get("completions", [])) for w in range(8))
         assert served == len(files)
-        # Only calls still in flight (or still queued for the disk at the kill) can be missing.
-        assert len(files) >= len(acknowledged) - 8 * 2 - after_queue_allowance()
     finally:
         after.proc.stop()
-
-
-def after_queue_allowance() -> int:
-    """Records are written off the event loop; at a kill -9 the ones still queued are lost with it."""
-    return 64
 
 
 def test_unwritable_capture_dir_degrades_to_counted_failures(mock_upstream, tmp_path):
