@@ -1,0 +1,1 @@
+"""Benchmark harness: the whole chain measured side by side (direct to Switchyard vs through this server)."""

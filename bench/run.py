@@ -1,0 +1,930 @@
+"""`make bench`: the same load sent straight to Switchyard and through this server, interleaved, in one table.
+
+Usage: python bench/run.py [--quick] [--only a,b] [--json PATH] [--profile DIR]
+Sections: ceiling, sequential, concurrency, streams, capture, telemetry, reconstruction, disk, hold.
+See bench/README.md for what each figure means and how the load generator was checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # `python bench/run.py` puts bench/, not the repo, on sys.path
+
+import httpx  # noqa: E402
+import orjson  # noqa: E402
+import psutil  # noqa: E402
+
+from bench import recon  # noqa: E402
+from bench.chain import Floor, LoadGen, Mock, Proc, Server, Stub, make_log_dir  # noqa: E402
+
+SECTIONS = ("ceiling", "sequential", "concurrency", "streams", "capture", "telemetry", "reconstruction", "disk", "hold")
+CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
+CHAT_TOKEN_MARK = '"delta":{"content":'  # the first chat chunk carrying generated text
+RESPONSES_TOKEN_MARK = '"response.output_text.delta"'
+TOKEN_FIELDS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+_WORDS = ("apple river stone cloud maple tiger orbit lemon piano candle forest harbor velvet rocket "
+          "meadow silver thunder garden copper lantern").split()
+
+# ---------------------------------------------------------------------------------------------
+# Request bodies
+# ---------------------------------------------------------------------------------------------
+
+
+def words(n: int, offset: int = 0) -> str:
+    """`n` words, one mock token each."""
+    return " ".join(_WORDS[(i + offset) % len(_WORDS)] for i in range(n))
+
+
+def chat_body(content: str, *, stream: bool = False, token_fields: bool = False) -> str:
+    body: dict[str, Any] = {"model": "demo", "messages": [{"role": "user", "content": content}]}
+    if stream:
+        body["stream"] = True
+    if token_fields:
+        body.update(TOKEN_FIELDS)
+    return orjson.dumps(body).decode()
+
+
+def responses_body(content: str, *, stream: bool = False) -> str:
+    body: dict[str, Any] = {"model": "demo", "input": content}
+    if stream:
+        body["stream"] = True
+    return orjson.dumps(body).decode()
+
+
+def template(path: str, body: str, headers: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    return {"method": "POST", "path": path, "body": body, "headers": [list(h) for h in headers or []]}
+
+
+SMALL = "Summarize the plan in one line. [[mock:tokens 16]]"
+STREAM = "Explain the plan step by step. [[mock:tokens 32]]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile; NaN for no samples (failed marker matches are dropped)."""
+    xs = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo = math.floor(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def median(values: list[float]) -> float:
+    return pct(values, 0.5)
+
+
+def fmt_ms(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds * 1000:.2f} ms"
+
+
+def fmt_ratio(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.2f}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.quick = args.quick
+        self.only = set(args.only.split(",")) if args.only else set(SECTIONS)
+        unknown = self.only - set(SECTIONS)
+        if unknown:
+            raise SystemExit(f"unknown section(s): {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+        self.started = time.monotonic()
+        self.log_dir = make_log_dir()
+        self.rows: list[tuple[str, str, str, str, str, str, str]] = []
+        self.data: dict[str, Any] = {"quick": self.quick, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                     "machine": machine()}
+        self.procs: list[Any] = []
+        self._gone_cpu: dict[int, float] = {}
+        self.failed = False
+
+    # -- plumbing ------------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    def row(self, section: str, figure: str, direct: str, via: str, result: str, target: str, verdict: str) -> None:
+        self.rows.append((section, figure, direct, via, result, target, verdict))
+
+    def start(self) -> None:
+        self.log(f"logs in {self.log_dir}")
+        self.gen = LoadGen(self.log_dir)
+        self.procs.append(self.gen.proc)
+        self.mock = Mock(self.log_dir)
+        self.procs.append(self.mock.proc)
+        self.cap_dir = self.log_dir / "captures"
+        self.cap = Server("server-capture", self.mock, self.log_dir, capture_dir=self.cap_dir)
+        self.procs.append(self.cap.proc)
+        if self.only & {"sequential", "concurrency"}:
+            self.floor = Floor(self.cap.proxy_port, self.log_dir)
+            self.procs.append(self.floor.proc)
+        if self.only & {"capture", "telemetry"}:
+            self.nocap = Server("server-nocapture", self.mock, self.log_dir, capture_dir=None)
+            self.procs.append(self.nocap.proc)
+        if "telemetry" in self.only:
+            self.sink = Stub("otlp-sink", "empty", self.log_dir)
+            self.procs.append(self.sink.proc)
+            # A 5 s metric interval (the SDK default is 60 s) so metric exports happen inside the series.
+            self.otel = Server("server-otel", self.mock, self.log_dir, capture_dir=None,
+                               env={"OTEL_EXPORTER_OTLP_ENDPOINT": self.sink.url, "OTEL_METRIC_EXPORT_INTERVAL": "5000"})
+            self.procs.append(self.otel.proc)
+        if "ceiling" in self.only:
+            self.stub = Stub("stub-chat", "chat", self.log_dir)
+            self.procs.append(self.stub.proc)
+        self.log(f"chain up: server {self.cap.url}, its Switchyard {self.cap.proxy_url}, mock :{self.mock.port}")
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """A first burst through every server, so lazy imports and first connections are not measured."""
+        small = chat_body(SMALL)
+        for server in (self.cap, getattr(self, "nocap", None), getattr(self, "otel", None)):
+            if server is not None:
+                self.gen.run({"port": server.port, "templates": [template(CHAT, small, [("x-session-id", "bench-warm")]),
+                                                                 template(RESPONSES, responses_body(SMALL))],
+                              "concurrency": 8, "count": 200})
+        if hasattr(self, "otel"):
+            # The span exporter (and its protobuf/HTTP imports) first runs one batch delay (5 s) after the first span.
+            deadline = time.monotonic() + 8.0
+            while not _python_exports(self.sink.stats()) and time.monotonic() < deadline:
+                time.sleep(0.25)
+
+    def background_cpu(self) -> tuple[float, float]:
+        """CPU seconds the machine spent outside this run's processes so far, and steal time.
+
+        The box is shared: this says roughly how much other tenants ran during each section (it also
+        includes kernel packet processing not charged to any process, part of it this run's own)."""
+        times = psutil.cpu_times()
+        # Kernel network work (softirq) is counted: it cannot be split between tenants, and leaving it
+        # out makes the figure negative when softirq runs in our processes' context.
+        busy = sum(getattr(times, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq"))
+        ours = 0.0
+        for proc in [*self.procs, psutil.Process()]:
+            try:
+                ps = proc.ps if isinstance(proc, Proc) else proc
+                t = ps.cpu_times()
+                ours += t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                ours += self._gone_cpu.get(id(proc), 0.0)
+                continue
+            self._gone_cpu[id(proc)] = t.user + t.system + t.children_user + t.children_system
+        return busy - ours, getattr(times, "steal", 0.0)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            try:
+                if proc is self.gen.proc:
+                    self.gen.stop()
+                else:
+                    proc.stop()
+            except Exception as exc:  # keep stopping the others
+                self.log(f"stopping {proc.name}: {exc}")
+
+    def run_one(self, spec: dict[str, Any], server: Server | None = None) -> dict[str, Any]:
+        """One series, with the CPU each process spent on it."""
+        watched: dict[str, Proc] = {"loadgen": self.gen.proc, "mock": self.mock.proc}
+        if server is not None:
+            watched["server"] = server.proc
+        if spec["port"] == getattr(getattr(self, "floor", None), "port", None):
+            watched["floor"] = self.floor.proc
+        before = {name: p.cpu_s() for name, p in watched.items()}
+        main_before = server.proc.main_thread_cpu_s() if server is not None else 0.0
+        result = self.gen.run(spec)
+        cpu = {name: p.cpu_s() - before[name] for name, p in watched.items()}
+        if server is not None:
+            cpu["server_event_loop"] = server.proc.main_thread_cpu_s() - main_before
+        result["cpu"] = cpu
+        return result
+
+    def interleave(self, rounds: int, series: dict[str, Callable[[int], tuple[dict[str, Any], Server | None]]],
+                   after: Callable[[str, int], None] | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Every series once per round; the order flips each round so drift hits all of them alike."""
+        names = list(series)
+        out: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        for r in range(rounds):
+            for name in (names if r % 2 == 0 else list(reversed(names))):
+                spec, server = series[name](r)
+                out[name].append(self.run_one(spec, server))
+                if after is not None:
+                    after(name, r)
+        return out
+
+    # -- sections ------------------------------------------------------------------------
+    def ceiling(self) -> None:
+        self.log("ceiling: the load generator alone")
+        d = 2.0 if not self.quick else 1.0
+        small = [template(CHAT, chat_body(SMALL))]
+        stub = self.run_one({"port": self.stub.port, "templates": small, "concurrency": 64, "duration": d, "warmup": 0.5})
+        stub_seq = self.run_one({"port": self.stub.port, "templates": small, "concurrency": 1, "count": 2000, "warmup": 100})
+        mock = self.run_one({"port": self.mock.port, "templates": small, "concurrency": 64, "duration": d, "warmup": 0.5})
+        gen_us = stub["cpu"]["loadgen"] / max(1, stub["ok"]) * 1e6
+        self.data["ceiling"] = {
+            "stub_c64_rps": stub["throughput"], "stub_seq_p50_ms": median(stub_seq["lat"]) * 1000,
+            "stub_seq_p99_ms": pct(stub_seq["lat"], 0.99) * 1000, "loadgen_cpu_us_per_request": gen_us,
+            "mock_c64_rps": mock["throughput"], "errors": stub["errors"] + mock["errors"] + stub_seq["errors"],
+        }
+        self.row("generator", "load generator -> canned stub, c=64", "", "", f"{stub['throughput']:.0f} req/s",
+                 "far above chain", f"{gen_us:.0f} us CPU/req")
+        self.row("generator", "load generator -> canned stub, sequential", "", "",
+                 f"p50 {fmt_ms(median(stub_seq['lat']))}, p99 {fmt_ms(pct(stub_seq['lat'], 0.99))}", "", "")
+        self.row("generator", "load generator -> mock upstream alone, c=64", "", "", f"{mock['throughput']:.0f} req/s",
+                 "", "upstream ceiling")
+        wake, local = loopback_send_cost()
+        self.data["ceiling"].update({"loopback_send_waking_peer_cpu_us": wake, "loopback_send_recv_same_thread_us": local})
+        self.row("machine", "CPU of one loopback TCP send that wakes a sleeping peer process", "", "", f"{wake:.0f} us",
+                 "", f"same-thread send+recv: {local:.0f} us")
+
+    def sequential(self) -> None:
+        self.log("sequential non-stream: direct vs server, chat and Responses")
+        rounds, n, warm = (2, 100, 20) if self.quick else (5, 300, 30)
+        proxy, server, mock_port = self.cap.proxy_port, self.cap.port, self.mock.port
+        corr = [("x-session-id", "bench-seq-{run}-{conn}")]
+
+        def spec(port: int, path: str, body: str, headers=None, srv=None):
+            return lambda r: ({"port": port, "templates": [template(path, body, headers)], "concurrency": 1,
+                               "count": n + warm, "warmup": warm, "vars": {"run": str(r)}}, srv)
+
+        res = self.interleave(rounds, {
+            "mock": spec(mock_port, CHAT, chat_body(SMALL)),
+            "direct": spec(proxy, CHAT, chat_body(SMALL), srv=self.cap),
+            "server_chat": spec(server, CHAT, chat_body(SMALL), srv=self.cap),
+            "server_responses": spec(server, RESPONSES, responses_body(SMALL), srv=self.cap),
+            "floor_proxy": spec(self.floor.port, CHAT, chat_body(SMALL), srv=self.cap),
+            "direct_token_fields": spec(proxy, CHAT, chat_body(SMALL, token_fields=True), srv=self.cap),
+            "server_chat_captured": spec(server, CHAT, chat_body(SMALL), corr, srv=self.cap),
+            "server_responses_captured": spec(server, RESPONSES, responses_body(SMALL), corr, srv=self.cap),
+        })
+        self.cap.wait_capture_idle()
+        pooled = {name: pool(results) for name, results in res.items()}
+        self.data["sequential"] = {name: summary(p) for name, p in pooled.items()}
+        d, dt = pooled["direct"], pooled["direct_token_fields"]
+        m = pooled["mock"]
+        self.row("sequential", "Switchyard itself (direct vs mock alone), chat", fmt_lat(m["lat"]), fmt_lat(d["lat"]),
+                 added(m["lat"], d["lat"]), "(context)", "")
+        f = pooled["floor_proxy"]
+        self.row("sequential", "floor: minimal Python hop (bench/floor.py), chat", fmt_lat(d["lat"]), fmt_lat(f["lat"]),
+                 added(d["lat"], f["lat"]), "(context)", errors(f) or "")
+        for name, label, base in (("server_chat", "chat", d), ("server_responses", "Responses", d),
+                                  ("server_chat_captured", "chat, correlated + captured", dt),
+                                  ("server_responses_captured", "Responses, correlated + captured", dt)):
+            via = pooled[name]
+            a50 = median(via["lat"]) - median(base["lat"])
+            a99 = pct(via["lat"], 0.99) - pct(base["lat"], 0.99)
+            met = a50 <= 0.001 and a99 <= 0.003
+            self.row("sequential", f"added latency, {label}", fmt_lat(base["lat"]), fmt_lat(via["lat"]),
+                     added(base["lat"], via["lat"]), "p50 <= 1 ms, p99 <= 3 ms", verdict(met, errors(via, base)))
+
+    def concurrency(self) -> None:
+        self.log("concurrency 64 and 256: throughput and latency, direct vs server")
+        rounds, warm, dur = (1, 0.3, 1.2) if self.quick else (3, 0.7, 3.0)
+        proxy, server = self.cap.proxy_port, self.cap.port
+        corr = [("x-session-id", "bench-c64-{run}-{conn}")]
+
+        def spec(port: int, path: str, body: str, c: int, headers=None):
+            return lambda r: ({"port": port, "templates": [template(path, body, headers)], "concurrency": c,
+                               "duration": dur, "warmup": warm, "timeout": 60, "vars": {"run": str(r)}}, self.cap)
+
+        series = {
+            "direct_64": spec(proxy, CHAT, chat_body(SMALL), 64),
+            "server_chat_64": spec(server, CHAT, chat_body(SMALL), 64),
+            "server_responses_64": spec(server, RESPONSES, responses_body(SMALL), 64),
+            "floor_proxy_64": spec(self.floor.port, CHAT, chat_body(SMALL), 64),
+            "direct_token_fields_64": spec(proxy, CHAT, chat_body(SMALL, token_fields=True), 64),
+            "server_responses_captured_64": spec(server, RESPONSES, responses_body(SMALL), 64, corr),
+            "direct_256": spec(proxy, CHAT, chat_body(SMALL), 256),
+            "server_chat_256": spec(server, CHAT, chat_body(SMALL), 256),
+        }
+        res = self.interleave(rounds, series, after=lambda name, r: self.cap.wait_capture_idle()
+                              if "captured" in name else None)
+        self.data["concurrency"] = {name: {**summary(pool(results)), "rounds_rps": [x["throughput"] for x in results]}
+                                    for name, results in res.items()}
+        for via_name, base_name, label, target in (
+            ("server_chat_64", "direct_64", "chat, c=64", 0.8),
+            ("server_responses_64", "direct_64", "Responses, c=64", 0.8),
+            ("floor_proxy_64", "direct_64", "floor (bench/floor.py), c=64", None),
+            ("server_responses_captured_64", "direct_token_fields_64", "Responses captured, c=64", None),
+            ("server_chat_256", "direct_256", "chat, c=256", None),
+        ):
+            via, base = res[via_name], res[base_name]
+            ratios = [v["throughput"] / b["throughput"] for v, b in zip(via, base) if b["throughput"]]
+            ratio = median(ratios)
+            pv, pb = pool(via), pool(base)
+            spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+            self.row("concurrency", f"throughput ratio, {label}", f"{median([b['throughput'] for b in base]):.0f} req/s",
+                     f"{median([v['throughput'] for v in via]):.0f} req/s",
+                     f"{fmt_ratio(ratio)}{spread}; CPU-based {fmt_ratio(cpu_ratio(base, via))}",
+                     ">= 0.8" if target else "(reported)",
+                     ratio_verdict(ratio, cpu_ratio(base, via), target, errors(pv, pb)) if target else errors(pv, pb) or "")
+            self.row("concurrency", f"added p99, {label}", f"p99 {fmt_ms(pct(pb['lat'], 0.99))}",
+                     f"p99 {fmt_ms(pct(pv['lat'], 0.99))}", f"{fmt_delta(pct(pv['lat'], 0.99) - pct(pb['lat'], 0.99))}",
+                     "(reported)", "")
+
+    def streams(self) -> None:
+        self.log("streams: time to first event / first token / last event")
+        rounds, n, warm = (1, 15, 3) if self.quick else (4, 50, 5)
+        proxy, server = self.cap.proxy_port, self.cap.port
+        conns_before = self.cap.upstream_connections()
+
+        def spec(port: int, path: str, body: str, mark: str, fresh: bool):
+            return lambda r: ({"port": port, "templates": [template(path, body)], "concurrency": 1, "count": n + warm,
+                               "warmup": warm, "stream": True, "marker": mark, "fresh": fresh}, self.cap)
+
+        res = self.interleave(rounds, {
+            "direct_keepalive": spec(proxy, CHAT, chat_body(STREAM, stream=True), CHAT_TOKEN_MARK, False),
+            "direct_fresh": spec(proxy, CHAT, chat_body(STREAM, stream=True), CHAT_TOKEN_MARK, True),
+            "server_responses": spec(server, RESPONSES, responses_body(STREAM, stream=True), RESPONSES_TOKEN_MARK, False),
+            "server_chat": spec(server, CHAT, chat_body(STREAM, stream=True), CHAT_TOKEN_MARK, False),
+        })
+        pooled = {name: pool(results) for name, results in res.items()}
+        self.data["streams"] = {name: summary(p) for name, p in pooled.items()}
+        for via_name, base_name, label in (("server_responses", "direct_fresh", "Responses vs direct chat, fresh conn"),
+                                           ("server_responses", "direct_keepalive", "Responses vs direct chat, keep-alive"),
+                                           ("server_chat", "direct_fresh", "chat vs direct chat, fresh conn")):
+            via, base = pooled[via_name], pooled[base_name]
+            for key, what in (("first", "first event"), ("marker", "first token"), ("lat", "last event")):
+                self.row("streams", f"added time to {what}, {label}", fmt_lat(base[key]), fmt_lat(via[key]),
+                         added(base[key], via[key]), "(reported)", errors(via, base) or "")
+        time.sleep(1.0)
+        through_server = pooled["server_responses"]["ok"] + pooled["server_chat"]["ok"]
+        left = self.cap.upstream_connections() - conns_before
+        self.data["streams"]["upstream_connections_left_open"] = left
+        self.row("streams", f"server->Switchyard connections still open after {through_server} streams", "", "",
+                 f"{left}", "0 (fresh connection per stream)",
+                 "ok" if left <= 2 else "LEAK: the stream pool (upstream_max_connections) fills, then streams hang")
+
+    def capture(self) -> None:
+        self.log("capture on vs off: 8k-token prompts, 200-token generations")
+        rounds, warm, dur, c = (1, 0.3, 1.5, 16) if self.quick else (4, 0.7, 3.0, 16)
+        bodies = [chat_body(words(8000, offset=k) + " [[mock:tokens 200]]", token_fields=True) for k in range(4)]
+        corr = [("x-session-id", "bench-cap-{run}-{conn}")]
+
+        def spec(srv: Server):
+            return lambda r: ({"port": srv.port, "templates": [template(CHAT, b, corr) for b in bodies], "concurrency": c,
+                               "duration": dur, "warmup": warm, "timeout": 60, "vars": {"run": f"{srv.name}-{r}"}}, srv)
+
+        lag: list[int] = []
+        res = self.interleave(rounds, {"capture_on": spec(self.cap), "capture_off": spec(self.nocap)},
+                              after=lambda name, r: lag.append(self.cap.wait_capture_idle()) if name == "capture_on" else None)
+        on, off = res["capture_on"], res["capture_off"]
+        ratios = [a["throughput"] / b["throughput"] for a, b in zip(on, off) if b["throughput"]]
+        ratio = median(ratios)
+        health = self.cap.health().get("capture", {})
+        self.data["capture"] = {"on": summary(pool(on)), "off": summary(pool(off)), "ratio": ratio, "round_ratios": ratios,
+                                "writer_queue_after_rounds": lag, "store": health}
+        spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+        self.data["capture"]["cpu_ratio"] = cpu_ratio(off, on)
+        self.row("capture", f"throughput, capture on / off (c={c})", f"off {median([b['throughput'] for b in off]):.0f} req/s",
+                 f"on {median([a['throughput'] for a in on]):.0f} req/s",
+                 f"{fmt_ratio(ratio)}{spread}; CPU-based {fmt_ratio(cpu_ratio(off, on))}", ">= 0.9",
+                 ratio_verdict(ratio, cpu_ratio(off, on), 0.9, errors(pool(on), pool(off))))
+        self.row("capture", "writer backlog left after each capture-on round", "", "", f"max {max(lag) if lag else 0} records",
+                 "(reported)", f"dropped {health.get('dropped', 0)}, failed {health.get('failed', 0)}")
+
+    def telemetry(self) -> None:
+        self.log("telemetry exporter on vs off")
+        rounds, warm, dur = (1, 0.3, 1.5) if self.quick else (4, 0.5, 3.0)
+        body = chat_body(SMALL)
+        corr = [("x-session-id", "bench-tel-{conn}")]
+
+        def spec(srv: Server):
+            return lambda r: ({"port": srv.port, "templates": [template(CHAT, body, corr)], "concurrency": 32,
+                               "duration": dur, "warmup": warm, "timeout": 60}, srv)
+
+        before = self.sink.stats()
+        res = self.interleave(rounds, {"exporter_on": spec(self.otel), "exporter_off": spec(self.nocap)})
+        stats = self.sink.stats()
+        deadline = time.monotonic() + 7.0  # a span batch goes out at most every 5 s
+        while not _python_exports(stats) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            stats = self.sink.stats()
+        on, off = res["exporter_on"], res["exporter_off"]
+        ratios = [a["throughput"] / b["throughput"] for a, b in zip(on, off) if b["throughput"]]
+        ratio = median(ratios)
+        wired = _python_exports(stats) > _python_exports(before)
+        self.data["telemetry"] = {"on": summary(pool(on)), "off": summary(pool(off)), "ratio": ratio,
+                                  "round_ratios": ratios, "sink": stats, "python_exporter_seen": wired}
+        spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+        result = f"{fmt_ratio(ratio)}{spread}; CPU-based {fmt_ratio(cpu_ratio(off, on))}"
+        self.data["telemetry"]["cpu_ratio"] = cpu_ratio(off, on)
+        self.row("telemetry", "throughput, OTLP exporter on / off (c=32)",
+                 f"off {median([b['throughput'] for b in off]):.0f} req/s",
+                 f"on {median([a['throughput'] for a in on]):.0f} req/s",
+                 result if wired else f"pending ({result} measured, but no span reached the sink)", ">= 0.9",
+                 ratio_verdict(ratio, cpu_ratio(off, on), 0.9, errors(pool(on), pool(off))) if wired else "pending")
+        self.row("telemetry", "exports received by the sink", "", "",
+                 ", ".join(f"{k.split(':', 1)[1]} {v}" for k, v in sorted(stats.items())
+                           if k.startswith("path:/v1/") or k.startswith("agent:otel")), "", "")
+
+    def reconstruction(self) -> None:
+        self.log("reconstruction: synthetic sessions, in-process")
+        long = recon.bench_long_session(calls=200, context=65536)
+        many = recon.bench_many_sessions(sessions=100 if self.quick else 1000, calls=20)
+        self.data["reconstruction"] = {"long": long, "many": many}
+        for label, r in ((f"1 session x {long['calls']} calls, contexts to {long['last_prompt_tokens'] // 1024}k", long),
+                         (f"{many['sessions']} sessions x {many['calls']} calls (trees of 20)", many)):
+            tps = r["tokens_per_s"]
+            self.row("reconstruction", label, f"{r['tokens'] / 1e6:.1f} M tokens", f"{r['seconds']:.2f} s",
+                     f"{tps / 1e6:.1f} M tokens/s (CPU {r['tokens'] / r['cpu_seconds'] / 1e6:.1f})", ">= 5 M tokens/s",
+                     verdict(tps >= 5e6, ""))
+
+    def disk(self) -> None:
+        self.log("capture disk bytes vs unique tokens")
+        turns = 8 if self.quick else 20
+        session_id = f"bench-disk-{int(time.time())}"
+        messages: list[dict[str, Any]] = [{"role": "system", "content": words(500)}]
+        with httpx.Client(base_url=self.cap.url, timeout=60.0, trust_env=False) as client:
+            for turn in range(turns):
+                messages.append({"role": "user", "content": words(300, offset=turn) + " [[mock:tokens 100]]"})
+                reply = client.post(CHAT, json={"model": "demo", "messages": messages},
+                                    headers={"x-session-id": session_id})
+                reply.raise_for_status()
+                message = reply.json()["choices"][0]["message"]
+                messages.append({"role": "assistant", "content": message["content"]})
+        self.cap.wait_capture_idle()
+        session = _session_disk(self.cap_dir, session_id)
+        single = _single_call_disk(self.cap_dir)
+        self.data["disk"] = {"session": session, "single_8k": single}
+        if single:
+            self.row("disk", "8k-prompt single call: file / (4 B x unique tokens)", f"{single['unique_tokens']:.0f} tokens",
+                     f"{single['file_bytes'] / 1024:.0f} KiB", f"{single['ratio']:.1f}x", "<= 3x (flag)",
+                     "over 3x" if single["ratio"] > 3 else "ok")
+        self.row("disk", f"{turns}-turn session, last record: file / (4 B x its new tokens)",
+                 f"{session['last_new_tokens']} new tokens", f"{session['last_file_bytes'] / 1024:.0f} KiB",
+                 f"{session['last_ratio']:.0f}x", "<= 3x (flag)", "over 3x" if session["last_ratio"] > 3 else "ok")
+        self.row("disk", f"{turns}-turn session, all files / (4 B x session's unique tokens)",
+                 f"{session['unique_tokens']} tokens", f"{session['total_bytes'] / 1024:.0f} KiB",
+                 f"{session['ratio']:.0f}x", "<= 3x (flag)", "over 3x" if session["ratio"] > 3 else "ok")
+
+    def hold(self) -> None:
+        # Streams last ~9 pacing steps; long enough that the first is still open when the last starts.
+        n, slow, tokens = (256, 600, 6) if self.quick else (1024, 2000, 6)
+        self.log(f"hold: {n} concurrent streaming sessions through a fresh server")
+        # The default upstream_max_connections (512) would queue half of 1,024 streams inside the
+        # server; the figure asked for is 1,024 held open at once, so this server allows 2,048.
+        holder = Server("server-hold", self.mock, self.log_dir, capture_dir=self.log_dir / "captures-hold",
+                        settings={"upstream_max_connections": 2048})
+        try:
+            self._hold(holder, n, slow, tokens)
+        finally:
+            holder.proc.stop()
+
+    def _hold(self, holder: Server, n: int, slow: int, tokens: int) -> None:
+        body = responses_body(f"[[mock:slow {slow}]] [[mock:tokens {tokens}]] hold the line", stream=True)
+        headers = [("x-session-id", "bench-hold-{run}-{seq}")]
+        spec = {"port": holder.port, "templates": [template(RESPONSES, body, headers)], "concurrency": n, "count": n,
+                "stream": True, "fresh": True, "ramp": 3.0 if not self.quick else 1.5, "timeout": 45,
+                "marker": RESPONSES_TOKEN_MARK, "vars": {"run": str(int(time.time()))}}
+        server = holder.proc
+        baseline = server.rss()
+        peak = {"rss": baseline, "fds": server.ps.num_fds()}
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.1):
+                try:
+                    peak["rss"] = max(peak["rss"], server.rss())
+                    peak["fds"] = max(peak["fds"], server.ps.num_fds())
+                except psutil.Error:
+                    return
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            result = self.run_one(spec, holder)
+        finally:
+            stop.set()
+            sampler.join(2)
+        backlog = holder.wait_capture_idle(timeout=30)
+        self.data["hold"] = {"streams": n, "ok": result["ok"], "errors": result["errors"], "error_kinds": result["error_kinds"],
+                             "error_details": result.get("error_details"), "peak_open": result["peak_open"],
+                             "baseline_rss": baseline, "peak_rss": peak["rss"], "peak_fds": peak["fds"],
+                             "seconds": result["elapsed"], "last_event_p50_s": median(result["lat"]),
+                             "capture_backlog_after": backlog, "cpu": result["cpu"]}
+        gib = peak["rss"] / 2**30
+        self.row("hold", f"{n} concurrent streams: peak RSS of the server process",
+                 f"idle {baseline / 2**20:.0f} MiB", f"peak {peak['rss'] / 2**20:.0f} MiB",
+                 f"{result['peak_open']} open at once, {peak['fds']} fds", "< 1 GiB", verdict(gib < 1.0, ""))
+        self.row("hold", f"{n} concurrent streams: errors", "", "", f"{result['errors']} {result['error_kinds'] or ''}".strip(),
+                 "0", verdict(result["errors"] == 0, ""))
+
+    # -- driver ----------------------------------------------------------------------------
+    def run(self) -> int:
+        self.start()
+        try:
+            for section in SECTIONS:
+                if section in self.only:
+                    t0 = time.monotonic()
+                    busy0 = self.background_cpu()
+                    try:
+                        getattr(self, section)()
+                    except Exception as exc:  # one broken series must not hide the others
+                        self.failed = True
+                        self.log(f"{section} FAILED: {type(exc).__name__}: {exc}")
+                        self.row(section, "(section failed)", "", "", f"{type(exc).__name__}: {str(exc)[:120]}", "", "FAILED")
+                    self.data.setdefault("section_seconds", {})[section] = round(time.monotonic() - t0, 1)
+                    busy1 = self.background_cpu()
+                    self.data.setdefault("background_cores", {})[section] = round(
+                        (busy1[0] - busy0[0]) / (time.monotonic() - t0), 2)
+                    self.data.setdefault("steal_cores", {})[section] = round(
+                        (busy1[1] - busy0[1]) / (time.monotonic() - t0), 2)
+        finally:
+            self.data["rss"] = {p.name: _safe_rss(p) for p in self.procs}
+            self.stop()
+        self.data["total_seconds"] = round(time.monotonic() - self.started, 1)
+        return 0
+
+
+def _safe_rss(proc: Proc) -> int | None:
+    try:
+        return proc.rss()
+    except psutil.Error:
+        return None
+
+
+def _python_exports(stats: dict[str, int]) -> int:
+    return sum(v for k, v in stats.items() if k.startswith("agent:") and "python" in k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pooling and formatting
+# ---------------------------------------------------------------------------------------------
+
+
+def pool(results: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"lat": [], "first": [], "marker": [], "ok": 0, "errors": 0, "error_kinds": {}, "cpu": {}}
+    for r in results:
+        for key in ("lat", "first", "marker"):
+            out[key] += [x if x is not None else float("nan") for x in r.get(key, [])]
+        out["ok"] += r["ok"]
+        out["errors"] += r["errors"]
+        for kind, count in r["error_kinds"].items():
+            out["error_kinds"][kind] = out["error_kinds"].get(kind, 0) + count
+        for name, seconds in r.get("cpu", {}).items():
+            out["cpu"][name] = out["cpu"].get(name, 0.0) + seconds
+    return out
+
+
+def summary(p: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"ok": p["ok"], "errors": p["errors"], "error_kinds": p["error_kinds"], "samples": len(p["lat"])}
+    for key in ("lat", "first", "marker"):
+        if p[key]:
+            out[f"{key}_p50_ms"] = round(median(p[key]) * 1000, 3)
+            out[f"{key}_p99_ms"] = round(pct(p[key], 0.99) * 1000, 3)
+    if p["ok"]:
+        out["cpu_ms_per_request"] = {k: round(v / p["ok"] * 1000, 3) for k, v in p["cpu"].items()}
+    return out
+
+
+def cpu_per_request(results: list[dict[str, Any]]) -> float:
+    """CPU seconds per completed call, summed over every process of the chain (generator included).
+
+    On a CPU-bound box throughput is about cores / this, and unlike wall-clock throughput it hardly
+    moves when other tenants load the machine, so its ratio is the steadier estimate."""
+    seconds = sum(v for r in results for k, v in r.get("cpu", {}).items() if k != "server_event_loop")
+    calls = sum(r["ok"] for r in results)
+    return seconds / calls if calls else float("nan")
+
+
+def cpu_ratio(base: list[dict[str, Any]], via: list[dict[str, Any]]) -> float:
+    return cpu_per_request(base) / cpu_per_request(via)
+
+
+def fmt_lat(values: list[float]) -> str:
+    return f"{fmt_ms(median(values))} / {fmt_ms(pct(values, 0.99))}"
+
+
+def fmt_delta(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds * 1000:+.2f} ms"
+
+
+def added(base: list[float], via: list[float]) -> str:
+    return f"p50 {fmt_delta(median(via) - median(base))}, p99 {fmt_delta(pct(via, 0.99) - pct(base, 0.99))}"
+
+
+def errors(*pooled: dict[str, Any]) -> str:
+    total = sum(p["errors"] for p in pooled)
+    return f"{total} errors" if total else ""
+
+
+def ratio_verdict(wall: float, cpu: float, target: float, error_note: str) -> str:
+    """Judged on wall-clock throughput, as asked; says so when the steadier CPU-based ratio disagrees."""
+    text = verdict(wall >= target, error_note)
+    if (cpu >= target) != (wall >= target):
+        text += f" (CPU-based: {'met' if cpu >= target else 'NOT met'})"
+    return text
+
+
+def verdict(met: bool, error_note: str) -> str:
+    return ("met" if met else "NOT met") + (f"; {error_note}" if error_note else "")
+
+
+def _record_files(capture_dir: Path, session_id: str) -> list[Path]:
+    directory = capture_dir / "sessions" / hashlib.sha256(session_id.encode()).hexdigest()
+    return sorted(directory.glob("*.json"))
+
+
+def _session_disk(capture_dir: Path, session_id: str) -> dict[str, Any]:
+    """Per record: its file size against 4 bytes per token it adds (prompt growth + generation)."""
+    records = [(path.stat().st_size, orjson.loads(path.read_bytes())) for path in _record_files(capture_dir, session_id)]
+    records.sort(key=lambda item: item[1]["captured_at"])
+    rows = []
+    prev_prompt = prev_gen = 0
+    for size, record in records:
+        prompt, gen = len(record["prompt_token_ids"]), len(record["generation_token_ids"])
+        new = prompt - (prev_prompt + prev_gen) + gen if rows else prompt + gen
+        rows.append({"file_bytes": size, "prompt": prompt, "generation": gen, "new_tokens": new,
+                     "ratio": size / (4 * new) if new > 0 else float("inf")})
+        prev_prompt, prev_gen = prompt, gen
+    total = sum(r["file_bytes"] for r in rows)
+    unique = rows[-1]["prompt"] + rows[-1]["generation"] if rows else 0
+    last = rows[-1] if rows else {"file_bytes": 0, "new_tokens": 0, "ratio": float("nan")}
+    compact = _compact_estimate(records)
+    return {"records": len(rows), "total_bytes": total, "unique_tokens": unique,
+            "ratio": total / (4 * unique) if unique else float("nan"), "last_file_bytes": last["file_bytes"],
+            "last_new_tokens": last["new_tokens"], "last_ratio": last["ratio"], "per_record": rows, **compact}
+
+
+def _compact_estimate(records: list[tuple[int, dict]]) -> dict[str, Any]:
+    """What two simple alternatives would take: token ids as base64 int32, and that plus de-duplicated history."""
+    import base64
+    import struct
+
+    ids_b64 = dedup = 0
+    prev_prompt: list[int] = []
+    prev_gen: list[int] = []
+    prev_messages = 0
+    for _, record in records:
+        r = dict(record)
+        for key in ("prompt_token_ids", "generation_token_ids"):
+            r[key] = base64.b64encode(struct.pack(f"<{len(record[key])}i", *record[key])).decode()
+        ids_b64 += len(orjson.dumps(r))
+        prompt = record["prompt_token_ids"]
+        base = len(prev_prompt) + len(prev_gen)
+        extends = prompt[: len(prev_prompt)] == prev_prompt and prompt[len(prev_prompt) : base] == prev_gen
+        d = dict(r)
+        if extends and prev_prompt:
+            d["prompt_token_ids"] = base64.b64encode(struct.pack(f"<{len(prompt) - base}i", *prompt[base:])).decode()
+            d["messages"] = record["messages"][prev_messages:]
+        dedup += len(orjson.dumps(d))
+        prev_prompt, prev_gen = prompt, record["generation_token_ids"]
+        prev_messages = len(record["messages"]) - 1
+    return {"ids_as_base64_bytes": ids_b64, "dedup_history_bytes": dedup}
+
+
+def _single_call_disk(capture_dir: Path) -> dict[str, Any] | None:
+    """The capture series' records (8k-token prompt, 200-token generation, each call stands alone)."""
+    sizes, tokens = [], []
+    sessions = capture_dir / "sessions"
+    for directory in sorted(sessions.iterdir()) if sessions.exists() else []:
+        for path in sorted(directory.glob("*.json"))[:2]:
+            record = orjson.loads(path.read_bytes())
+            if not str(record.get("session_id", "")).startswith("bench-cap-"):
+                break
+            sizes.append(path.stat().st_size)
+            tokens.append(len(record["prompt_token_ids"] or []) + len(record["generation_token_ids"] or []))
+        if len(sizes) >= 40:
+            break
+    if not sizes:
+        return None
+    size, unique = sum(sizes) / len(sizes), sum(tokens) / len(tokens)
+    return {"records_sampled": len(sizes), "file_bytes": size, "unique_tokens": unique, "ratio": size / (4 * unique)}
+
+
+def loopback_send_cost(n: int = 1000) -> tuple[float, float]:
+    """CPU µs per 300-byte loopback send when the reader is another (sleeping) process, and per
+    send+recv pair inside one thread. Every hop of the chain pays the first one per message."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        reader = subprocess.Popen([sys.executable, "-c", (
+            "import socket,sys\n"
+            f"s=socket.create_connection(('127.0.0.1',{port}))\n"
+            "while s.recv(65536): pass\n")])
+        conn, _ = listener.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            data = b"x" * 300
+            spent = 0.0
+            for _ in range(n):
+                time.sleep(0.0005)  # let the reader go back to sleep in recv()
+                c0 = time.process_time()
+                conn.send(data)
+                spent += time.process_time() - c0
+        reader.wait(10)
+        a = socket.create_connection(("127.0.0.1", port))
+        b, _ = listener.accept()
+        with a, b:
+            a.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c0 = time.process_time()
+            for _ in range(n):
+                a.send(data)
+                b.recv(65536)
+            local = time.process_time() - c0
+    return spent / n * 1e6, local / n * 1e6
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "unknown", False
+    return {"commit": commit + (" + uncommitted changes" if dirty else ""), "cpus": psutil.cpu_count(), "cpu": cpu, "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(), "kernel": platform.release(),
+            "load_avg_at_start": [round(x, 2) for x in psutil.getloadavg()]}
+
+
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    header = ("section", "figure", "direct", "via server", "result", "target", "verdict")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |"
+    print(line)
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |")
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiling (not part of `make bench`): py-spy on the server under the sequential and c=64 loads
+# ---------------------------------------------------------------------------------------------
+
+
+def profile(args: argparse.Namespace) -> int:
+    """py-spy each load against a fresh chain; print event-loop hot spots; keep the raw stacks in DIR."""
+    out_dir = Path(args.profile)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        raise SystemExit("py-spy not found: .venv/bin/pip install py-spy")
+    bench = Bench(argparse.Namespace(quick=True, only="sequential,capture,telemetry"))
+    bench.start()
+    seconds = 12 if not args.quick else 5
+    corr = [("x-session-id", "bench-prof-{conn}")]
+    big = chat_body(words(8000) + " [[mock:tokens 200]]", token_fields=True)
+    loads = [
+        ("sequential", bench.cap, {"concurrency": 1, "templates": [template(CHAT, chat_body(SMALL)),
+                                                                   template(RESPONSES, responses_body(SMALL))]}),
+        ("c64", bench.cap, {"concurrency": 64, "templates": [template(CHAT, chat_body(SMALL))]}),
+        ("c64_responses_captured", bench.cap, {"concurrency": 64, "templates": [
+            template(RESPONSES, responses_body(SMALL), corr)]}),
+        ("c16_8k_captured", bench.cap, {"concurrency": 16, "templates": [template(CHAT, big, corr)]}),
+        ("c32_exporter_on", bench.otel, {"concurrency": 32, "templates": [template(CHAT, chat_body(SMALL), corr)]}),
+        ("c32_exporter_off", bench.nocap, {"concurrency": 32, "templates": [template(CHAT, chat_body(SMALL), corr)]}),
+    ]
+    try:
+        for name, server, load in loads:
+            raw = out_dir / f"{name}.txt"
+            spy = subprocess.Popen([py_spy, "record", "--pid", str(server.proc.pid), "--duration", str(seconds),
+                                    "--rate", "200", "--format", "raw", "--threads", "--output", str(raw)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.5)
+            result = bench.gen.run({"port": server.port, "duration": seconds - 1.5, "warmup": 0.2, "timeout": 60, **load})
+            try:
+                spy.wait(seconds + 30)
+            except subprocess.TimeoutExpired:
+                spy.kill()  # our own child, by its handle
+                spy.wait(5)
+            bench.log(f"profile {name}: {result['throughput']:.0f} req/s, {result['errors']} errors -> {raw}")
+            print(f"\n## {name} ({result['throughput']:.0f} req/s, {result['ok']} calls)\n")
+            print(hot_spots(raw))
+    finally:
+        bench.stop()
+    shutil.rmtree(bench.log_dir, ignore_errors=True)
+    return 0
+
+
+def hot_spots(raw: Path, top: int = 15) -> str:
+    """Self and inclusive share of samples per function, from py-spy's collapsed stacks (`--threads`).
+
+    Shares are of the event-loop thread's non-idle samples (wall time: a thread preempted in a
+    syscall still counts), which is what bounds the server. Other threads (the capture writer,
+    exporters) are listed by their share of all samples; py-spy counts a thread blocked in fsync as
+    active.
+    """
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    threads: dict[str, int] = {}
+    loop_total = total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        raw_frames = stack.split(";")
+        thread = raw_frames.pop(0) if raw_frames[0].startswith("thread (") else "thread (?)"
+        frames = [_frame(f) for f in raw_frames]
+        # The thread label decides, not the frames: a stack py-spy could not read whole may lack run_serve.
+        is_loop = "MainThread" in thread if thread != "thread (?)" else any(f.startswith("run_serve ") for f in frames)
+        name = "event loop" if is_loop else _thread_name(frames)
+        threads[name] = threads.get(name, 0) + n
+        if not is_loop or not frames:
+            continue
+        loop_total += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+    if not loop_total:
+        return "(no samples)"
+    lines = ["threads (share of all samples): " + ", ".join(
+        f"{name} {n / total:.0%}" for name, n in sorted(threads.items(), key=lambda kv: -kv[1])), "",
+        "| self | inclusive | function (event-loop thread) |", "|---|---|---|"]
+    for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"| {n / loop_total:.1%} | {inclusive[frame] / loop_total:.1%} | `{frame}` |")
+    lines += ["", "| inclusive | function (ours, event-loop thread) |", "|---|---|"]
+    ours = [(f, n) for f, n in inclusive.items() if "(server/" in f or "(middleware/" in f]
+    for frame, n in sorted(ours, key=lambda kv: -kv[1])[:top]:
+        if not frame.startswith(("<module>", "main (", "run_serve")):
+            lines.append(f"| {n / loop_total:.1%} | `{frame}` |")
+    return "\n".join(lines)
+
+
+def _thread_name(frames: list[str]) -> str:
+    for frame in frames:
+        if "capture/store.py" in frame:
+            return "capture writer"
+        if "opentelemetry" in frame:
+            return "telemetry export"
+    return "other threads"
+
+
+def _frame(frame: str) -> str:
+    """`func (path/file.py:123)` -> `func (path/file.py)`: the line is dropped so a function is one entry."""
+    name, sep, where = frame.partition(" (")
+    if not sep:
+        return frame
+    return f"{name} ({where.rstrip(')').rsplit(':', 1)[0]})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="each series briefly (under 90 s in all)")
+    parser.add_argument("--only", help=f"comma-separated sections: {','.join(SECTIONS)}")
+    parser.add_argument("--json", help="also write every number (raw summaries) to this file")
+    parser.add_argument("--profile", metavar="DIR", help="instead: py-spy the server under sequential and c=64 load")
+    args = parser.parse_args(argv)
+    if args.profile:
+        return profile(args)
+    bench = Bench(args)
+    bench.run()
+    data = bench.data
+    data["rows"] = bench.rows
+    print()
+    print(f"switchyard-model benchmark ({'quick' if bench.quick else 'full'}), {data['started_at']}, "
+          f"{data['machine']['cpus']} CPUs ({data['machine']['cpu']}), load avg at start "
+          f"{data['machine']['load_avg_at_start']}, commit {data['machine']['commit']}, {data['total_seconds']} s")
+    background = data.get("background_cores", {})
+    if background:
+        print(f"CPU not used by this run's processes (other tenants, kernel networking) per section, "
+              f"in cores of {data['machine']['cpus']}: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in background.items()))
+    print()
+    print_table(bench.rows)
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        print(f"\nall numbers: {args.json}")
+    if bench.failed:
+        print(f"\nsome sections failed; process logs kept in {bench.log_dir}")
+        return 1
+    shutil.rmtree(bench.log_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
