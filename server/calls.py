@@ -150,8 +150,11 @@ class ModelEndpoints:
                 await send_error(send, error)
         except Exception:
             log.exception("unhandled error in %s", scope.get("path"))
+            error = OpenAIError(500, "internal server error", code="internal_error")
             if not progress["started"]:
-                await send_error(send, OpenAIError(500, "internal server error", code="internal_error"))
+                await send_error(send, error)
+            elif not progress["answered"]:  # mid-stream: end it with an error event, never a silent cut
+                await send({"type": "http.response.body", "body": b"data: " + error.to_json() + b"\n\n"})
 
     # ---- /v1/chat/completions -----------------------------------------------------------------
     async def chat_completions(self, scope, receive, send) -> None:

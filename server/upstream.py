@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import httpx
 import orjson
 
+from server import http1
+
 from server.errors import OpenAIError
 
 log = logging.getLogger("switchyard_model.upstream")
@@ -22,13 +24,13 @@ _RELAYED_RESPONSE_HEADERS = ("x-model-router-selected-model", "x-request-id", "o
 class UpstreamReply:
     status: int
     body: bytes
-    headers: httpx.Headers
+    headers: dict[str, str]  # lower-case names
 
     def json(self) -> dict:
         return orjson.loads(self.body)
 
 
-def relayed_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
+def relayed_headers(headers) -> list[tuple[bytes, bytes]]:
     out = []
     for name in _RELAYED_RESPONSE_HEADERS:
         value = headers.get(name)
@@ -37,7 +39,7 @@ def relayed_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def error_from_reply(status: int, body: bytes, headers: httpx.Headers) -> OpenAIError:
+def error_from_reply(status: int, body: bytes, headers) -> OpenAIError:
     """Keep the upstream status and message; put them in the OpenAI shape."""
     message = None
     err_type = code = param = None
@@ -72,6 +74,12 @@ def error_from_reply(status: int, body: bytes, headers: httpx.Headers) -> OpenAI
 
 
 def error_from_exception(exc: Exception, target: str) -> OpenAIError:
+    if isinstance(exc, http1.TimeoutError_):
+        return OpenAIError(504, f"the upstream ({target}) did not answer in time: {exc}", code="upstream_timeout")
+    if isinstance(exc, http1.ConnectError):
+        return OpenAIError(502, f"cannot connect to the upstream ({target}): {exc}", code="upstream_unreachable")
+    if isinstance(exc, http1.ProtocolError):
+        return OpenAIError(502, f"the upstream ({target}) broke off: {exc}", code="upstream_disconnected")
     if isinstance(exc, httpx.TimeoutException):
         return OpenAIError(504, f"the upstream ({target}) did not answer in time", code="upstream_timeout")
     if isinstance(exc, httpx.ConnectError):
@@ -84,7 +92,7 @@ def error_from_exception(exc: Exception, target: str) -> OpenAIError:
 class UpstreamStream:
     """An open streamed answer: yields each SSE event's raw bytes (`data: ...` lines) as it arrives."""
 
-    def __init__(self, response: httpx.Response, target: str) -> None:
+    def __init__(self, response: http1.Response, target: str) -> None:
         self.response = response
         self.target = target
         self.headers = response.headers
@@ -98,7 +106,7 @@ class UpstreamStream:
     async def _read_events(self) -> AsyncIterator[bytes]:
         buffer = b""
         try:
-            async with aclosing(self.response.aiter_raw()) as chunks:
+            async with aclosing(self.response.iter_raw()) as chunks:
                 async for chunk in chunks:
                     buffer += chunk
                     if b"\n\n" not in buffer:
@@ -110,14 +118,14 @@ class UpstreamStream:
                     for event in complete:
                         if event:
                             yield event
-        except httpx.HTTPError as exc:
+        except http1.HTTPError as exc:
             raise error_from_exception(exc, self.target) from exc
         if buffer.strip():
             yield buffer.strip()
 
     async def aclose(self) -> None:
         # The reader generator first: while it is suspended inside the response body, closing the
-        # response alone leaves the pooled connection checked out (measured: one leaked per stream).
+        # response alone would leave the connection checked out.
         if self._events is not None:
             await self._events.aclose()
         await self.response.aclose()
@@ -139,7 +147,7 @@ class BufferedStream:
 
 
 class Upstream:
-    """One pooled client for non-stream calls and one for streams, both to Switchyard's /v1."""
+    """The hop to Switchyard's /v1: a lean pooled client for model calls, httpx for the occasional GET."""
 
     def __init__(
         self,
@@ -154,48 +162,37 @@ class Upstream:
         self.base_url = base_url.rstrip("/")
         headers = {"authorization": f"Bearer {api_key}", "content-type": "application/json"}
         headers.update({k.lower(): v for k, v in default_headers.items()})
-        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._pool = http1.Pool(self.base_url, connect_timeout=connect_timeout_s, read_timeout=timeout_s,
+                                max_connections=max_connections, headers=headers)
         # trust_env=False: HTTP_PROXY must never capture loopback traffic to Switchyard.
-        self._client = httpx.AsyncClient(
-            headers=headers,
-            timeout=timeout,
-            trust_env=False,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
-        # Switchyard 0.3.0 stalls ~40 ms per stream on a reused connection (Nagle against delayed
-        # ACKs, see docs/architecture.md); a fresh connection per stream avoids it.
-        self._stream_client = httpx.AsyncClient(
-            headers=headers,
-            timeout=timeout,
-            trust_env=False,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=0),
-        )
+        self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+                                         trust_env=False)
+
+    async def _request(self, path: str, body: bytes, headers: dict[str, str], *, fresh: bool) -> http1.Response:
+        try:
+            return await self._pool.request(path, body, headers, fresh=fresh)
+        except http1.HTTPError as exc:
+            raise error_from_exception(exc, self.base_url) from exc
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamReply:
-        url = self.base_url + path
+        response = await self._request(path, body, headers, fresh=False)
         try:
-            response = await self._client.post(url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
+            content = await response.read()
+        except http1.HTTPError as exc:
             raise error_from_exception(exc, self.base_url) from exc
-        reply = UpstreamReply(response.status_code, response.content, response.headers)
         if response.status_code >= 400:
-            raise error_from_reply(response.status_code, response.content, response.headers)
-        return reply
+            raise error_from_reply(response.status_code, content, response.headers)
+        return UpstreamReply(response.status_code, content, response.headers)
 
     async def open_stream(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamStream:
-        url = self.base_url + path
-        request = self._stream_client.build_request("POST", url, content=body, headers=headers)
-        try:
-            response = await self._stream_client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise error_from_exception(exc, self.base_url) from exc
+        # Switchyard 0.3.0 stalls ~40 ms per stream on a reused connection (Nagle against delayed
+        # ACKs, see docs/architecture.md); a fresh connection per stream avoids it.
+        response = await self._request(path, body, headers, fresh=True)
         if response.status_code >= 400:
             try:
-                content = await response.aread()
-            except httpx.HTTPError:
+                content = await response.read()
+            except http1.HTTPError:
                 content = b""
-            finally:
-                await response.aclose()
             raise error_from_reply(response.status_code, content, response.headers)
         return UpstreamStream(response, self.base_url)
 
@@ -212,5 +209,5 @@ class Upstream:
         return response.status_code == 200
 
     async def aclose(self) -> None:
+        self._pool.close()
         await self._client.aclose()
-        await self._stream_client.aclose()
