@@ -22,6 +22,7 @@ from starlette.routing import Route
 from middleware.auth import AuthMiddleware
 from middleware.correlation import CorrelationMiddleware
 from server import profiles, provenance
+from server.asgi import send_error
 from server.calls import ModelEndpoints
 from server.config import Settings
 from server.errors import OpenAIError
@@ -100,11 +101,30 @@ class _RequiresReady:
 
     async def __call__(self, scope, receive, send) -> None:
         if not self.state.ready or self.state.proxy.is_running() is False:
-            from server.asgi import send_error
-
             await send_error(send, OpenAIError(503, "Switchyard is not running", code="proxy_unavailable"))
             return
         await self.endpoint(scope, receive, send)
+
+
+class ModelCallFastPath:
+    """Pure ASGI: sends `POST` to the two model endpoints straight to their handlers.
+
+    Starlette's router and exception middleware add a route scan and two `send` wrappers to every
+    call and every streamed chunk; these handlers answer every error themselves, so they skip both.
+    Anything else (and a wrong method, for the 405) goes on to Starlette.
+    """
+
+    def __init__(self, app, *, handlers: dict[str, Any]) -> None:
+        self.app = app
+        self.handlers = handlers
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self.handlers.get(scope["path"])
+            if handler is not None:
+                await handler(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _discover_routes(upstream: Upstream) -> tuple[str | None, frozenset[str]]:
@@ -212,9 +232,12 @@ def create_app(settings: Settings) -> Starlette:
             })
         return _json(200, {"object": "list", "data": data})
 
+    model_handlers = {
+        "/v1/chat/completions": _RequiresReady(state, endpoints.chat_completions),
+        "/v1/responses": _RequiresReady(state, endpoints.responses),
+    }
     routes = [
-        Route("/v1/chat/completions", _RequiresReady(state, endpoints.chat_completions), methods=["POST"]),
-        Route("/v1/responses", _RequiresReady(state, endpoints.responses), methods=["POST"]),
+        *(Route(path, handler, methods=["POST"]) for path, handler in model_handlers.items()),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         # NeMo Gym probes its servers' liveness at `/`.
@@ -232,6 +255,7 @@ def create_app(settings: Settings) -> Starlette:
         middleware=[
             Middleware(CorrelationMiddleware),
             Middleware(AuthMiddleware, api_keys=settings.api_keys, session_api_keys=settings.session_api_keys),
+            Middleware(ModelCallFastPath, handlers=model_handlers),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_exception, OpenAIError: _openai_error, Exception: _unhandled},

@@ -79,22 +79,25 @@ async def run_until_disconnect(receive, work: Callable[[], Awaitable[None]],
     Only call this after the request body has been read: from then on the only message the
     server can deliver on `receive` is `http.disconnect`.
     """
-    task = asyncio.ensure_future(work())
+    task = asyncio.current_task()  # the work runs here; only the watcher is a task of its own
+    gone = False
 
     async def watch() -> None:
+        nonlocal gone
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 if not answered():
+                    gone = True
                     task.cancel()
                 return
 
     watcher = asyncio.ensure_future(watch())
     try:
-        await task
+        await work()
     except asyncio.CancelledError:
-        task.cancel()  # we were cancelled from outside: the work must not outlive us
-        if watcher.done():
+        if gone:
+            task.uncancel()  # our own cancel, now handled: later awaits in this task run normally
             raise ClientGone() from None
         raise
     finally:

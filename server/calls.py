@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
@@ -49,8 +50,17 @@ class Call:
     started: float
 
 
+# Ids unique across processes (a random prefix per process) without a uuid4 per call.
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_id_counter = itertools.count(1)
+
+
+def _new_id(kind: str) -> str:
+    return f"{kind}_{_ID_PREFIX}{next(_id_counter):x}"
+
+
 def _request_id(corr: Correlation) -> str:
-    return corr.request_id or f"req_{uuid.uuid4().hex}"
+    return corr.request_id or _new_id("req")
 
 
 class ModelEndpoints:
@@ -247,7 +257,7 @@ class ModelEndpoints:
         span = self.state.telemetry.start_call(api="responses", route=call.route, request=call.request,
                                                correlation=corr, stream=stream, scope=scope)
         headers = self._upstream_headers(call, scope)
-        response_id = f"resp_{uuid.uuid4().hex}"
+        response_id = _new_id("resp")
         created_at = int(time.time())
         try:
             async with self._limit():
