@@ -174,7 +174,8 @@ def create_app(settings: Settings) -> Starlette:
                 from server.capture.store import CaptureStore
 
                 state.store = CaptureStore(settings.capture_dir, queue_size=settings.capture_queue_size,
-                                           capture_uncorrelated=settings.capture_uncorrelated)
+                                           capture_uncorrelated=settings.capture_uncorrelated,
+                                           compress=settings.capture_compress)
                 await asyncio.to_thread(state.store.start)  # indexes what earlier runs recorded
                 state.telemetry.capture_stats_source(state.store.stats)
             await _discover_context_lengths(state)

@@ -432,3 +432,27 @@ def test_start_indexes_a_large_directory_quickly(tmp_path):
     capture.close()
     assert len(capture.list_sessions(limit=10000)) == 200
     assert elapsed < 20, elapsed
+
+
+def test_compressed_records_are_served_exactly_like_plain_ones(tmp_path):
+    """`compress=True` writes `<uuid>.json.gz`; a store reads both kinds, so the setting may change."""
+    import gzip as gzip_module
+
+    plain = CaptureStore(tmp_path)
+    plain.start()
+    assert plain.submit(record("mixed", record_uuid="a-plain", captured_at="2026-01-01T00:00:00.000001+00:00"))
+    plain.close()
+    packed = CaptureStore(tmp_path, compress=True)
+    packed.start()
+    assert packed.submit(record("mixed", record_uuid="b-packed", captured_at="2026-01-01T00:00:00.000002+00:00"))
+    packed.flush()
+    files = sorted(p.name for p in (tmp_path / "sessions").rglob("*") if p.is_file())
+    assert files == ["a-plain.json", "b-packed.json.gz"]
+    gz_path = next((tmp_path / "sessions").rglob("*.gz"))
+    assert orjson.loads(gzip_module.decompress(gz_path.read_bytes()))["uuid"] == "b-packed"
+    records, skipped = packed.read_completions("mixed")
+    assert [r["uuid"] for r in records] == ["a-plain", "b-packed"] and skipped == 0
+    assert packed.list_sessions()[0]["record_count"] == 2
+    gz_path.write_bytes(gz_path.read_bytes()[:20])  # a torn compressed file is skipped, not a crash
+    assert [r["uuid"] for r in packed.read_completions("mixed")[0]] == ["a-plain"]
+    packed.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import logging
 import os
@@ -11,6 +12,7 @@ import shutil
 import threading
 import time
 import uuid as uuid_module
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,8 +112,13 @@ class CaptureStore:
         *,
         queue_size: int = 10000,
         capture_uncorrelated: bool = False,
+        compress: bool = False,
     ) -> None:
         self.capture_dir = Path(capture_dir)
+        # Opt-in compact encoding: `<uuid>.json.gz` (gzip, level 1). Both kinds are always read, so
+        # the setting can change between runs on one directory; readers of the former layout
+        # (plain `.json`) see only the uncompressed records.
+        self.compress = compress
         self.sessions_dir = self.capture_dir / SESSIONS_SUBDIR
         self.capture_uncorrelated = capture_uncorrelated
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max(1, queue_size))
@@ -280,11 +287,13 @@ class CaptureStore:
 
     def _write(self, record: dict) -> None:
         data = orjson.dumps(record)
+        if self.compress:
+            data = gzip.compress(data, compresslevel=1, mtime=0)
         dir_name = session_dir_name(record["session_id"])
         directory = self.sessions_dir / dir_name
         name = record["uuid"]
         with self._io_lock:
-            final = directory / f"{name}.json"
+            final = directory / (f"{name}.json.gz" if self.compress else f"{name}.json")
             # Hidden and not *.json: readers never pick up a half-written file.
             tmp = directory / f".{name}.{os.getpid()}.tmp"
             self._make_session_dir(directory)
@@ -478,7 +487,7 @@ def _record_files(directory: str) -> list[str]:
             return [
                 entry.path
                 for entry in entries
-                if entry.name.endswith(".json") and not entry.name.startswith(".")
+                if entry.name.endswith((".json", ".json.gz")) and not entry.name.startswith(".")
             ]
     except OSError:
         return []
@@ -490,8 +499,10 @@ def _load_record(path: str) -> dict | None:
         fd = os.open(path, _OPEN_READ)
         with os.fdopen(fd, "rb") as handle:
             data = handle.read()
+        if path.endswith(".gz"):
+            data = gzip.decompress(data)
         record = orjson.loads(data)
-    except (OSError, orjson.JSONDecodeError):
+    except (OSError, EOFError, zlib.error, orjson.JSONDecodeError):  # gzip raises OSError for a bad header
         return None
     if validate_record(record) is not None:
         return None
