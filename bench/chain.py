@@ -117,10 +117,12 @@ class Server:
     """`switchyard-model serve --deployment demo`: this server with its hosted Switchyard (same process)."""
 
     def __init__(self, name: str, mock: Mock, log_dir: Path, *, capture_dir: Path | None,
-                 env: dict[str, str] | None = None, settings: dict[str, Any] | None = None) -> None:
+                 env: dict[str, str] | None = None, settings: dict[str, Any] | None = None,
+                 launcher: list[str] | None = None) -> None:
         self.name = name
         self.port = free_port()
-        args = ["-m", "server.cli", "serve", "--deployment", "demo", "--port", str(self.port)]
+        # `launcher` replaces `-m server.cli` (bench/otel_side.py wraps the CLI to split the exporters).
+        args = [*(launcher or ["-m", "server.cli"]), "serve", "--deployment", "demo", "--port", str(self.port)]
         args += ["--capture-dir", str(capture_dir)] if capture_dir is not None else ["--no-capture"]
         if settings:
             config = log_dir / f"{name}.yaml"

@@ -152,6 +152,18 @@ class Bench:
             self.otel = Server("server-otel", self.mock, self.log_dir, capture_dir=None,
                                env={"OTEL_EXPORTER_OTLP_ENDPOINT": self.sink.url, "OTEL_METRIC_EXPORT_INTERVAL": "5000"})
             self.procs.append(self.otel.proc)
+            # The same variables turn on the hosted Switchyard's Rust exporter too; these two servers
+            # export from one side only (bench/otel_side.py), each to its own sink, to split the cost.
+            self.side_sinks: dict[str, Stub] = {}
+            self.side_servers: dict[str, Server] = {}
+            for side in ("python", "switchyard"):
+                sink = Stub(f"otlp-sink-{side}", "empty", self.log_dir)
+                self.procs.append(sink.proc)
+                server = Server(f"server-otel-{side}", self.mock, self.log_dir, capture_dir=None,
+                                env={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_METRIC_EXPORT_INTERVAL": "5000"},
+                                launcher=["-m", "bench.otel_side", "--side", side, "--"])
+                self.procs.append(server.proc)
+                self.side_sinks[side], self.side_servers[side] = sink, server
         if "ceiling" in self.only:
             self.stub = Stub("stub-chat", "chat", self.log_dir)
             self.procs.append(self.stub.proc)
@@ -161,7 +173,8 @@ class Bench:
     def warm_up(self) -> None:
         """A first burst through every server, so lazy imports and first connections are not measured."""
         small = chat_body(SMALL)
-        for server in (self.cap, getattr(self, "nocap", None), getattr(self, "otel", None)):
+        for server in (self.cap, getattr(self, "nocap", None), getattr(self, "otel", None),
+                       *getattr(self, "side_servers", {}).values()):
             if server is not None:
                 self.gen.run({"port": server.port, "templates": [template(CHAT, small, [("x-session-id", "bench-warm")]),
                                                                  template(RESPONSES, responses_body(SMALL))],
@@ -169,7 +182,8 @@ class Bench:
         if hasattr(self, "otel"):
             # The span exporter (and its protobuf/HTTP imports) first runs one batch delay (5 s) after the first span.
             deadline = time.monotonic() + 8.0
-            while not _python_exports(self.sink.stats()) and time.monotonic() < deadline:
+            sinks = [self.sink, self.side_sinks["python"]]
+            while not all(_python_exports(sink.stats()) for sink in sinks) and time.monotonic() < deadline:
                 time.sleep(0.25)
 
     def background_cpu(self) -> tuple[float, float]:
@@ -414,7 +428,9 @@ class Bench:
                                "duration": dur, "warmup": warm, "timeout": 60}, srv)
 
         before = self.sink.stats()
-        res = self.interleave(rounds, {"exporter_on": spec(self.otel), "exporter_off": spec(self.nocap)})
+        res = self.interleave(rounds, {"exporter_on": spec(self.otel), "exporter_off": spec(self.nocap),
+                                       "python_only": spec(self.side_servers["python"]),
+                                       "switchyard_only": spec(self.side_servers["switchyard"])})
         stats = self.sink.stats()
         deadline = time.monotonic() + 7.0  # a span batch goes out at most every 5 s
         while not _python_exports(stats) and time.monotonic() < deadline:
@@ -437,6 +453,30 @@ class Bench:
         self.row("telemetry", "exports received by the sink", "", "",
                  ", ".join(f"{k.split(':', 1)[1]} {v}" for k, v in sorted(stats.items())
                            if k.startswith("path:/v1/") or k.startswith("agent:otel")), "", "")
+        self._telemetry_sides(res["exporter_off"], res)
+
+    def _telemetry_sides(self, off: list[dict[str, Any]], res: dict[str, list[dict[str, Any]]]) -> None:
+        """The exporter cost split: this server's Python exporter alone, the hosted Switchyard's alone."""
+        split = {}
+        for side, name, label in (("python", "python_only", "this server's Python exporter only"),
+                                  ("switchyard", "switchyard_only", "hosted Switchyard's Rust exporter only")):
+            on = res[name]
+            ratios = [a["throughput"] / b["throughput"] for a, b in zip(on, off) if b["throughput"]]
+            stats = self.side_sinks[side].stats()
+            agents = {k.split(":", 1)[1]: v for k, v in stats.items() if k.startswith("agent:otel")}
+            # Each side-only server must reach its sink from its own exporter and never from the other.
+            own, other = ("python", "rust") if side == "python" else ("rust", "python")
+            clean = any(own in agent for agent in agents) and not any(other in agent for agent in agents)
+            split[side] = {"on": summary(pool(on)), "ratio": median(ratios), "round_ratios": ratios,
+                           "cpu_ratio": cpu_ratio(off, on), "sink": stats, "split_clean": clean}
+            spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+            self.row("telemetry", f"throughput, {label} / off (c=32)",
+                     f"off {median([b['throughput'] for b in off]):.0f} req/s",
+                     f"on {median([a['throughput'] for a in on]):.0f} req/s",
+                     f"{fmt_ratio(median(ratios))}{spread}; CPU-based {fmt_ratio(cpu_ratio(off, on))}", "(reported)",
+                     ("sink got: " + ", ".join(f"{k} {v}" for k, v in sorted(agents.items()))) if clean
+                     else f"SPLIT FAILED, sink got: {agents}")
+        self.data["telemetry"]["sides"] = split
 
     def reconstruction(self) -> None:
         self.log("reconstruction: synthetic sessions, in-process")
