@@ -194,8 +194,10 @@ class Pool:
         self.read_timeout = read_timeout
         self._idle: list[_Connection] = []
         self._busy = asyncio.Semaphore(max_connections)
-        self._fixed_headers = {"host": f"{self.host}:{self.port}", **{k.lower(): v for k, v in headers.items()}}
-        _header_lines(self._fixed_headers)  # a bad configured header fails now, not on the first call
+        fixed = {"host": f"{self.host}:{self.port}", **{k.lower(): v for k, v in headers.items()}}
+        # Rendered (and checked) once; a bad configured header fails here, not on the first call.
+        self._fixed_lines = {name: _header_lines({name: value}) for name, value in fixed.items()}
+        self._fixed_head = b"".join(self._fixed_lines.values())
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -218,9 +220,12 @@ class Pool:
 
     async def request(self, path: str, body: bytes, headers: dict[str, str], *, fresh: bool = False) -> Response:
         """POST `body`; returns once the answer's head is in. `fresh`: a new connection, closed after."""
-        # Per-call headers (lower-case names) override the fixed ones, e.g. a forwarded authorization.
-        payload = (f"POST {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1")
-                   + _header_lines({**self._fixed_headers, **headers}) + b"content-length: " + str(len(body)).encode()
+        fixed = self._fixed_head
+        if not self._fixed_lines.keys().isdisjoint(headers):
+            # A per-call header (lower-case name) overrides a fixed one, e.g. a forwarded authorization.
+            fixed = b"".join(line for name, line in self._fixed_lines.items() if name not in headers)
+        payload = (f"POST {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1") + fixed
+                   + _header_lines(headers) + b"content-length: " + str(len(body)).encode()
                    + (b"\r\nconnection: close" if fresh else b"") + b"\r\n\r\n" + body)
         await self._busy.acquire()
         try:
@@ -263,7 +268,8 @@ class Pool:
 def _header_lines(headers: dict[str, str]) -> bytes:
     lines = []
     for name, value in headers.items():
-        if any(c in name + value for c in "\r\n\0"):
+        text = name + value
+        if "\r" in text or "\n" in text or "\0" in text:
             raise ValueError(f"header {name!r} has a line break or NUL in it")
         lines.append(f"{name}: {value}\r\n")
     return "".join(lines).encode("latin-1")

@@ -218,7 +218,8 @@ class CaptureStore:
     def submit_call(self, **build_record_kwargs: Any) -> bool:
         """Queue one call; the record is built on the writer thread. False if not accepted.
 
-        The request/response dicts are handed over: the caller must not mutate them afterwards.
+        `chat_request` / `chat_response` may be dicts (handed over: the caller must not mutate them
+        afterwards) or the JSON bytes that crossed the wire, parsed here on the writer thread.
         """
         kwargs = build_record_kwargs
         if not is_valid_session_id(kwargs.get("session_id")):
@@ -278,7 +279,13 @@ class CaptureStore:
             if kind == _FLUSH:
                 payload.set()
                 return
-            record = build_record(**payload) if kind == _CALL else payload
+            if kind == _CALL:
+                for key in ("chat_request", "chat_response"):
+                    if isinstance(payload.get(key), (bytes, bytearray)):  # as it crossed the wire
+                        payload[key] = orjson.loads(payload[key])
+                record = build_record(**payload)
+            else:
+                record = payload
             self._write(record)
             self._count("_written")
         except Exception as exc:  # a capture failure must never escape into the server
