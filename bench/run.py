@@ -8,9 +8,12 @@ See bench/README.md for what each figure means and how the load generator was ch
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
+import itertools
 import math
 import platform
+import random
 import shutil
 import subprocess
 import sys
@@ -48,6 +51,28 @@ _WORDS = ("apple river stone cloud maple tiger orbit lemon piano candle forest h
 def words(n: int, offset: int = 0) -> str:
     """`n` words, one mock token each."""
     return " ".join(_WORDS[(i + offset) % len(_WORDS)] for i in range(n))
+
+
+class ZipfText:
+    """Pseudo-words drawn with Zipf weights (rank r has weight 1/r) from a generated vocabulary.
+
+    The mock's own text cycles through 20 words, which gzip squeezes far better than real text. This
+    draws from 30,000 made-up lowercase words, about 10.5 bits per word, near English's word
+    unigram entropy. Each word is still one mock token. Seeded, so every server gets the same text.
+    """
+
+    def __init__(self, seed: int = 20261129, vocabulary: int = 30_000) -> None:
+        self.rng = random.Random(seed)
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        vocab: set[str] = set()
+        while len(vocab) < vocabulary:
+            vocab.add("".join(self.rng.choices(letters, k=self.rng.randint(2, 10))))
+        self.vocab = sorted(vocab)
+        self.rng.shuffle(self.vocab)  # so rank does not follow spelling
+        self.cum_weights = list(itertools.accumulate(1.0 / rank for rank in range(1, vocabulary + 1)))
+
+    def words(self, n: int) -> str:
+        return " ".join(self.rng.choices(self.vocab, cum_weights=self.cum_weights, k=n))
 
 
 def chat_body(content: str, *, stream: bool = False, token_fields: bool = False) -> str:
@@ -164,6 +189,10 @@ class Bench:
                                 launcher=["-m", "bench.otel_side", "--side", side, "--"])
                 self.procs.append(server.proc)
                 self.side_sinks[side], self.side_servers[side] = sink, server
+            # No exporter configured (server-nocapture) is compared with telemetry switched off entirely.
+            self.tel_disabled = Server("server-otel-disabled", self.mock, self.log_dir, capture_dir=None,
+                                       env={"OTEL_SDK_DISABLED": "true"})
+            self.procs.append(self.tel_disabled.proc)
         if "ceiling" in self.only:
             self.stub = Stub("stub-chat", "chat", self.log_dir)
             self.procs.append(self.stub.proc)
@@ -174,7 +203,7 @@ class Bench:
         """A first burst through every server, so lazy imports and first connections are not measured."""
         small = chat_body(SMALL)
         for server in (self.cap, getattr(self, "nocap", None), getattr(self, "otel", None),
-                       *getattr(self, "side_servers", {}).values()):
+                       *getattr(self, "side_servers", {}).values(), getattr(self, "tel_disabled", None)):
             if server is not None:
                 self.gen.run({"port": server.port, "templates": [template(CHAT, small, [("x-session-id", "bench-warm")]),
                                                                  template(RESPONSES, responses_body(SMALL))],
@@ -430,7 +459,8 @@ class Bench:
         before = self.sink.stats()
         res = self.interleave(rounds, {"exporter_on": spec(self.otel), "exporter_off": spec(self.nocap),
                                        "python_only": spec(self.side_servers["python"]),
-                                       "switchyard_only": spec(self.side_servers["switchyard"])})
+                                       "switchyard_only": spec(self.side_servers["switchyard"]),
+                                       "sdk_disabled": spec(self.tel_disabled)})
         stats = self.sink.stats()
         deadline = time.monotonic() + 7.0  # a span batch goes out at most every 5 s
         while not _python_exports(stats) and time.monotonic() < deadline:
@@ -454,6 +484,7 @@ class Bench:
                  ", ".join(f"{k.split(':', 1)[1]} {v}" for k, v in sorted(stats.items())
                            if k.startswith("path:/v1/") or k.startswith("agent:otel")), "", "")
         self._telemetry_sides(res["exporter_off"], res)
+        self._telemetry_idle(res["exporter_off"], res["sdk_disabled"])
 
     def _telemetry_sides(self, off: list[dict[str, Any]], res: dict[str, list[dict[str, Any]]]) -> None:
         """The exporter cost split: this server's Python exporter alone, the hosted Switchyard's alone."""
@@ -478,6 +509,31 @@ class Bench:
                      else f"SPLIT FAILED, sink got: {agents}")
         self.data["telemetry"]["sides"] = split
 
+    def _telemetry_idle(self, idle: list[dict[str, Any]], disabled: list[dict[str, Any]]) -> None:
+        """What telemetry costs with no exporter configured (metrics still kept for /metrics) against
+        OTEL_SDK_DISABLED=true, where calls get the do-nothing CallSpan."""
+        ratios = [a["throughput"] / b["throughput"] for a, b in zip(idle, disabled) if b["throughput"]]
+        added_us = (cpu_per_request(idle) - cpu_per_request(disabled)) * 1e6
+        added_loop_us = (loop_cpu_per_request(idle) - loop_cpu_per_request(disabled)) * 1e6
+        # The disabled server must really have no telemetry: its /metrics is then empty.
+        try:
+            scraped = httpx.get(self.tel_disabled.url + "/metrics", timeout=5.0, trust_env=False).text
+        except httpx.HTTPError as exc:
+            scraped = f"(no answer: {exc})"
+        really_off = not scraped.strip()
+        self.data["telemetry"]["no_exporter_vs_disabled"] = {
+            "disabled": summary(pool(disabled)), "ratio": median(ratios), "round_ratios": ratios,
+            "cpu_ratio": cpu_ratio(disabled, idle), "added_cpu_us_per_call": added_us,
+            "added_event_loop_cpu_us_per_call": added_loop_us, "disabled_metrics_empty": really_off}
+        spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+        self.row("telemetry", "throughput, no exporter configured / telemetry disabled (c=32)",
+                 f"disabled {median([b['throughput'] for b in disabled]):.0f} req/s",
+                 f"no exporter {median([a['throughput'] for a in idle]):.0f} req/s",
+                 f"{fmt_ratio(median(ratios))}{spread}; CPU-based {fmt_ratio(cpu_ratio(disabled, idle))}",
+                 "(reported)", (f"{added_us:+.0f} us CPU/call, event loop {added_loop_us:+.0f} us"
+                                if really_off else "NOT DISABLED: /metrics of the disabled server is not empty")
+                 + (f"; {errors(pool(idle), pool(disabled))}" if errors(pool(idle), pool(disabled)) else ""))
+
     def reconstruction(self) -> None:
         self.log("reconstruction: synthetic sessions, in-process")
         long = recon.bench_long_session(calls=200, context=65536)
@@ -491,32 +547,71 @@ class Bench:
                      verdict(tps >= 5e6, ""))
 
     def disk(self) -> None:
-        self.log("capture disk bytes vs unique tokens")
-        turns = 8 if self.quick else 20
-        session_id = f"bench-disk-{int(time.time())}"
-        messages: list[dict[str, Any]] = [{"role": "system", "content": words(500)}]
-        with httpx.Client(base_url=self.cap.url, timeout=60.0, trust_env=False) as client:
-            for turn in range(turns):
-                messages.append({"role": "user", "content": words(300, offset=turn) + " [[mock:tokens 100]]"})
-                reply = client.post(CHAT, json={"model": "demo", "messages": messages},
-                                    headers={"x-session-id": session_id})
-                reply.raise_for_status()
-                message = reply.json()["choices"][0]["message"]
-                messages.append({"role": "assistant", "content": message["content"]})
-        self.cap.wait_capture_idle()
-        session = _session_disk(self.cap_dir, session_id)
-        single = _single_call_disk(self.cap_dir)
-        self.data["disk"] = {"session": session, "single_8k": single}
-        if single:
-            self.row("disk", "8k-prompt single call: file / (4 B x unique tokens)", f"{single['unique_tokens']:.0f} tokens",
-                     f"{single['file_bytes'] / 1024:.0f} KiB", f"{single['ratio']:.1f}x", "<= 3x (flag)",
-                     "over 3x" if single["ratio"] > 3 else "ok")
+        self.log("capture disk bytes vs unique tokens: plain .json and capture_compress (.json.gz)")
+        turns, singles = (8, 3) if self.quick else (20, 8)
+        gz_dir = self.log_dir / "captures-gz"
+        gz = Server("server-capture-gz", self.mock, self.log_dir, capture_dir=gz_dir,
+                    settings={"capture_compress": True})
+        stamp = int(time.time())
+        out: dict[str, Any] = {}
+        try:
+            # Both encodings get the very same calls (the same seed), so only the file format differs.
+            for encoding, server, directory in (("plain", self.cap, self.cap_dir), ("gzip", gz, gz_dir)):
+                out[encoding] = self._disk_workload(server, directory, f"bench-disk-{encoding}-{stamp}", turns, singles)
+        finally:
+            gz.proc.stop()
+        self.data["disk"] = {**out, "text": "Zipf over a generated 30,000-word vocabulary (ZipfText); "
+                                            "low_entropy: the mock's 20 cycled words"}
+        plain, packed = out["plain"], out["gzip"]
+
+        def both(key: str, digits: int) -> str:
+            return f"plain {plain[key]['ratio']:.{digits}f}x, gzip {packed[key]['ratio']:.{digits}f}x"
+
+        def flag(key: str) -> str:
+            return "; ".join(f"{name} {'over 3x' if r[key]['ratio'] > 3 else 'ok'}"
+                             for name, r in (("plain", plain), ("gzip", packed)))
+
+        def kib(key: str, field: str = "file_bytes") -> str:
+            return f"{plain[key][field] / 1024:.0f} / {packed[key][field] / 1024:.0f} KiB"
+
+        self.row("disk", "8k-prompt single call: file / (4 B x unique tokens)",
+                 f"{plain['single']['unique_tokens']:.0f} tokens", kib("single"), both("single", 1), "<= 3x (flag)",
+                 flag("single"))
         self.row("disk", f"{turns}-turn session, last record: file / (4 B x its new tokens)",
-                 f"{session['last_new_tokens']} new tokens", f"{session['last_file_bytes'] / 1024:.0f} KiB",
-                 f"{session['last_ratio']:.0f}x", "<= 3x (flag)", "over 3x" if session["last_ratio"] > 3 else "ok")
+                 f"{plain['session']['last_new_tokens']} new tokens", kib("last"), both("last", 0), "<= 3x (flag)",
+                 flag("last"))
         self.row("disk", f"{turns}-turn session, all files / (4 B x session's unique tokens)",
-                 f"{session['unique_tokens']} tokens", f"{session['total_bytes'] / 1024:.0f} KiB",
-                 f"{session['ratio']:.0f}x", "<= 3x (flag)", "over 3x" if session["ratio"] > 3 else "ok")
+                 f"{plain['session']['unique_tokens']} tokens", kib("session", "total_bytes"), both("session", 1),
+                 "<= 3x (flag)", flag("session"))
+        self.row("disk", "8k-prompt single call, the mock's 20-word text (how low entropy flatters gzip)",
+                 f"{plain['low_entropy']['unique_tokens']:.0f} tokens", kib("low_entropy"), both("low_entropy", 1),
+                 "(context)", "")
+
+    def _disk_workload(self, server: Server, directory: Path, prefix: str, turns: int, singles: int) -> dict[str, Any]:
+        """Single 8k-prompt calls and one multi-turn session, captured by `server`; their files measured."""
+        text = ZipfText()
+        single_ids = [f"{prefix}-single-{k}" for k in range(singles)]
+        low_ids = [f"{prefix}-low-{k}" for k in range(3)]
+        session_id = f"{prefix}-session"
+        messages: list[dict[str, Any]] = [{"role": "system", "content": text.words(500)}]
+        with httpx.Client(base_url=server.url, timeout=60.0, trust_env=False) as client:
+            def call(session: str, history: list[dict[str, Any]]) -> dict[str, Any]:
+                reply = client.post(CHAT, json={"model": "demo", "messages": history}, headers={"x-session-id": session})
+                reply.raise_for_status()
+                return reply.json()["choices"][0]["message"]
+
+            for sid in single_ids:
+                call(sid, [{"role": "user", "content": text.words(8000) + " [[mock:tokens 200]]"}])
+            for k, sid in enumerate(low_ids):
+                call(sid, [{"role": "user", "content": words(8000, offset=k) + " [[mock:tokens 200]]"}])
+            for _ in range(turns):
+                messages.append({"role": "user", "content": text.words(300) + " [[mock:tokens 100]]"})
+                messages.append({"role": "assistant", "content": call(session_id, messages)["content"]})
+        server.wait_capture_idle()
+        session = _session_disk(directory, session_id)
+        return {"single": _single_calls_disk(directory, single_ids), "low_entropy": _single_calls_disk(directory, low_ids),
+                "session": session,
+                "last": {"file_bytes": session["last_file_bytes"], "ratio": session["last_ratio"]}}
 
     def hold(self) -> None:
         # Streams last ~9 pacing steps; long enough that the first is still open when the last starts.
@@ -648,6 +743,13 @@ def cpu_per_request(results: list[dict[str, Any]]) -> float:
     return seconds / calls if calls else float("nan")
 
 
+def loop_cpu_per_request(results: list[dict[str, Any]]) -> float:
+    """CPU seconds per completed call on the server's event-loop thread."""
+    seconds = sum(r.get("cpu", {}).get("server_event_loop", 0.0) for r in results)
+    calls = sum(r["ok"] for r in results)
+    return seconds / calls if calls else float("nan")
+
+
 def cpu_ratio(base: list[dict[str, Any]], via: list[dict[str, Any]]) -> float:
     return cpu_per_request(base) / cpu_per_request(via)
 
@@ -683,12 +785,17 @@ def verdict(met: bool, error_note: str) -> str:
 
 def _record_files(capture_dir: Path, session_id: str) -> list[Path]:
     directory = capture_dir / "sessions" / hashlib.sha256(session_id.encode()).hexdigest()
-    return sorted(directory.glob("*.json"))
+    return sorted(p for p in directory.glob("*.json*") if p.name.endswith((".json", ".json.gz")))
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    return orjson.loads(gzip.decompress(data) if path.name.endswith(".gz") else data)
 
 
 def _session_disk(capture_dir: Path, session_id: str) -> dict[str, Any]:
     """Per record: its file size against 4 bytes per token it adds (prompt growth + generation)."""
-    records = [(path.stat().st_size, orjson.loads(path.read_bytes())) for path in _record_files(capture_dir, session_id)]
+    records = [(path.stat().st_size, _read_record(path)) for path in _record_files(capture_dir, session_id)]
     records.sort(key=lambda item: item[1]["captured_at"])
     rows = []
     prev_prompt = prev_gen = 0
@@ -708,11 +815,12 @@ def _session_disk(capture_dir: Path, session_id: str) -> dict[str, Any]:
 
 
 def _compact_estimate(records: list[tuple[int, dict]]) -> dict[str, Any]:
-    """What two simple alternatives would take: token ids as base64 int32, and that plus de-duplicated history."""
+    """What simple alternatives would take: token ids as base64 int32; that plus de-duplicated history;
+    and that gzip-compressed (level 1, as capture_compress)."""
     import base64
     import struct
 
-    ids_b64 = dedup = 0
+    ids_b64 = dedup = dedup_gz = 0
     prev_prompt: list[int] = []
     prev_gen: list[int] = []
     prev_messages = 0
@@ -728,29 +836,26 @@ def _compact_estimate(records: list[tuple[int, dict]]) -> dict[str, Any]:
         if extends and prev_prompt:
             d["prompt_token_ids"] = base64.b64encode(struct.pack(f"<{len(prompt) - base}i", *prompt[base:])).decode()
             d["messages"] = record["messages"][prev_messages:]
-        dedup += len(orjson.dumps(d))
+        packed = orjson.dumps(d)
+        dedup += len(packed)
+        dedup_gz += len(gzip.compress(packed, compresslevel=1, mtime=0))
         prev_prompt, prev_gen = prompt, record["generation_token_ids"]
         prev_messages = len(record["messages"]) - 1
-    return {"ids_as_base64_bytes": ids_b64, "dedup_history_bytes": dedup}
+    return {"ids_as_base64_bytes": ids_b64, "dedup_history_bytes": dedup, "dedup_history_gzip_bytes": dedup_gz}
 
 
-def _single_call_disk(capture_dir: Path) -> dict[str, Any] | None:
-    """The capture series' records (8k-token prompt, 200-token generation, each call stands alone)."""
+def _single_calls_disk(capture_dir: Path, session_ids: list[str]) -> dict[str, Any]:
+    """Calls that each stand alone (one record per session): mean file size against their tokens."""
     sizes, tokens = [], []
-    sessions = capture_dir / "sessions"
-    for directory in sorted(sessions.iterdir()) if sessions.exists() else []:
-        for path in sorted(directory.glob("*.json"))[:2]:
-            record = orjson.loads(path.read_bytes())
-            if not str(record.get("session_id", "")).startswith("bench-cap-"):
-                break
+    for session_id in session_ids:
+        for path in _record_files(capture_dir, session_id):
+            record = _read_record(path)
             sizes.append(path.stat().st_size)
             tokens.append(len(record["prompt_token_ids"] or []) + len(record["generation_token_ids"] or []))
-        if len(sizes) >= 40:
-            break
     if not sizes:
-        return None
+        raise RuntimeError(f"no capture records for {session_ids[0]}... in {capture_dir}")
     size, unique = sum(sizes) / len(sizes), sum(tokens) / len(tokens)
-    return {"records_sampled": len(sizes), "file_bytes": size, "unique_tokens": unique, "ratio": size / (4 * unique)}
+    return {"records": len(sizes), "file_bytes": size, "unique_tokens": unique, "ratio": size / (4 * unique)}
 
 
 def loopback_send_cost(n: int = 1000) -> tuple[float, float]:

@@ -73,7 +73,7 @@ class Settings(BaseModel):
     capture_dir: str = "switchyard-captures"
     capture_uncorrelated: bool = False
     capture_queue_size: int = Field(default=10000, ge=1)
-    # Write records gzip-compressed (`<uuid>.json.gz`, ~4x smaller); the API serves them the same.
+    # Write records gzip-compressed (`<uuid>.json.gz`, 2-3x smaller on real text); served the same.
     capture_compress: bool = False
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     log_level: str = "info"
