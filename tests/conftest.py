@@ -5,8 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import os
+
 import httpx
 import pytest
+from hypothesis import settings
+
+# In CI every property and fuzz test runs a fixed set of examples, so a run is reproducible; locally
+# they explore afresh each time (and SWITCHYARD_FUZZ_SCALE widens the fuzzers).
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI") == "true":
+    settings.load_profile("ci")
 
 from tests.procs import Proc, start_mock_upstream, start_server
 
