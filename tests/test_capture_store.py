@@ -282,7 +282,7 @@ def test_full_queue_drops_instead_of_blocking(tmp_path):
     capture = CaptureStore(tmp_path, queue_size=2)  # not started: nothing drains the queue
     started = time.monotonic()
     results = [capture.submit_call(**call("sess-1")) for _ in range(3)]
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 5  # a blocking submit would never return: nothing drains
     assert results == [True, True, False]
     assert capture.stats()["dropped"] == 1
     assert capture.stats()["queue_depth"] == 2

@@ -159,8 +159,9 @@ def test_upstream_timeout_is_504(mock_upstream, tmp_path):
     chain = launch_chain(mock_upstream, tmp_path / "cap", "--config", str(config))
     try:
         started = time.monotonic()
-        assert_openai_error(chat(chain, "[[mock:hang 5]]"), 504)
-        assert time.monotonic() - started < 4
+        assert_openai_error(chat(chain, "[[mock:hang 30]]"), 504)
+        # Far from a timing test: the upstream would have answered only after 30 s.
+        assert time.monotonic() - started < 20
     finally:
         chain.proc.stop()
 
