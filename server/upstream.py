@@ -26,9 +26,6 @@ class UpstreamReply:
     body: bytes
     headers: dict[str, str]  # lower-case names
 
-    def json(self) -> dict:
-        return orjson.loads(self.body)
-
 
 def relayed_headers(headers) -> list[tuple[bytes, bytes]]:
     out = []
@@ -73,19 +70,13 @@ def error_from_reply(status: int, body: bytes, headers) -> OpenAIError:
     )
 
 
-def error_from_exception(exc: Exception, target: str) -> OpenAIError:
+def error_from_exception(exc: http1.HTTPError, target: str) -> OpenAIError:
     if isinstance(exc, http1.TimeoutError_):
         return OpenAIError(504, f"the upstream ({target}) did not answer in time: {exc}", code="upstream_timeout")
     if isinstance(exc, http1.ConnectError):
         return OpenAIError(502, f"cannot connect to the upstream ({target}): {exc}", code="upstream_unreachable")
     if isinstance(exc, http1.ProtocolError):
         return OpenAIError(502, f"the upstream ({target}) broke off: {exc}", code="upstream_disconnected")
-    if isinstance(exc, httpx.TimeoutException):
-        return OpenAIError(504, f"the upstream ({target}) did not answer in time", code="upstream_timeout")
-    if isinstance(exc, httpx.ConnectError):
-        return OpenAIError(502, f"cannot connect to the upstream ({target}): {exc}", code="upstream_unreachable")
-    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
-        return OpenAIError(502, f"the upstream ({target}) closed the connection: {exc}", code="upstream_disconnected")
     return OpenAIError(502, f"upstream call failed: {type(exc).__name__}: {exc}", code="upstream_error")
 
 
