@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 NODE_STAMP := tests/clients/node_modules/.installed-stamp
 
-.PHONY: demo serve test test-fast bench soak venv node clean
+.PHONY: demo serve test lint test-fast bench soak venv node clean
 
 venv: $(STAMP)
 
@@ -28,8 +28,13 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/switchyard-model demo --serve
 
-test: $(STAMP) node
+# Lint and format check first (fast), then the whole suite.
+test: $(STAMP) node lint
 	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # Unit tests only: no processes, no node clients.
 test-fast: $(STAMP)

@@ -46,15 +46,27 @@ def _clean_env(extra: dict[str, str] | None) -> dict[str, str]:
 class Proc:
     """A child process with its output in a log file, stopped by its own pid only."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 stdin: int | None = None, stdout: int | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+        stdin: int | None = None,
+        stdout: int | None = None,
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
         self.popen = subprocess.Popen(
-            argv, cwd=str(REPO), env=_clean_env(env), stdin=stdin,
-            stdout=stdout if stdout is not None else self._log, stderr=self._log,
-            preexec_fn=_raise_nofile, start_new_session=True,
+            argv,
+            cwd=str(REPO),
+            env=_clean_env(env),
+            stdin=stdin,
+            stdout=stdout if stdout is not None else self._log,
+            stderr=self._log,
+            preexec_fn=_raise_nofile,
+            start_new_session=True,
         )
         self.pid = self.popen.pid
         self.ps = psutil.Process(self.pid)
@@ -107,8 +119,9 @@ class Proc:
 class Mock:
     def __init__(self, log_dir: Path) -> None:
         self.port = free_port()
-        self.proc = Proc("mock", [PY, "-m", "server.mock_upstream", "--host", "127.0.0.1", "--port", str(self.port)],
-                         log_dir)
+        self.proc = Proc(
+            "mock", [PY, "-m", "server.dev.mock_upstream", "--host", "127.0.0.1", "--port", str(self.port)], log_dir
+        )
         self.proc.wait_http(f"http://127.0.0.1:{self.port}/health")
         self.v1 = f"http://127.0.0.1:{self.port}/v1"
 
@@ -116,9 +129,17 @@ class Mock:
 class Server:
     """`switchyard-model serve --deployment demo`: this server with its hosted Switchyard (same process)."""
 
-    def __init__(self, name: str, mock: Mock, log_dir: Path, *, capture_dir: Path | None,
-                 env: dict[str, str] | None = None, settings: dict[str, Any] | None = None,
-                 launcher: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        mock: Mock,
+        log_dir: Path,
+        *,
+        capture_dir: Path | None,
+        env: dict[str, str] | None = None,
+        settings: dict[str, Any] | None = None,
+        launcher: list[str] | None = None,
+    ) -> None:
         self.name = name
         self.port = free_port()
         # `launcher` replaces `-m server.cli` (bench/otel_side.py wraps the CLI to split the exporters).
@@ -178,8 +199,11 @@ class Floor:
 
     def __init__(self, upstream_port: int, log_dir: Path) -> None:
         self.port = free_port()
-        self.proc = Proc("floor-proxy", [PY, "-m", "bench.floor", "--port", str(self.port), "--upstream-port",
-                                         str(upstream_port)], log_dir)
+        self.proc = Proc(
+            "floor-proxy",
+            [PY, "-m", "bench.floor", "--port", str(self.port), "--upstream-port", str(upstream_port)],
+            log_dir,
+        )
         self.proc.wait_http(f"http://127.0.0.1:{self.port}/health")
 
 
@@ -187,8 +211,7 @@ class LoadGen:
     """The load generator process: one series at a time, spec in, samples out."""
 
     def __init__(self, log_dir: Path) -> None:
-        self.proc = Proc("loadgen", [PY, "-m", "bench.loadgen"], log_dir, stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE)
+        self.proc = Proc("loadgen", [PY, "-m", "bench.loadgen"], log_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def run(self, spec: dict[str, Any]) -> dict[str, Any]:
         pipe_in, pipe_out = self.proc.popen.stdin, self.proc.popen.stdout

@@ -37,8 +37,10 @@ class Pool:
         if conn is None:
             _, conn = await loop.create_connection(lambda: Conn(self.counters), "127.0.0.1", self.port)
             conn.keep_body = True
-        head = (b"POST " + path + b" HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n")
+        head = (
+            b"POST " + path + b" HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"
+        )
         status, *_rest, close_after = await conn.request(head + body, None)
         reply = bytes(conn.body)
         if close_after:
@@ -83,8 +85,13 @@ class Front(asyncio.Protocol):
         status, reply = await self.pool.call(path, orjson.dumps(request))
         out = orjson.dumps(orjson.loads(reply)) if status == 200 else reply
         self.transport.write(  # type: ignore[union-attr]
-            b"HTTP/1.1 " + str(status).encode() + b" OK\r\ncontent-type: application/json\r\ncontent-length: "
-            + str(len(out)).encode() + b"\r\n\r\n" + out)
+            b"HTTP/1.1 "
+            + str(status).encode()
+            + b" OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(out)).encode()
+            + b"\r\n\r\n"
+            + out
+        )
         self.transport.resume_reading()  # type: ignore[union-attr]
 
 

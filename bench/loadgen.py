@@ -102,8 +102,13 @@ class Conn(asyncio.Protocol):
 
     def timed_out(self) -> None:
         """The per-request deadline passed: say where the response stood, then drop the connection."""
-        self.timeout_state = {"state": self.state, "status": self.status, "body_bytes": self.body_len,
-                              "tail": self.tail[-48:].decode("latin-1"), "unparsed": bytes(self.buf[-48:]).decode("latin-1")}
+        self.timeout_state = {
+            "state": self.state,
+            "status": self.status,
+            "body_bytes": self.body_len,
+            "tail": self.tail[-48:].decode("latin-1"),
+            "unparsed": bytes(self.buf[-48:]).decode("latin-1"),
+        }
         self.abort()
 
     def close(self) -> None:
@@ -124,8 +129,9 @@ class Conn(asyncio.Protocol):
         self._close_open_count()
         future = self.future
         if future is not None and not future.done():
-            future.set_result((self.status, self.t_first, self.t_marker, _clock(), self.body_len, self.tail,
-                               self.close_after))
+            future.set_result(
+                (self.status, self.t_first, self.t_marker, _clock(), self.body_len, self.tail, self.close_after)
+            )
 
     def _payload(self, data: bytes | bytearray) -> None:
         if not self.t_first:
@@ -313,7 +319,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
                 future = conn.request(data, marker)
                 timer = loop.call_later(timeout, conn.timed_out)
                 status, t_first, t_marker, t_end, size, tail, close_after = await future
-            except (OSError, ValueError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError, ValueError) as exc:
                 if conn is not None and conn.timeout_state is not None:
                     error("timeout")
                     if len(error_details) < 5:

@@ -1,4 +1,4 @@
-"""Run `server.cli` with the OTLP exporter on one side only: this server's Python SDK or the hosted Switchyard's.
+"""Run `python -m server.cli` with the OTLP exporter on one side only: this server's Python SDK or the hosted Switchyard's.
 
 `python -m bench.otel_side --side python|switchyard -- serve --deployment demo ...`
 
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
         for name in _HIDE:
             os.environ[name] = "none"
         _patch_switchyard({name: None for name in _HIDE})
-    from server.cli import main as cli_main
+    from server.cli.main import main as cli_main
 
     return cli_main(rest)
 

@@ -13,7 +13,7 @@ import gc
 import random
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -21,19 +21,36 @@ import orjson
 from server.capture.record import build_record
 from server.capture.rollout import reconstruct_session, reconstruct_tree
 
-_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
-          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
-_TOOLS = [{"type": "function", "function": {"name": "run", "description": "run a shell command",
-                                             "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
-                                                            "required": ["cmd"]}}}]
+_WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+    "quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
+).split()
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "description": "run a shell command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+        },
+    }
+]
 
 
 def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-def synthetic_session(session_id: str, *, calls: int, system_tokens: int, gen_tokens: int, tool_tokens: int,
-                      seed: int = 0, parent: str | None = None) -> list[bytes]:
+def synthetic_session(
+    session_id: str,
+    *,
+    calls: int,
+    system_tokens: int,
+    gen_tokens: int,
+    tool_tokens: int,
+    seed: int = 0,
+    parent: str | None = None,
+) -> list[bytes]:
     """A tool-calling agent session as serialized records: call k's prompt is call k-1's prompt +
     generation + a tool result, so every call extends the one before (the happy path, all checks run)."""
     rng = random.Random(seed)
@@ -43,25 +60,52 @@ def synthetic_session(session_id: str, *, calls: int, system_tokens: int, gen_to
         {"role": "system", "content": _text(rng, system_tokens // 2)},
         {"role": "user", "content": "fix the failing test"},
     ]
-    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
     out = []
     for k in range(calls):
         generation = ids(gen_tokens)
         call_id = f"call_{k:04d}"
-        reply = {"role": "assistant", "content": _text(rng, gen_tokens // 2),
-                 "tool_calls": [{"id": call_id, "type": "function",
-                                 "function": {"name": "run", "arguments": orjson.dumps({"cmd": f"step {k}"}).decode()}}]}
+        reply = {
+            "role": "assistant",
+            "content": _text(rng, gen_tokens // 2),
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "run", "arguments": orjson.dumps({"cmd": f"step {k}"}).decode()},
+                }
+            ],
+        }
         response = {
-            "id": f"chatcmpl-{k}", "model": "policy", "prompt_token_ids": list(prompt),
-            "choices": [{"index": 0, "message": reply, "finish_reason": "tool_calls", "token_ids": generation,
-                         "logprobs": {"content": [{"logprob": -((t % 997) + 1) / 1000.0} for t in generation]}}],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": gen_tokens,
-                      "total_tokens": len(prompt) + gen_tokens},
+            "id": f"chatcmpl-{k}",
+            "model": "policy",
+            "prompt_token_ids": list(prompt),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": reply,
+                    "finish_reason": "tool_calls",
+                    "token_ids": generation,
+                    "logprobs": {"content": [{"logprob": -((t % 997) + 1) / 1000.0} for t in generation]},
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": gen_tokens,
+                "total_tokens": len(prompt) + gen_tokens,
+            },
         }
         record = build_record(
-            session_id=session_id, parent_session_id=parent, rollout_id=None, request_id=f"req_{session_id}_{k}",
-            chat_request={"messages": list(messages), "tools": _TOOLS}, chat_response=response, route="policy",
-            api="responses", stream=False, latency_ms=1.0,
+            session_id=session_id,
+            parent_session_id=parent,
+            rollout_id=None,
+            request_id=f"req_{session_id}_{k}",
+            chat_request={"messages": list(messages), "tools": _TOOLS},
+            chat_response=response,
+            route="policy",
+            api="responses",
+            stream=False,
+            latency_ms=1.0,
             captured_at=(start + timedelta(seconds=k)).isoformat(timespec="microseconds"),
             record_uuid=str(uuid.UUID(int=rng.getrandbits(128))),
         )
@@ -79,8 +123,9 @@ def _tokens(records: list[dict]) -> int:
 def bench_long_session(calls: int = 200, context: int = 65536, gen_tokens: int = 100, tool_tokens: int = 200) -> dict:
     """One long session whose last prompt is `context` tokens."""
     system = max(1, context - (calls - 1) * (gen_tokens + tool_tokens))
-    raw = synthetic_session("long-session", calls=calls, system_tokens=system, gen_tokens=gen_tokens,
-                            tool_tokens=tool_tokens, seed=1)
+    raw = synthetic_session(
+        "long-session", calls=calls, system_tokens=system, gen_tokens=gen_tokens, tool_tokens=tool_tokens, seed=1
+    )
     records = [orjson.loads(r) for r in raw]
     tokens = _tokens(records)
     gc.collect()
@@ -88,16 +133,30 @@ def bench_long_session(calls: int = 200, context: int = 65536, gen_tokens: int =
     rollout = reconstruct_session("long-session", records)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert rollout["partial_reason"] is None and len(rollout["record_uuids"]) == calls, rollout["partial_reason"]
-    return {"calls": calls, "last_prompt_tokens": len(records[-1]["prompt_token_ids"]), "tokens": tokens,
-            "seconds": seconds, "cpu_seconds": cpu, "tokens_per_s": tokens / seconds}
+    return {
+        "calls": calls,
+        "last_prompt_tokens": len(records[-1]["prompt_token_ids"]),
+        "tokens": tokens,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "tokens_per_s": tokens / seconds,
+    }
 
 
-def bench_many_sessions(sessions: int = 1000, calls: int = 20, system_tokens: int = 1000, gen_tokens: int = 100,
-                        tool_tokens: int = 100, tree_size: int = 20, batch: int = 100) -> dict:
+def bench_many_sessions(
+    sessions: int = 1000,
+    calls: int = 20,
+    system_tokens: int = 1000,
+    gen_tokens: int = 100,
+    tool_tokens: int = 100,
+    tree_size: int = 20,
+    batch: int = 100,
+) -> dict:
     """`sessions` sessions of `calls` calls, as trees of `tree_size` (a root and its sub-agents),
     reconstructed with reconstruct_tree; built and loaded in batches so memory stays bounded."""
-    template = synthetic_session("template", calls=calls, system_tokens=system_tokens, gen_tokens=gen_tokens,
-                                 tool_tokens=tool_tokens, seed=2)
+    template = synthetic_session(
+        "template", calls=calls, system_tokens=system_tokens, gen_tokens=gen_tokens, tool_tokens=tool_tokens, seed=2
+    )
     seconds = cpu = 0.0
     tokens = 0
     done = 0
@@ -124,13 +183,20 @@ def bench_many_sessions(sessions: int = 1000, calls: int = 20, system_tokens: in
         gc.collect()
         t0, c0 = time.perf_counter(), time.process_time()
         for root in roots:
-            rollout = reconstruct_tree(root, store.__getitem__, lambda s: children.get(s, []))
+            rollout = reconstruct_tree(root, store.__getitem__, lambda s, children=children: children.get(s, []))
             assert not rollout["mask_sample"], rollout["partial_reason"]
         seconds += time.perf_counter() - t0
         cpu += time.process_time() - c0
         done += n
-    return {"sessions": sessions, "calls": calls, "last_prompt_tokens": system_tokens + (calls - 1) * (gen_tokens + tool_tokens),
-            "tokens": tokens, "seconds": seconds, "cpu_seconds": cpu, "tokens_per_s": tokens / seconds}
+    return {
+        "sessions": sessions,
+        "calls": calls,
+        "last_prompt_tokens": system_tokens + (calls - 1) * (gen_tokens + tool_tokens),
+        "tokens": tokens,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "tokens_per_s": tokens / seconds,
+    }
 
 
 if __name__ == "__main__":

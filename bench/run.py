@@ -19,9 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -40,8 +41,10 @@ RESPONSES = "/v1/responses"
 CHAT_TOKEN_MARK = '"delta":{"content":'  # the first chat chunk carrying generated text
 RESPONSES_TOKEN_MARK = '"response.output_text.delta"'
 TOKEN_FIELDS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
-_WORDS = ("apple river stone cloud maple tiger orbit lemon piano candle forest harbor velvet rocket "
-          "meadow silver thunder garden copper lantern").split()
+_WORDS = (
+    "apple river stone cloud maple tiger orbit lemon piano candle forest harbor velvet rocket "
+    "meadow silver thunder garden copper lantern"
+).split()
 
 # ---------------------------------------------------------------------------------------------
 # Request bodies
@@ -142,8 +145,11 @@ class Bench:
         self.started = time.monotonic()
         self.log_dir = make_log_dir()
         self.rows: list[tuple[str, str, str, str, str, str, str]] = []
-        self.data: dict[str, Any] = {"quick": self.quick, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                     "machine": machine()}
+        self.data: dict[str, Any] = {
+            "quick": self.quick,
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": machine(),
+        }
         self.procs: list[Any] = []
         self._gone_cpu: dict[int, float] = {}
         self.failed = False
@@ -174,8 +180,13 @@ class Bench:
             self.sink = Stub("otlp-sink", "empty", self.log_dir)
             self.procs.append(self.sink.proc)
             # A 5 s metric interval (the SDK default is 60 s) so metric exports happen inside the series.
-            self.otel = Server("server-otel", self.mock, self.log_dir, capture_dir=None,
-                               env={"OTEL_EXPORTER_OTLP_ENDPOINT": self.sink.url, "OTEL_METRIC_EXPORT_INTERVAL": "5000"})
+            self.otel = Server(
+                "server-otel",
+                self.mock,
+                self.log_dir,
+                capture_dir=None,
+                env={"OTEL_EXPORTER_OTLP_ENDPOINT": self.sink.url, "OTEL_METRIC_EXPORT_INTERVAL": "5000"},
+            )
             self.procs.append(self.otel.proc)
             # The same variables turn on the hosted Switchyard's Rust exporter too; these two servers
             # export from one side only (bench/otel_side.py), each to its own sink, to split the cost.
@@ -184,14 +195,20 @@ class Bench:
             for side in ("python", "switchyard"):
                 sink = Stub(f"otlp-sink-{side}", "empty", self.log_dir)
                 self.procs.append(sink.proc)
-                server = Server(f"server-otel-{side}", self.mock, self.log_dir, capture_dir=None,
-                                env={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_METRIC_EXPORT_INTERVAL": "5000"},
-                                launcher=["-m", "bench.otel_side", "--side", side, "--"])
+                server = Server(
+                    f"server-otel-{side}",
+                    self.mock,
+                    self.log_dir,
+                    capture_dir=None,
+                    env={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_METRIC_EXPORT_INTERVAL": "5000"},
+                    launcher=["-m", "bench.otel_side", "--side", side, "--"],
+                )
                 self.procs.append(server.proc)
                 self.side_sinks[side], self.side_servers[side] = sink, server
             # No exporter configured (server-nocapture) is compared with telemetry switched off entirely.
-            self.tel_disabled = Server("server-otel-disabled", self.mock, self.log_dir, capture_dir=None,
-                                       env={"OTEL_SDK_DISABLED": "true"})
+            self.tel_disabled = Server(
+                "server-otel-disabled", self.mock, self.log_dir, capture_dir=None, env={"OTEL_SDK_DISABLED": "true"}
+            )
             self.procs.append(self.tel_disabled.proc)
         if "ceiling" in self.only:
             self.stub = Stub("stub-chat", "chat", self.log_dir)
@@ -202,12 +219,25 @@ class Bench:
     def warm_up(self) -> None:
         """A first burst through every server, so lazy imports and first connections are not measured."""
         small = chat_body(SMALL)
-        for server in (self.cap, getattr(self, "nocap", None), getattr(self, "otel", None),
-                       *getattr(self, "side_servers", {}).values(), getattr(self, "tel_disabled", None)):
+        for server in (
+            self.cap,
+            getattr(self, "nocap", None),
+            getattr(self, "otel", None),
+            *getattr(self, "side_servers", {}).values(),
+            getattr(self, "tel_disabled", None),
+        ):
             if server is not None:
-                self.gen.run({"port": server.port, "templates": [template(CHAT, small, [("x-session-id", "bench-warm")]),
-                                                                 template(RESPONSES, responses_body(SMALL))],
-                              "concurrency": 8, "count": 200})
+                self.gen.run(
+                    {
+                        "port": server.port,
+                        "templates": [
+                            template(CHAT, small, [("x-session-id", "bench-warm")]),
+                            template(RESPONSES, responses_body(SMALL)),
+                        ],
+                        "concurrency": 8,
+                        "count": 200,
+                    }
+                )
         if hasattr(self, "otel"):
             # The span exporter (and its protobuf/HTTP imports) first runs one batch delay (5 s) after the first span.
             deadline = time.monotonic() + 8.0
@@ -262,13 +292,17 @@ class Bench:
         result["cpu"] = cpu
         return result
 
-    def interleave(self, rounds: int, series: dict[str, Callable[[int], tuple[dict[str, Any], Server | None]]],
-                   after: Callable[[str, int], None] | None = None) -> dict[str, list[dict[str, Any]]]:
+    def interleave(
+        self,
+        rounds: int,
+        series: dict[str, Callable[[int], tuple[dict[str, Any], Server | None]]],
+        after: Callable[[str, int], None] | None = None,
+    ) -> dict[str, list[dict[str, Any]]]:
         """Every series once per round; the order flips each round so drift hits all of them alike."""
         names = list(series)
         out: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for r in range(rounds):
-            for name in (names if r % 2 == 0 else list(reversed(names))):
+            for name in names if r % 2 == 0 else list(reversed(names)):
                 spec, server = series[name](r)
                 out[name].append(self.run_one(spec, server))
                 if after is not None:
@@ -280,25 +314,64 @@ class Bench:
         self.log("ceiling: the load generator alone")
         d = 2.0 if not self.quick else 1.0
         small = [template(CHAT, chat_body(SMALL))]
-        stub = self.run_one({"port": self.stub.port, "templates": small, "concurrency": 64, "duration": d, "warmup": 0.5})
-        stub_seq = self.run_one({"port": self.stub.port, "templates": small, "concurrency": 1, "count": 2000, "warmup": 100})
-        mock = self.run_one({"port": self.mock.port, "templates": small, "concurrency": 64, "duration": d, "warmup": 0.5})
+        stub = self.run_one(
+            {"port": self.stub.port, "templates": small, "concurrency": 64, "duration": d, "warmup": 0.5}
+        )
+        stub_seq = self.run_one(
+            {"port": self.stub.port, "templates": small, "concurrency": 1, "count": 2000, "warmup": 100}
+        )
+        mock = self.run_one(
+            {"port": self.mock.port, "templates": small, "concurrency": 64, "duration": d, "warmup": 0.5}
+        )
         gen_us = stub["cpu"]["loadgen"] / max(1, stub["ok"]) * 1e6
         self.data["ceiling"] = {
-            "stub_c64_rps": stub["throughput"], "stub_seq_p50_ms": median(stub_seq["lat"]) * 1000,
-            "stub_seq_p99_ms": pct(stub_seq["lat"], 0.99) * 1000, "loadgen_cpu_us_per_request": gen_us,
-            "mock_c64_rps": mock["throughput"], "errors": stub["errors"] + mock["errors"] + stub_seq["errors"],
+            "stub_c64_rps": stub["throughput"],
+            "stub_seq_p50_ms": median(stub_seq["lat"]) * 1000,
+            "stub_seq_p99_ms": pct(stub_seq["lat"], 0.99) * 1000,
+            "loadgen_cpu_us_per_request": gen_us,
+            "mock_c64_rps": mock["throughput"],
+            "errors": stub["errors"] + mock["errors"] + stub_seq["errors"],
         }
-        self.row("generator", "load generator -> canned stub, c=64", "", "", f"{stub['throughput']:.0f} req/s",
-                 "far above chain", f"{gen_us:.0f} us CPU/req")
-        self.row("generator", "load generator -> canned stub, sequential", "", "",
-                 f"p50 {fmt_ms(median(stub_seq['lat']))}, p99 {fmt_ms(pct(stub_seq['lat'], 0.99))}", "", "")
-        self.row("generator", "load generator -> mock upstream alone, c=64", "", "", f"{mock['throughput']:.0f} req/s",
-                 "", "upstream ceiling")
+        self.row(
+            "generator",
+            "load generator -> canned stub, c=64",
+            "",
+            "",
+            f"{stub['throughput']:.0f} req/s",
+            "far above chain",
+            f"{gen_us:.0f} us CPU/req",
+        )
+        self.row(
+            "generator",
+            "load generator -> canned stub, sequential",
+            "",
+            "",
+            f"p50 {fmt_ms(median(stub_seq['lat']))}, p99 {fmt_ms(pct(stub_seq['lat'], 0.99))}",
+            "",
+            "",
+        )
+        self.row(
+            "generator",
+            "load generator -> mock upstream alone, c=64",
+            "",
+            "",
+            f"{mock['throughput']:.0f} req/s",
+            "",
+            "upstream ceiling",
+        )
         wake, local = loopback_send_cost()
-        self.data["ceiling"].update({"loopback_send_waking_peer_cpu_us": wake, "loopback_send_recv_same_thread_us": local})
-        self.row("machine", "CPU of one loopback TCP send that wakes a sleeping peer process", "", "", f"{wake:.0f} us",
-                 "", f"same-thread send+recv: {local:.0f} us")
+        self.data["ceiling"].update(
+            {"loopback_send_waking_peer_cpu_us": wake, "loopback_send_recv_same_thread_us": local}
+        )
+        self.row(
+            "machine",
+            "CPU of one loopback TCP send that wakes a sleeping peer process",
+            "",
+            "",
+            f"{wake:.0f} us",
+            "",
+            f"same-thread send+recv: {local:.0f} us",
+        )
 
     def sequential(self) -> None:
         self.log("sequential non-stream: direct vs server, chat and Responses")
@@ -307,38 +380,74 @@ class Bench:
         corr = [("x-session-id", "bench-seq-{run}-{conn}")]
 
         def spec(port: int, path: str, body: str, headers=None, srv=None):
-            return lambda r: ({"port": port, "templates": [template(path, body, headers)], "concurrency": 1,
-                               "count": n + warm, "warmup": warm, "vars": {"run": str(r)}}, srv)
+            return lambda r: (
+                {
+                    "port": port,
+                    "templates": [template(path, body, headers)],
+                    "concurrency": 1,
+                    "count": n + warm,
+                    "warmup": warm,
+                    "vars": {"run": str(r)},
+                },
+                srv,
+            )
 
-        res = self.interleave(rounds, {
-            "mock": spec(mock_port, CHAT, chat_body(SMALL)),
-            "direct": spec(proxy, CHAT, chat_body(SMALL), srv=self.cap),
-            "server_chat": spec(server, CHAT, chat_body(SMALL), srv=self.cap),
-            "server_responses": spec(server, RESPONSES, responses_body(SMALL), srv=self.cap),
-            "floor_proxy": spec(self.floor.port, CHAT, chat_body(SMALL), srv=self.cap),
-            "direct_token_fields": spec(proxy, CHAT, chat_body(SMALL, token_fields=True), srv=self.cap),
-            "server_chat_captured": spec(server, CHAT, chat_body(SMALL), corr, srv=self.cap),
-            "server_responses_captured": spec(server, RESPONSES, responses_body(SMALL), corr, srv=self.cap),
-        })
+        res = self.interleave(
+            rounds,
+            {
+                "mock": spec(mock_port, CHAT, chat_body(SMALL)),
+                "direct": spec(proxy, CHAT, chat_body(SMALL), srv=self.cap),
+                "server_chat": spec(server, CHAT, chat_body(SMALL), srv=self.cap),
+                "server_responses": spec(server, RESPONSES, responses_body(SMALL), srv=self.cap),
+                "floor_proxy": spec(self.floor.port, CHAT, chat_body(SMALL), srv=self.cap),
+                "direct_token_fields": spec(proxy, CHAT, chat_body(SMALL, token_fields=True), srv=self.cap),
+                "server_chat_captured": spec(server, CHAT, chat_body(SMALL), corr, srv=self.cap),
+                "server_responses_captured": spec(server, RESPONSES, responses_body(SMALL), corr, srv=self.cap),
+            },
+        )
         self.cap.wait_capture_idle()
         pooled = {name: pool(results) for name, results in res.items()}
         self.data["sequential"] = {name: summary(p) for name, p in pooled.items()}
         d, dt = pooled["direct"], pooled["direct_token_fields"]
         m = pooled["mock"]
-        self.row("sequential", "Switchyard itself (direct vs mock alone), chat", fmt_lat(m["lat"]), fmt_lat(d["lat"]),
-                 added(m["lat"], d["lat"]), "(context)", "")
+        self.row(
+            "sequential",
+            "Switchyard itself (direct vs mock alone), chat",
+            fmt_lat(m["lat"]),
+            fmt_lat(d["lat"]),
+            added(m["lat"], d["lat"]),
+            "(context)",
+            "",
+        )
         f = pooled["floor_proxy"]
-        self.row("sequential", "floor: minimal Python hop (bench/floor.py), chat", fmt_lat(d["lat"]), fmt_lat(f["lat"]),
-                 added(d["lat"], f["lat"]), "(context)", errors(f) or "")
-        for name, label, base in (("server_chat", "chat", d), ("server_responses", "Responses", d),
-                                  ("server_chat_captured", "chat, correlated + captured", dt),
-                                  ("server_responses_captured", "Responses, correlated + captured", dt)):
+        self.row(
+            "sequential",
+            "floor: minimal Python hop (bench/floor.py), chat",
+            fmt_lat(d["lat"]),
+            fmt_lat(f["lat"]),
+            added(d["lat"], f["lat"]),
+            "(context)",
+            errors(f) or "",
+        )
+        for name, label, base in (
+            ("server_chat", "chat", d),
+            ("server_responses", "Responses", d),
+            ("server_chat_captured", "chat, correlated + captured", dt),
+            ("server_responses_captured", "Responses, correlated + captured", dt),
+        ):
             via = pooled[name]
             a50 = median(via["lat"]) - median(base["lat"])
             a99 = pct(via["lat"], 0.99) - pct(base["lat"], 0.99)
             met = a50 <= 0.001 and a99 <= 0.003
-            self.row("sequential", f"added latency, {label}", fmt_lat(base["lat"]), fmt_lat(via["lat"]),
-                     added(base["lat"], via["lat"]), "p50 <= 1 ms, p99 <= 3 ms", verdict(met, errors(via, base)))
+            self.row(
+                "sequential",
+                f"added latency, {label}",
+                fmt_lat(base["lat"]),
+                fmt_lat(via["lat"]),
+                added(base["lat"], via["lat"]),
+                "p50 <= 1 ms, p99 <= 3 ms",
+                verdict(met, errors(via, base)),
+            )
 
     def concurrency(self) -> None:
         self.log("concurrency 64 and 256: throughput and latency, direct vs server")
@@ -347,8 +456,18 @@ class Bench:
         corr = [("x-session-id", "bench-c64-{run}-{conn}")]
 
         def spec(port: int, path: str, body: str, c: int, headers=None):
-            return lambda r: ({"port": port, "templates": [template(path, body, headers)], "concurrency": c,
-                               "duration": dur, "warmup": warm, "timeout": 60, "vars": {"run": str(r)}}, self.cap)
+            return lambda r: (
+                {
+                    "port": port,
+                    "templates": [template(path, body, headers)],
+                    "concurrency": c,
+                    "duration": dur,
+                    "warmup": warm,
+                    "timeout": 60,
+                    "vars": {"run": str(r)},
+                },
+                self.cap,
+            )
 
         series = {
             "direct_64": spec(proxy, CHAT, chat_body(SMALL), 64),
@@ -360,10 +479,13 @@ class Bench:
             "direct_256": spec(proxy, CHAT, chat_body(SMALL), 256),
             "server_chat_256": spec(server, CHAT, chat_body(SMALL), 256),
         }
-        res = self.interleave(rounds, series, after=lambda name, r: self.cap.wait_capture_idle()
-                              if "captured" in name else None)
-        self.data["concurrency"] = {name: {**summary(pool(results)), "rounds_rps": [x["throughput"] for x in results]}
-                                    for name, results in res.items()}
+        res = self.interleave(
+            rounds, series, after=lambda name, r: self.cap.wait_capture_idle() if "captured" in name else None
+        )
+        self.data["concurrency"] = {
+            name: {**summary(pool(results)), "rounds_rps": [x["throughput"] for x in results]}
+            for name, results in res.items()
+        }
         for via_name, base_name, label, target in (
             ("server_chat_64", "direct_64", "chat, c=64", 0.8),
             ("server_responses_64", "direct_64", "Responses, c=64", 0.8),
@@ -376,14 +498,24 @@ class Bench:
             ratio = median(ratios)
             pv, pb = pool(via), pool(base)
             spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
-            self.row("concurrency", f"throughput ratio, {label}", f"{median([b['throughput'] for b in base]):.0f} req/s",
-                     f"{median([v['throughput'] for v in via]):.0f} req/s",
-                     f"{fmt_ratio(ratio)}{spread}; CPU-based {fmt_ratio(cpu_ratio(base, via))}",
-                     ">= 0.8" if target else "(reported)",
-                     ratio_verdict(ratio, cpu_ratio(base, via), target, errors(pv, pb)) if target else errors(pv, pb) or "")
-            self.row("concurrency", f"added p99, {label}", f"p99 {fmt_ms(pct(pb['lat'], 0.99))}",
-                     f"p99 {fmt_ms(pct(pv['lat'], 0.99))}", f"{fmt_delta(pct(pv['lat'], 0.99) - pct(pb['lat'], 0.99))}",
-                     "(reported)", "")
+            self.row(
+                "concurrency",
+                f"throughput ratio, {label}",
+                f"{median([b['throughput'] for b in base]):.0f} req/s",
+                f"{median([v['throughput'] for v in via]):.0f} req/s",
+                f"{fmt_ratio(ratio)}{spread}; CPU-based {fmt_ratio(cpu_ratio(base, via))}",
+                ">= 0.8" if target else "(reported)",
+                ratio_verdict(ratio, cpu_ratio(base, via), target, errors(pv, pb)) if target else errors(pv, pb) or "",
+            )
+            self.row(
+                "concurrency",
+                f"added p99, {label}",
+                f"p99 {fmt_ms(pct(pb['lat'], 0.99))}",
+                f"p99 {fmt_ms(pct(pv['lat'], 0.99))}",
+                f"{fmt_delta(pct(pv['lat'], 0.99) - pct(pb['lat'], 0.99))}",
+                "(reported)",
+                "",
+            )
 
     def streams(self) -> None:
         self.log("streams: time to first event / first token / last event")
@@ -392,31 +524,62 @@ class Bench:
         conns_before = self.cap.upstream_connections()
 
         def spec(port: int, path: str, body: str, mark: str, fresh: bool):
-            return lambda r: ({"port": port, "templates": [template(path, body)], "concurrency": 1, "count": n + warm,
-                               "warmup": warm, "stream": True, "marker": mark, "fresh": fresh}, self.cap)
+            return lambda r: (
+                {
+                    "port": port,
+                    "templates": [template(path, body)],
+                    "concurrency": 1,
+                    "count": n + warm,
+                    "warmup": warm,
+                    "stream": True,
+                    "marker": mark,
+                    "fresh": fresh,
+                },
+                self.cap,
+            )
 
-        res = self.interleave(rounds, {
-            "direct_keepalive": spec(proxy, CHAT, chat_body(STREAM, stream=True), CHAT_TOKEN_MARK, False),
-            "direct_fresh": spec(proxy, CHAT, chat_body(STREAM, stream=True), CHAT_TOKEN_MARK, True),
-            "server_responses": spec(server, RESPONSES, responses_body(STREAM, stream=True), RESPONSES_TOKEN_MARK, False),
-            "server_chat": spec(server, CHAT, chat_body(STREAM, stream=True), CHAT_TOKEN_MARK, False),
-        })
+        res = self.interleave(
+            rounds,
+            {
+                "direct_keepalive": spec(proxy, CHAT, chat_body(STREAM, stream=True), CHAT_TOKEN_MARK, False),
+                "direct_fresh": spec(proxy, CHAT, chat_body(STREAM, stream=True), CHAT_TOKEN_MARK, True),
+                "server_responses": spec(
+                    server, RESPONSES, responses_body(STREAM, stream=True), RESPONSES_TOKEN_MARK, False
+                ),
+                "server_chat": spec(server, CHAT, chat_body(STREAM, stream=True), CHAT_TOKEN_MARK, False),
+            },
+        )
         pooled = {name: pool(results) for name, results in res.items()}
         self.data["streams"] = {name: summary(p) for name, p in pooled.items()}
-        for via_name, base_name, label in (("server_responses", "direct_fresh", "Responses vs direct chat, fresh conn"),
-                                           ("server_responses", "direct_keepalive", "Responses vs direct chat, keep-alive"),
-                                           ("server_chat", "direct_fresh", "chat vs direct chat, fresh conn")):
+        for via_name, base_name, label in (
+            ("server_responses", "direct_fresh", "Responses vs direct chat, fresh conn"),
+            ("server_responses", "direct_keepalive", "Responses vs direct chat, keep-alive"),
+            ("server_chat", "direct_fresh", "chat vs direct chat, fresh conn"),
+        ):
             via, base = pooled[via_name], pooled[base_name]
             for key, what in (("first", "first event"), ("marker", "first token"), ("lat", "last event")):
-                self.row("streams", f"added time to {what}, {label}", fmt_lat(base[key]), fmt_lat(via[key]),
-                         added(base[key], via[key]), "(reported)", errors(via, base) or "")
+                self.row(
+                    "streams",
+                    f"added time to {what}, {label}",
+                    fmt_lat(base[key]),
+                    fmt_lat(via[key]),
+                    added(base[key], via[key]),
+                    "(reported)",
+                    errors(via, base) or "",
+                )
         time.sleep(1.0)
         through_server = pooled["server_responses"]["ok"] + pooled["server_chat"]["ok"]
         left = self.cap.upstream_connections() - conns_before
         self.data["streams"]["upstream_connections_left_open"] = left
-        self.row("streams", f"server->Switchyard connections still open after {through_server} streams", "", "",
-                 f"{left}", "0 (fresh connection per stream)",
-                 "ok" if left <= 2 else "LEAK: the stream pool (upstream_max_connections) fills, then streams hang")
+        self.row(
+            "streams",
+            f"server->Switchyard connections still open after {through_server} streams",
+            "",
+            "",
+            f"{left}",
+            "0 (fresh connection per stream)",
+            "ok" if left <= 2 else "LEAK: the stream pool (upstream_max_connections) fills, then streams hang",
+        )
 
     def capture(self) -> None:
         self.log("capture on vs off: 8k-token prompts, 200-token generations")
@@ -425,26 +588,57 @@ class Bench:
         corr = [("x-session-id", "bench-cap-{run}-{conn}")]
 
         def spec(srv: Server):
-            return lambda r: ({"port": srv.port, "templates": [template(CHAT, b, corr) for b in bodies], "concurrency": c,
-                               "duration": dur, "warmup": warm, "timeout": 60, "vars": {"run": f"{srv.name}-{r}"}}, srv)
+            return lambda r: (
+                {
+                    "port": srv.port,
+                    "templates": [template(CHAT, b, corr) for b in bodies],
+                    "concurrency": c,
+                    "duration": dur,
+                    "warmup": warm,
+                    "timeout": 60,
+                    "vars": {"run": f"{srv.name}-{r}"},
+                },
+                srv,
+            )
 
         lag: list[int] = []
-        res = self.interleave(rounds, {"capture_on": spec(self.cap), "capture_off": spec(self.nocap)},
-                              after=lambda name, r: lag.append(self.cap.wait_capture_idle()) if name == "capture_on" else None)
+        res = self.interleave(
+            rounds,
+            {"capture_on": spec(self.cap), "capture_off": spec(self.nocap)},
+            after=lambda name, r: lag.append(self.cap.wait_capture_idle()) if name == "capture_on" else None,
+        )
         on, off = res["capture_on"], res["capture_off"]
         ratios = [a["throughput"] / b["throughput"] for a, b in zip(on, off) if b["throughput"]]
         ratio = median(ratios)
         health = self.cap.health().get("capture", {})
-        self.data["capture"] = {"on": summary(pool(on)), "off": summary(pool(off)), "ratio": ratio, "round_ratios": ratios,
-                                "writer_queue_after_rounds": lag, "store": health}
+        self.data["capture"] = {
+            "on": summary(pool(on)),
+            "off": summary(pool(off)),
+            "ratio": ratio,
+            "round_ratios": ratios,
+            "writer_queue_after_rounds": lag,
+            "store": health,
+        }
         spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
         self.data["capture"]["cpu_ratio"] = cpu_ratio(off, on)
-        self.row("capture", f"throughput, capture on / off (c={c})", f"off {median([b['throughput'] for b in off]):.0f} req/s",
-                 f"on {median([a['throughput'] for a in on]):.0f} req/s",
-                 f"{fmt_ratio(ratio)}{spread}; CPU-based {fmt_ratio(cpu_ratio(off, on))}", ">= 0.9",
-                 ratio_verdict(ratio, cpu_ratio(off, on), 0.9, errors(pool(on), pool(off))))
-        self.row("capture", "writer backlog left after each capture-on round", "", "", f"max {max(lag) if lag else 0} records",
-                 "(reported)", f"dropped {health.get('dropped', 0)}, failed {health.get('failed', 0)}")
+        self.row(
+            "capture",
+            f"throughput, capture on / off (c={c})",
+            f"off {median([b['throughput'] for b in off]):.0f} req/s",
+            f"on {median([a['throughput'] for a in on]):.0f} req/s",
+            f"{fmt_ratio(ratio)}{spread}; CPU-based {fmt_ratio(cpu_ratio(off, on))}",
+            ">= 0.9",
+            ratio_verdict(ratio, cpu_ratio(off, on), 0.9, errors(pool(on), pool(off))),
+        )
+        self.row(
+            "capture",
+            "writer backlog left after each capture-on round",
+            "",
+            "",
+            f"max {max(lag) if lag else 0} records",
+            "(reported)",
+            f"dropped {health.get('dropped', 0)}, failed {health.get('failed', 0)}",
+        )
 
     def telemetry(self) -> None:
         self.log("telemetry exporter on vs off")
@@ -453,14 +647,29 @@ class Bench:
         corr = [("x-session-id", "bench-tel-{conn}")]
 
         def spec(srv: Server):
-            return lambda r: ({"port": srv.port, "templates": [template(CHAT, body, corr)], "concurrency": 32,
-                               "duration": dur, "warmup": warm, "timeout": 60}, srv)
+            return lambda r: (
+                {
+                    "port": srv.port,
+                    "templates": [template(CHAT, body, corr)],
+                    "concurrency": 32,
+                    "duration": dur,
+                    "warmup": warm,
+                    "timeout": 60,
+                },
+                srv,
+            )
 
         before = self.sink.stats()
-        res = self.interleave(rounds, {"exporter_on": spec(self.otel), "exporter_off": spec(self.nocap),
-                                       "python_only": spec(self.side_servers["python"]),
-                                       "switchyard_only": spec(self.side_servers["switchyard"]),
-                                       "sdk_disabled": spec(self.tel_disabled)})
+        res = self.interleave(
+            rounds,
+            {
+                "exporter_on": spec(self.otel),
+                "exporter_off": spec(self.nocap),
+                "python_only": spec(self.side_servers["python"]),
+                "switchyard_only": spec(self.side_servers["switchyard"]),
+                "sdk_disabled": spec(self.tel_disabled),
+            },
+        )
         stats = self.sink.stats()
         deadline = time.monotonic() + 7.0  # a span batch goes out at most every 5 s
         while not _python_exports(stats) and time.monotonic() < deadline:
@@ -470,27 +679,49 @@ class Bench:
         ratios = [a["throughput"] / b["throughput"] for a, b in zip(on, off) if b["throughput"]]
         ratio = median(ratios)
         wired = _python_exports(stats) > _python_exports(before)
-        self.data["telemetry"] = {"on": summary(pool(on)), "off": summary(pool(off)), "ratio": ratio,
-                                  "round_ratios": ratios, "sink": stats, "python_exporter_seen": wired}
+        self.data["telemetry"] = {
+            "on": summary(pool(on)),
+            "off": summary(pool(off)),
+            "ratio": ratio,
+            "round_ratios": ratios,
+            "sink": stats,
+            "python_exporter_seen": wired,
+        }
         spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
         result = f"{fmt_ratio(ratio)}{spread}; CPU-based {fmt_ratio(cpu_ratio(off, on))}"
         self.data["telemetry"]["cpu_ratio"] = cpu_ratio(off, on)
-        self.row("telemetry", "throughput, OTLP exporter on / off (c=32)",
-                 f"off {median([b['throughput'] for b in off]):.0f} req/s",
-                 f"on {median([a['throughput'] for a in on]):.0f} req/s",
-                 result if wired else f"pending ({result} measured, but no span reached the sink)", ">= 0.9",
-                 ratio_verdict(ratio, cpu_ratio(off, on), 0.9, errors(pool(on), pool(off))) if wired else "pending")
-        self.row("telemetry", "exports received by the sink", "", "",
-                 ", ".join(f"{k.split(':', 1)[1]} {v}" for k, v in sorted(stats.items())
-                           if k.startswith("path:/v1/") or k.startswith("agent:otel")), "", "")
+        self.row(
+            "telemetry",
+            "throughput, OTLP exporter on / off (c=32)",
+            f"off {median([b['throughput'] for b in off]):.0f} req/s",
+            f"on {median([a['throughput'] for a in on]):.0f} req/s",
+            result if wired else f"pending ({result} measured, but no span reached the sink)",
+            ">= 0.9",
+            ratio_verdict(ratio, cpu_ratio(off, on), 0.9, errors(pool(on), pool(off))) if wired else "pending",
+        )
+        self.row(
+            "telemetry",
+            "exports received by the sink",
+            "",
+            "",
+            ", ".join(
+                f"{k.split(':', 1)[1]} {v}"
+                for k, v in sorted(stats.items())
+                if k.startswith("path:/v1/") or k.startswith("agent:otel")
+            ),
+            "",
+            "",
+        )
         self._telemetry_sides(res["exporter_off"], res)
         self._telemetry_idle(res["exporter_off"], res["sdk_disabled"])
 
     def _telemetry_sides(self, off: list[dict[str, Any]], res: dict[str, list[dict[str, Any]]]) -> None:
         """The exporter cost split: this server's Python exporter alone, the hosted Switchyard's alone."""
         split = {}
-        for side, name, label in (("python", "python_only", "this server's Python exporter only"),
-                                  ("switchyard", "switchyard_only", "hosted Switchyard's Rust exporter only")):
+        for side, name, label in (
+            ("python", "python_only", "this server's Python exporter only"),
+            ("switchyard", "switchyard_only", "hosted Switchyard's Rust exporter only"),
+        ):
             on = res[name]
             ratios = [a["throughput"] / b["throughput"] for a, b in zip(on, off) if b["throughput"]]
             stats = self.side_sinks[side].stats()
@@ -498,15 +729,26 @@ class Bench:
             # Each side-only server must reach its sink from its own exporter and never from the other.
             own, other = ("python", "rust") if side == "python" else ("rust", "python")
             clean = any(own in agent for agent in agents) and not any(other in agent for agent in agents)
-            split[side] = {"on": summary(pool(on)), "ratio": median(ratios), "round_ratios": ratios,
-                           "cpu_ratio": cpu_ratio(off, on), "sink": stats, "split_clean": clean}
+            split[side] = {
+                "on": summary(pool(on)),
+                "ratio": median(ratios),
+                "round_ratios": ratios,
+                "cpu_ratio": cpu_ratio(off, on),
+                "sink": stats,
+                "split_clean": clean,
+            }
             spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
-            self.row("telemetry", f"throughput, {label} / off (c=32)",
-                     f"off {median([b['throughput'] for b in off]):.0f} req/s",
-                     f"on {median([a['throughput'] for a in on]):.0f} req/s",
-                     f"{fmt_ratio(median(ratios))}{spread}; CPU-based {fmt_ratio(cpu_ratio(off, on))}", "(reported)",
-                     ("sink got: " + ", ".join(f"{k} {v}" for k, v in sorted(agents.items()))) if clean
-                     else f"SPLIT FAILED, sink got: {agents}")
+            self.row(
+                "telemetry",
+                f"throughput, {label} / off (c=32)",
+                f"off {median([b['throughput'] for b in off]):.0f} req/s",
+                f"on {median([a['throughput'] for a in on]):.0f} req/s",
+                f"{fmt_ratio(median(ratios))}{spread}; CPU-based {fmt_ratio(cpu_ratio(off, on))}",
+                "(reported)",
+                ("sink got: " + ", ".join(f"{k} {v}" for k, v in sorted(agents.items())))
+                if clean
+                else f"SPLIT FAILED, sink got: {agents}",
+            )
         self.data["telemetry"]["sides"] = split
 
     def _telemetry_idle(self, idle: list[dict[str, Any]], disabled: list[dict[str, Any]]) -> None:
@@ -522,36 +764,57 @@ class Bench:
             scraped = f"(no answer: {exc})"
         really_off = not scraped.strip()
         self.data["telemetry"]["no_exporter_vs_disabled"] = {
-            "disabled": summary(pool(disabled)), "ratio": median(ratios), "round_ratios": ratios,
-            "cpu_ratio": cpu_ratio(disabled, idle), "added_cpu_us_per_call": added_us,
-            "added_event_loop_cpu_us_per_call": added_loop_us, "disabled_metrics_empty": really_off}
+            "disabled": summary(pool(disabled)),
+            "ratio": median(ratios),
+            "round_ratios": ratios,
+            "cpu_ratio": cpu_ratio(disabled, idle),
+            "added_cpu_us_per_call": added_us,
+            "added_event_loop_cpu_us_per_call": added_loop_us,
+            "disabled_metrics_empty": really_off,
+        }
         spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
-        self.row("telemetry", "throughput, no exporter configured / telemetry disabled (c=32)",
-                 f"disabled {median([b['throughput'] for b in disabled]):.0f} req/s",
-                 f"no exporter {median([a['throughput'] for a in idle]):.0f} req/s",
-                 f"{fmt_ratio(median(ratios))}{spread}; CPU-based {fmt_ratio(cpu_ratio(disabled, idle))}",
-                 "(reported)", (f"{added_us:+.0f} us CPU/call, event loop {added_loop_us:+.0f} us"
-                                if really_off else "NOT DISABLED: /metrics of the disabled server is not empty")
-                 + (f"; {errors(pool(idle), pool(disabled))}" if errors(pool(idle), pool(disabled)) else ""))
+        self.row(
+            "telemetry",
+            "throughput, no exporter configured / telemetry disabled (c=32)",
+            f"disabled {median([b['throughput'] for b in disabled]):.0f} req/s",
+            f"no exporter {median([a['throughput'] for a in idle]):.0f} req/s",
+            f"{fmt_ratio(median(ratios))}{spread}; CPU-based {fmt_ratio(cpu_ratio(disabled, idle))}",
+            "(reported)",
+            (
+                f"{added_us:+.0f} us CPU/call, event loop {added_loop_us:+.0f} us"
+                if really_off
+                else "NOT DISABLED: /metrics of the disabled server is not empty"
+            )
+            + (f"; {errors(pool(idle), pool(disabled))}" if errors(pool(idle), pool(disabled)) else ""),
+        )
 
     def reconstruction(self) -> None:
         self.log("reconstruction: synthetic sessions, in-process")
         long = recon.bench_long_session(calls=200, context=65536)
         many = recon.bench_many_sessions(sessions=100 if self.quick else 1000, calls=20)
         self.data["reconstruction"] = {"long": long, "many": many}
-        for label, r in ((f"1 session x {long['calls']} calls, contexts to {long['last_prompt_tokens'] // 1024}k", long),
-                         (f"{many['sessions']} sessions x {many['calls']} calls (trees of 20)", many)):
+        for label, r in (
+            (f"1 session x {long['calls']} calls, contexts to {long['last_prompt_tokens'] // 1024}k", long),
+            (f"{many['sessions']} sessions x {many['calls']} calls (trees of 20)", many),
+        ):
             tps = r["tokens_per_s"]
-            self.row("reconstruction", label, f"{r['tokens'] / 1e6:.1f} M tokens", f"{r['seconds']:.2f} s",
-                     f"{tps / 1e6:.1f} M tokens/s (CPU {r['tokens'] / r['cpu_seconds'] / 1e6:.1f})", ">= 5 M tokens/s",
-                     verdict(tps >= 5e6, ""))
+            self.row(
+                "reconstruction",
+                label,
+                f"{r['tokens'] / 1e6:.1f} M tokens",
+                f"{r['seconds']:.2f} s",
+                f"{tps / 1e6:.1f} M tokens/s (CPU {r['tokens'] / r['cpu_seconds'] / 1e6:.1f})",
+                ">= 5 M tokens/s",
+                verdict(tps >= 5e6, ""),
+            )
 
     def disk(self) -> None:
         self.log("capture disk bytes vs unique tokens: plain .json and capture_compress (.json.gz)")
         turns, singles = (8, 3) if self.quick else (20, 8)
         gz_dir = self.log_dir / "captures-gz"
-        gz = Server("server-capture-gz", self.mock, self.log_dir, capture_dir=gz_dir,
-                    settings={"capture_compress": True})
+        gz = Server(
+            "server-capture-gz", self.mock, self.log_dir, capture_dir=gz_dir, settings={"capture_compress": True}
+        )
         stamp = int(time.time())
         out: dict[str, Any] = {}
         try:
@@ -560,32 +823,60 @@ class Bench:
                 out[encoding] = self._disk_workload(server, directory, f"bench-disk-{encoding}-{stamp}", turns, singles)
         finally:
             gz.proc.stop()
-        self.data["disk"] = {**out, "text": "Zipf over a generated 30,000-word vocabulary (ZipfText); "
-                                            "low_entropy: the mock's 20 cycled words"}
+        self.data["disk"] = {
+            **out,
+            "text": "Zipf over a generated 30,000-word vocabulary (ZipfText); low_entropy: the mock's 20 cycled words",
+        }
         plain, packed = out["plain"], out["gzip"]
 
         def both(key: str, digits: int) -> str:
             return f"plain {plain[key]['ratio']:.{digits}f}x, gzip {packed[key]['ratio']:.{digits}f}x"
 
         def flag(key: str) -> str:
-            return "; ".join(f"{name} {'over 3x' if r[key]['ratio'] > 3 else 'ok'}"
-                             for name, r in (("plain", plain), ("gzip", packed)))
+            return "; ".join(
+                f"{name} {'over 3x' if r[key]['ratio'] > 3 else 'ok'}"
+                for name, r in (("plain", plain), ("gzip", packed))
+            )
 
         def kib(key: str, field: str = "file_bytes") -> str:
             return f"{plain[key][field] / 1024:.0f} / {packed[key][field] / 1024:.0f} KiB"
 
-        self.row("disk", "8k-prompt single call: file / (4 B x unique tokens)",
-                 f"{plain['single']['unique_tokens']:.0f} tokens", kib("single"), both("single", 1), "<= 3x (flag)",
-                 flag("single"))
-        self.row("disk", f"{turns}-turn session, last record: file / (4 B x its new tokens)",
-                 f"{plain['session']['last_new_tokens']} new tokens", kib("last"), both("last", 0), "<= 3x (flag)",
-                 flag("last"))
-        self.row("disk", f"{turns}-turn session, all files / (4 B x session's unique tokens)",
-                 f"{plain['session']['unique_tokens']} tokens", kib("session", "total_bytes"), both("session", 1),
-                 "<= 3x (flag)", flag("session"))
-        self.row("disk", "8k-prompt single call, the mock's 20-word text (how low entropy flatters gzip)",
-                 f"{plain['low_entropy']['unique_tokens']:.0f} tokens", kib("low_entropy"), both("low_entropy", 1),
-                 "(context)", "")
+        self.row(
+            "disk",
+            "8k-prompt single call: file / (4 B x unique tokens)",
+            f"{plain['single']['unique_tokens']:.0f} tokens",
+            kib("single"),
+            both("single", 1),
+            "<= 3x (flag)",
+            flag("single"),
+        )
+        self.row(
+            "disk",
+            f"{turns}-turn session, last record: file / (4 B x its new tokens)",
+            f"{plain['session']['last_new_tokens']} new tokens",
+            kib("last"),
+            both("last", 0),
+            "<= 3x (flag)",
+            flag("last"),
+        )
+        self.row(
+            "disk",
+            f"{turns}-turn session, all files / (4 B x session's unique tokens)",
+            f"{plain['session']['unique_tokens']} tokens",
+            kib("session", "total_bytes"),
+            both("session", 1),
+            "<= 3x (flag)",
+            flag("session"),
+        )
+        self.row(
+            "disk",
+            "8k-prompt single call, the mock's 20-word text (how low entropy flatters gzip)",
+            f"{plain['low_entropy']['unique_tokens']:.0f} tokens",
+            kib("low_entropy"),
+            both("low_entropy", 1),
+            "(context)",
+            "",
+        )
 
     def _disk_workload(self, server: Server, directory: Path, prefix: str, turns: int, singles: int) -> dict[str, Any]:
         """Single 8k-prompt calls and one multi-turn session, captured by `server`; their files measured."""
@@ -595,8 +886,11 @@ class Bench:
         session_id = f"{prefix}-session"
         messages: list[dict[str, Any]] = [{"role": "system", "content": text.words(500)}]
         with httpx.Client(base_url=server.url, timeout=60.0, trust_env=False) as client:
+
             def call(session: str, history: list[dict[str, Any]]) -> dict[str, Any]:
-                reply = client.post(CHAT, json={"model": "demo", "messages": history}, headers={"x-session-id": session})
+                reply = client.post(
+                    CHAT, json={"model": "demo", "messages": history}, headers={"x-session-id": session}
+                )
                 reply.raise_for_status()
                 return reply.json()["choices"][0]["message"]
 
@@ -609,9 +903,12 @@ class Bench:
                 messages.append({"role": "assistant", "content": call(session_id, messages)["content"]})
         server.wait_capture_idle()
         session = _session_disk(directory, session_id)
-        return {"single": _single_calls_disk(directory, single_ids), "low_entropy": _single_calls_disk(directory, low_ids),
-                "session": session,
-                "last": {"file_bytes": session["last_file_bytes"], "ratio": session["last_ratio"]}}
+        return {
+            "single": _single_calls_disk(directory, single_ids),
+            "low_entropy": _single_calls_disk(directory, low_ids),
+            "session": session,
+            "last": {"file_bytes": session["last_file_bytes"], "ratio": session["last_ratio"]},
+        }
 
     def hold(self) -> None:
         # Streams last ~9 pacing steps; long enough that the first is still open when the last starts.
@@ -619,8 +916,13 @@ class Bench:
         self.log(f"hold: {n} concurrent streaming sessions through a fresh server")
         # The default upstream_max_connections (512) would queue half of 1,024 streams inside the
         # server; the figure asked for is 1,024 held open at once, so this server allows 2,048.
-        holder = Server("server-hold", self.mock, self.log_dir, capture_dir=self.log_dir / "captures-hold",
-                        settings={"upstream_max_connections": 2048})
+        holder = Server(
+            "server-hold",
+            self.mock,
+            self.log_dir,
+            capture_dir=self.log_dir / "captures-hold",
+            settings={"upstream_max_connections": 2048},
+        )
         try:
             self._hold(holder, n, slow, tokens)
         finally:
@@ -629,9 +931,18 @@ class Bench:
     def _hold(self, holder: Server, n: int, slow: int, tokens: int) -> None:
         body = responses_body(f"[[mock:slow {slow}]] [[mock:tokens {tokens}]] hold the line", stream=True)
         headers = [("x-session-id", "bench-hold-{run}-{seq}")]
-        spec = {"port": holder.port, "templates": [template(RESPONSES, body, headers)], "concurrency": n, "count": n,
-                "stream": True, "fresh": True, "ramp": 3.0 if not self.quick else 1.5, "timeout": 45,
-                "marker": RESPONSES_TOKEN_MARK, "vars": {"run": str(int(time.time()))}}
+        spec = {
+            "port": holder.port,
+            "templates": [template(RESPONSES, body, headers)],
+            "concurrency": n,
+            "count": n,
+            "stream": True,
+            "fresh": True,
+            "ramp": 3.0 if not self.quick else 1.5,
+            "timeout": 45,
+            "marker": RESPONSES_TOKEN_MARK,
+            "vars": {"run": str(int(time.time()))},
+        }
         server = holder.proc
         baseline = server.rss()
         peak = {"rss": baseline, "fds": server.ps.num_fds()}
@@ -653,17 +964,40 @@ class Bench:
             stop.set()
             sampler.join(2)
         backlog = holder.wait_capture_idle(timeout=30)
-        self.data["hold"] = {"streams": n, "ok": result["ok"], "errors": result["errors"], "error_kinds": result["error_kinds"],
-                             "error_details": result.get("error_details"), "peak_open": result["peak_open"],
-                             "baseline_rss": baseline, "peak_rss": peak["rss"], "peak_fds": peak["fds"],
-                             "seconds": result["elapsed"], "last_event_p50_s": median(result["lat"]),
-                             "capture_backlog_after": backlog, "cpu": result["cpu"]}
+        self.data["hold"] = {
+            "streams": n,
+            "ok": result["ok"],
+            "errors": result["errors"],
+            "error_kinds": result["error_kinds"],
+            "error_details": result.get("error_details"),
+            "peak_open": result["peak_open"],
+            "baseline_rss": baseline,
+            "peak_rss": peak["rss"],
+            "peak_fds": peak["fds"],
+            "seconds": result["elapsed"],
+            "last_event_p50_s": median(result["lat"]),
+            "capture_backlog_after": backlog,
+            "cpu": result["cpu"],
+        }
         gib = peak["rss"] / 2**30
-        self.row("hold", f"{n} concurrent streams: peak RSS of the server process",
-                 f"idle {baseline / 2**20:.0f} MiB", f"peak {peak['rss'] / 2**20:.0f} MiB",
-                 f"{result['peak_open']} open at once, {peak['fds']} fds", "< 1 GiB", verdict(gib < 1.0, ""))
-        self.row("hold", f"{n} concurrent streams: errors", "", "", f"{result['errors']} {result['error_kinds'] or ''}".strip(),
-                 "0", verdict(result["errors"] == 0, ""))
+        self.row(
+            "hold",
+            f"{n} concurrent streams: peak RSS of the server process",
+            f"idle {baseline / 2**20:.0f} MiB",
+            f"peak {peak['rss'] / 2**20:.0f} MiB",
+            f"{result['peak_open']} open at once, {peak['fds']} fds",
+            "< 1 GiB",
+            verdict(gib < 1.0, ""),
+        )
+        self.row(
+            "hold",
+            f"{n} concurrent streams: errors",
+            "",
+            "",
+            f"{result['errors']} {result['error_kinds'] or ''}".strip(),
+            "0",
+            verdict(result["errors"] == 0, ""),
+        )
 
     # -- driver ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -678,13 +1012,17 @@ class Bench:
                     except Exception as exc:  # one broken series must not hide the others
                         self.failed = True
                         self.log(f"{section} FAILED: {type(exc).__name__}: {exc}")
-                        self.row(section, "(section failed)", "", "", f"{type(exc).__name__}: {str(exc)[:120]}", "", "FAILED")
+                        self.row(
+                            section, "(section failed)", "", "", f"{type(exc).__name__}: {str(exc)[:120]}", "", "FAILED"
+                        )
                     self.data.setdefault("section_seconds", {})[section] = round(time.monotonic() - t0, 1)
                     busy1 = self.background_cpu()
                     self.data.setdefault("background_cores", {})[section] = round(
-                        (busy1[0] - busy0[0]) / (time.monotonic() - t0), 2)
+                        (busy1[0] - busy0[0]) / (time.monotonic() - t0), 2
+                    )
                     self.data.setdefault("steal_cores", {})[section] = round(
-                        (busy1[1] - busy0[1]) / (time.monotonic() - t0), 2)
+                        (busy1[1] - busy0[1]) / (time.monotonic() - t0), 2
+                    )
         finally:
             self.data["rss"] = {p.name: _safe_rss(p) for p in self.procs}
             self.stop()
@@ -723,7 +1061,12 @@ def pool(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summary(p: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"ok": p["ok"], "errors": p["errors"], "error_kinds": p["error_kinds"], "samples": len(p["lat"])}
+    out: dict[str, Any] = {
+        "ok": p["ok"],
+        "errors": p["errors"],
+        "error_kinds": p["error_kinds"],
+        "samples": len(p["lat"]),
+    }
     for key in ("lat", "first", "marker"):
         if p[key]:
             out[f"{key}_p50_ms"] = round(median(p[key]) * 1000, 3)
@@ -802,16 +1145,31 @@ def _session_disk(capture_dir: Path, session_id: str) -> dict[str, Any]:
     for size, record in records:
         prompt, gen = len(record["prompt_token_ids"]), len(record["generation_token_ids"])
         new = prompt - (prev_prompt + prev_gen) + gen if rows else prompt + gen
-        rows.append({"file_bytes": size, "prompt": prompt, "generation": gen, "new_tokens": new,
-                     "ratio": size / (4 * new) if new > 0 else float("inf")})
+        rows.append(
+            {
+                "file_bytes": size,
+                "prompt": prompt,
+                "generation": gen,
+                "new_tokens": new,
+                "ratio": size / (4 * new) if new > 0 else float("inf"),
+            }
+        )
         prev_prompt, prev_gen = prompt, gen
     total = sum(r["file_bytes"] for r in rows)
     unique = rows[-1]["prompt"] + rows[-1]["generation"] if rows else 0
     last = rows[-1] if rows else {"file_bytes": 0, "new_tokens": 0, "ratio": float("nan")}
     compact = _compact_estimate(records)
-    return {"records": len(rows), "total_bytes": total, "unique_tokens": unique,
-            "ratio": total / (4 * unique) if unique else float("nan"), "last_file_bytes": last["file_bytes"],
-            "last_new_tokens": last["new_tokens"], "last_ratio": last["ratio"], "per_record": rows, **compact}
+    return {
+        "records": len(rows),
+        "total_bytes": total,
+        "unique_tokens": unique,
+        "ratio": total / (4 * unique) if unique else float("nan"),
+        "last_file_bytes": last["file_bytes"],
+        "last_new_tokens": last["new_tokens"],
+        "last_ratio": last["ratio"],
+        "per_record": rows,
+        **compact,
+    }
 
 
 def _compact_estimate(records: list[tuple[int, dict]]) -> dict[str, Any]:
@@ -867,10 +1225,13 @@ def loopback_send_cost(n: int = 1000) -> tuple[float, float]:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
         port = listener.getsockname()[1]
-        reader = subprocess.Popen([sys.executable, "-c", (
-            "import socket,sys\n"
-            f"s=socket.create_connection(('127.0.0.1',{port}))\n"
-            "while s.recv(65536): pass\n")])
+        reader = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                (f"import socket,sys\ns=socket.create_connection(('127.0.0.1',{port}))\nwhile s.recv(65536): pass\n"),
+            ]
+        )
         conn, _ = listener.accept()
         with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -904,15 +1265,29 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "unknown", False
-    return {"commit": commit + (" + uncommitted changes" if dirty else ""), "cpus": psutil.cpu_count(), "cpu": cpu, "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": platform.python_version(), "kernel": platform.release(),
-            "load_avg_at_start": [round(x, 2) for x in psutil.getloadavg()]}
+    return {
+        "commit": commit + (" + uncommitted changes" if dirty else ""),
+        "cpus": psutil.cpu_count(),
+        "cpu": cpu,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "load_avg_at_start": [round(x, 2) for x in psutil.getloadavg()],
+    }
 
 
 def print_table(rows: list[tuple[str, ...]]) -> None:
@@ -943,11 +1318,20 @@ def profile(args: argparse.Namespace) -> int:
     corr = [("x-session-id", "bench-prof-{conn}")]
     big = chat_body(words(8000) + " [[mock:tokens 200]]", token_fields=True)
     loads = [
-        ("sequential", bench.cap, {"concurrency": 1, "templates": [template(CHAT, chat_body(SMALL)),
-                                                                   template(RESPONSES, responses_body(SMALL))]}),
+        (
+            "sequential",
+            bench.cap,
+            {
+                "concurrency": 1,
+                "templates": [template(CHAT, chat_body(SMALL)), template(RESPONSES, responses_body(SMALL))],
+            },
+        ),
         ("c64", bench.cap, {"concurrency": 64, "templates": [template(CHAT, chat_body(SMALL))]}),
-        ("c64_responses_captured", bench.cap, {"concurrency": 64, "templates": [
-            template(RESPONSES, responses_body(SMALL), corr)]}),
+        (
+            "c64_responses_captured",
+            bench.cap,
+            {"concurrency": 64, "templates": [template(RESPONSES, responses_body(SMALL), corr)]},
+        ),
         ("c16_8k_captured", bench.cap, {"concurrency": 16, "templates": [template(CHAT, big, corr)]}),
         ("c32_exporter_on", bench.otel, {"concurrency": 32, "templates": [template(CHAT, chat_body(SMALL), corr)]}),
         ("c32_exporter_off", bench.nocap, {"concurrency": 32, "templates": [template(CHAT, chat_body(SMALL), corr)]}),
@@ -955,11 +1339,29 @@ def profile(args: argparse.Namespace) -> int:
     try:
         for name, server, load in loads:
             raw = out_dir / f"{name}.txt"
-            spy = subprocess.Popen([py_spy, "record", "--pid", str(server.proc.pid), "--duration", str(seconds),
-                                    "--rate", "200", "--format", "raw", "--threads", "--output", str(raw)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spy = subprocess.Popen(
+                [
+                    py_spy,
+                    "record",
+                    "--pid",
+                    str(server.proc.pid),
+                    "--duration",
+                    str(seconds),
+                    "--rate",
+                    "200",
+                    "--format",
+                    "raw",
+                    "--threads",
+                    "--output",
+                    str(raw),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(0.5)
-            result = bench.gen.run({"port": server.port, "duration": seconds - 1.5, "warmup": 0.2, "timeout": 60, **load})
+            result = bench.gen.run(
+                {"port": server.port, "duration": seconds - 1.5, "warmup": 0.2, "timeout": 60, **load}
+            )
             try:
                 spy.wait(seconds + 30)
             except subprocess.TimeoutExpired:
@@ -1007,9 +1409,13 @@ def hot_spots(raw: Path, top: int = 15) -> str:
             inclusive[frame] = inclusive.get(frame, 0) + n
     if not loop_total:
         return "(no samples)"
-    lines = ["threads (share of all samples): " + ", ".join(
-        f"{name} {n / total:.0%}" for name, n in sorted(threads.items(), key=lambda kv: -kv[1])), "",
-        "| self | inclusive | function (event-loop thread) |", "|---|---|---|"]
+    lines = [
+        "threads (share of all samples): "
+        + ", ".join(f"{name} {n / total:.0%}" for name, n in sorted(threads.items(), key=lambda kv: -kv[1])),
+        "",
+        "| self | inclusive | function (event-loop thread) |",
+        "|---|---|---|",
+    ]
     for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"| {n / loop_total:.1%} | {inclusive[frame] / loop_total:.1%} | `{frame}` |")
     lines += ["", "| inclusive | function (ours, event-loop thread) |", "|---|---|"]
@@ -1051,14 +1457,17 @@ def main(argv: list[str] | None = None) -> int:
     data = bench.data
     data["rows"] = bench.rows
     print()
-    print(f"switchyard-model benchmark ({'quick' if bench.quick else 'full'}), {data['started_at']}, "
-          f"{data['machine']['cpus']} CPUs ({data['machine']['cpu']}), load avg at start "
-          f"{data['machine']['load_avg_at_start']}, commit {data['machine']['commit']}, {data['total_seconds']} s")
+    print(
+        f"switchyard-model benchmark ({'quick' if bench.quick else 'full'}), {data['started_at']}, "
+        f"{data['machine']['cpus']} CPUs ({data['machine']['cpu']}), load avg at start "
+        f"{data['machine']['load_avg_at_start']}, commit {data['machine']['commit']}, {data['total_seconds']} s"
+    )
     background = data.get("background_cores", {})
     if background:
-        print(f"CPU not used by this run's processes (other tenants, kernel networking) per section, "
-              f"in cores of {data['machine']['cpus']}: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in background.items()))
+        print(
+            f"CPU not used by this run's processes (other tenants, kernel networking) per section, "
+            f"in cores of {data['machine']['cpus']}: " + ", ".join(f"{k} {v:.2f}" for k, v in background.items())
+        )
     print()
     print_table(bench.rows)
     if args.json:

@@ -55,8 +55,10 @@ RECORD_STATUS = {OK: "completed", STREAM_ERROR: "failed", CLIENT_DISCONNECT: "pa
 # Outcomes that say nothing certain about whether the server recorded the call.
 UNCERTAIN = frozenset({CLIENT_TIMEOUT, TRANSPORT_ERROR, INCOMPLETE})
 
-_WORDS = ("apple river stone cloud maple tiger orbit lemon piano candle forest harbor velvet rocket "
-          "meadow silver thunder garden copper lantern").split()
+_WORDS = (
+    "apple river stone cloud maple tiger orbit lemon piano candle forest harbor velvet rocket "
+    "meadow silver thunder garden copper lantern"
+).split()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,8 +89,15 @@ def fault_table(rate_scale: float) -> list[Fault]:
         Fault("bad_json", 0.02 * s, False, "[[mock:badjson]]", "http_502", STREAM_ERROR),
         Fault("hang_timeout", 0.01 * s, False, "[[mock:hang {hang}]]", "http_504", "http_504"),
         Fault("stream_cut", 0.03 * s, True, "[[mock:tokens 40]] [[mock:streamcut 4]]", None, STREAM_ERROR),
-        Fault("client_disconnect", 0.03 * s, True, "[[mock:tokens 80]] [[mock:slow 15]]", None, CLIENT_DISCONNECT,
-              disconnect=True),
+        Fault(
+            "client_disconnect",
+            0.03 * s,
+            True,
+            "[[mock:tokens 80]] [[mock:slow 15]]",
+            None,
+            CLIENT_DISCONNECT,
+            disconnect=True,
+        ),
         Fault("client_abort", 0.01 * s, False, "[[mock:hang {hang}]]", CLIENT_ABORT, CLIENT_ABORT, abort_s=0.5),
     ]
 
@@ -221,8 +230,15 @@ class StreamState:
         return INCOMPLETE
 
 
-async def one_call(client: httpx.AsyncClient, base: str, session: Session, body: dict[str, Any], stream: bool,
-                   fault: Fault, request_id: str) -> tuple[str, float | None]:
+async def one_call(
+    client: httpx.AsyncClient,
+    base: str,
+    session: Session,
+    body: dict[str, Any],
+    stream: bool,
+    fault: Fault,
+    request_id: str,
+) -> tuple[str, float | None]:
     """Send one call; returns (outcome, seconds to the first body byte or None)."""
     path = "/v1/chat/completions" if session.api == "chat" else "/v1/responses"
     headers = {"x-request-id": request_id}
@@ -236,8 +252,9 @@ async def one_call(client: httpx.AsyncClient, base: str, session: Session, body:
             return classify_plain(session.api, response.status_code, response.content), None
         state = StreamState(session.api)
         first = None
-        async with client.stream("POST", base + path, content=orjson.dumps(body), headers=headers,
-                                 timeout=timeout) as response:
+        async with client.stream(
+            "POST", base + path, content=orjson.dumps(body), headers=headers, timeout=timeout
+        ) as response:
             if response.status_code != 200:
                 await response.aread()
                 return f"http_{response.status_code}", None
@@ -275,11 +292,19 @@ class Child:
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        full_env.update({"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
-                         "PYTHONUNBUFFERED": "1", **env})
+        full_env.update(
+            {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1", **env}
+        )
         # Own session: a Ctrl-C at the terminal reaches only this script, which then stops us in order.
-        self.popen = subprocess.Popen(argv, cwd=str(REPO), env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        self.popen = subprocess.Popen(
+            argv,
+            cwd=str(REPO),
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.pid = self.popen.pid
         self.ps = psutil.Process(self.pid)
 
@@ -291,8 +316,9 @@ class Child:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.popen.returncode} before it was ready:\n"
-                                   f"{self.tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.popen.returncode} before it was ready:\n{self.tail()}"
+                )
             try:
                 if httpx.get(url, timeout=2.0, trust_env=False).status_code == 200:
                     return
@@ -403,8 +429,19 @@ class Soak:
             outcome, first = await one_call(client, self.base, session, body, stream, fault, request_id)
             latency = time.perf_counter() - started
             expected = fault.expect_stream if stream else fault.expect_plain
-            result = CallResult(seq, request_id, session.session_id, session.api, stream, fault.name,
-                                expected or OK, outcome, latency, first, phase)
+            result = CallResult(
+                seq,
+                request_id,
+                session.session_id,
+                session.api,
+                stream,
+                fault.name,
+                expected or OK,
+                outcome,
+                latency,
+                first,
+                phase,
+            )
             self.results.append(result)
             if result.expected_record is not None:
                 self.records_due[session.session_id] += 1
@@ -475,11 +512,16 @@ class Soak:
         until = time.monotonic() + seconds
         # keepalive_expiry under uvicorn's 5 s keep-alive timeout: otherwise a request sent on a
         # connection the server is closing at that instant fails with a ReadError, a client artefact.
-        limits = httpx.Limits(max_connections=self.opts.concurrency + 4,
-                              max_keepalive_connections=self.opts.concurrency, keepalive_expiry=2.0)
+        limits = httpx.Limits(
+            max_connections=self.opts.concurrency + 4,
+            max_keepalive_connections=self.opts.concurrency,
+            keepalive_expiry=2.0,
+        )
         started = time.monotonic()
-        async with httpx.AsyncClient(trust_env=False, timeout=self.opts.client_timeout_s, limits=limits) as client, \
-                httpx.AsyncClient(trust_env=False, timeout=30.0, limits=httpx.Limits(keepalive_expiry=2.0)) as side:
+        async with (
+            httpx.AsyncClient(trust_env=False, timeout=self.opts.client_timeout_s, limits=limits) as client,
+            httpx.AsyncClient(trust_env=False, timeout=30.0, limits=httpx.Limits(keepalive_expiry=2.0)) as side,
+        ):
             tasks = [asyncio.create_task(self.worker(client, i, phase, until)) for i in range(self.opts.concurrency)]
             helpers = [asyncio.create_task(self.reader(side, until))]
             if sample:
@@ -576,8 +618,9 @@ def check_records(results: list[CallResult], disk: dict[str, Any]) -> dict[str, 
     missing = sorted(set(expected) - set(by_request))
     extra = sorted(set(by_request) - set(expected) - uncertain)
     duplicates = sorted(rid for rid, found in by_request.items() if len(found) > 1)
-    status_mismatch = sorted(rid for rid, want in expected.items()
-                             if rid in by_request and by_request[rid][0][0] != want)
+    status_mismatch = sorted(
+        rid for rid, want in expected.items() if rid in by_request and by_request[rid][0][0] != want
+    )
     uncorrelated_ids = {r.request_id for r in results if r.session_id is None}
     return {
         "expected": len(expected),
@@ -601,8 +644,9 @@ def check_records(results: list[CallResult], disk: dict[str, Any]) -> dict[str, 
 
 
 def summarise(results: list[CallResult]) -> dict[str, Any]:
-    by_kind = Counter(f"{r.api}/{'stream' if r.stream else 'plain'}/{'corr' if r.session_id else 'uncorr'}"
-                      for r in results)
+    by_kind = Counter(
+        f"{r.api}/{'stream' if r.stream else 'plain'}/{'corr' if r.session_id else 'uncorr'}" for r in results
+    )
     by_fault: dict[str, dict[str, Any]] = {}
     for r in results:
         entry = by_fault.setdefault(r.fault, {"calls": 0, "outcomes": Counter(), "unexpected": Counter(), "lat": []})
@@ -625,20 +669,40 @@ def summarise(results: list[CallResult]) -> dict[str, Any]:
     return {
         "calls": len(results),
         "calls_by_kind": dict(sorted(by_kind.items())),
-        "by_fault": {name: {"calls": e["calls"], "outcomes": dict(e["outcomes"]), "unexpected": dict(e["unexpected"]),
-                            "p50_ms": _ms(percentile(e["lat"], 0.5)), "p99_ms": _ms(percentile(e["lat"], 0.99))}
-                     for name, e in sorted(by_fault.items())},
+        "by_fault": {
+            name: {
+                "calls": e["calls"],
+                "outcomes": dict(e["outcomes"]),
+                "unexpected": dict(e["unexpected"]),
+                "p50_ms": _ms(percentile(e["lat"], 0.5)),
+                "p99_ms": _ms(percentile(e["lat"], 0.99)),
+            }
+            for name, e in sorted(by_fault.items())
+        },
         "errors_by_kind": dict(sorted(errors.items())),
         "unexpected": sum(sum(e["unexpected"].values()) for e in by_fault.values()),
         "latency_ms": {
-            "clean": {key: {"n": len(v), "p50": _ms(percentile(v, 0.5)), "p99": _ms(percentile(v, 0.99)),
-                            "max": _ms(max(v)), "first_byte_p50": _ms(percentile(first.get(key, []), 0.5)),
-                            "first_byte_p99": _ms(percentile(first.get(key, []), 0.99))}
-                      for key, v in sorted(clean.items())},
-            "clean_all": {"n": len(clean_all), "p50": _ms(percentile(clean_all, 0.5)),
-                          "p99": _ms(percentile(clean_all, 0.99))},
-            "all_calls": {"n": len(all_lat), "p50": _ms(percentile(all_lat, 0.5)),
-                          "p99": _ms(percentile(all_lat, 0.99))},
+            "clean": {
+                key: {
+                    "n": len(v),
+                    "p50": _ms(percentile(v, 0.5)),
+                    "p99": _ms(percentile(v, 0.99)),
+                    "max": _ms(max(v)),
+                    "first_byte_p50": _ms(percentile(first.get(key, []), 0.5)),
+                    "first_byte_p99": _ms(percentile(first.get(key, []), 0.99)),
+                }
+                for key, v in sorted(clean.items())
+            },
+            "clean_all": {
+                "n": len(clean_all),
+                "p50": _ms(percentile(clean_all, 0.5)),
+                "p99": _ms(percentile(clean_all, 0.99)),
+            },
+            "all_calls": {
+                "n": len(all_lat),
+                "p50": _ms(percentile(all_lat, 0.5)),
+                "p99": _ms(percentile(all_lat, 0.99)),
+            },
         },
     }
 
@@ -649,7 +713,7 @@ def _ms(value: float | None) -> float | None:
 
 def slope_mib_per_min(samples: list[dict[str, Any]]) -> float | None:
     """Least-squares RSS trend over the second half of the samples (the first half still warms caches)."""
-    half = samples[len(samples) // 2:]
+    half = samples[len(samples) // 2 :]
     if len(half) < 3:
         return None
     xs = [s["t"] for s in half]
@@ -666,11 +730,15 @@ def print_report(summary: dict[str, Any]) -> None:
     cfg = summary["config"]
     calls = summary["calls"]
     out("")
-    out(f"Soak: {cfg['load_s']:.0f} s at concurrency {cfg['concurrency']} after a {cfg['warmup_s']:.0f} s warm-up, "
+    out(
+        f"Soak: {cfg['load_s']:.0f} s at concurrency {cfg['concurrency']} after a {cfg['warmup_s']:.0f} s warm-up, "
         f"seed {cfg['seed']}, upstream_timeout_s {cfg['upstream_timeout_s']:g}; "
-        f"{calls['calls']} calls, {summary['throughput_rps']:.0f} calls/s in the load phase")
-    out(f"CPU seconds over {summary['wall_s']:.0f} s wall on {cfg['cpus']} CPUs: "
-        + ", ".join(f"{k} {v}" for k, v in summary["cpu_s"].items()))
+        f"{calls['calls']} calls, {summary['throughput_rps']:.0f} calls/s in the load phase"
+    )
+    out(
+        f"CPU seconds over {summary['wall_s']:.0f} s wall on {cfg['cpus']} CPUs: "
+        + ", ".join(f"{k} {v}" for k, v in summary["cpu_s"].items())
+    )
     out("")
     out("Calls by kind (api/stream/correlation)")
     for kind, n in calls["calls_by_kind"].items():
@@ -685,46 +753,66 @@ def print_report(summary: dict[str, Any]) -> None:
     errors = ", ".join(f"{k} {v}" for k, v in calls["errors_by_kind"].items())
     out("Errors by kind (client view): " + (errors or "none"))
     out("")
-    out(f"  {'latency, no fault':<22} {'n':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
-        f"{'1st byte p50':>13} {'p99':>6}")
+    out(
+        f"  {'latency, no fault':<22} {'n':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
+        f"{'1st byte p50':>13} {'p99':>6}"
+    )
     for key, v in calls["latency_ms"]["clean"].items():
-        out(f"  {key:<22} {v['n']:>7} {_fmt(v['p50']):>7} {_fmt(v['p99']):>7} {_fmt(v['max']):>7} "
-            f"{_fmt(v['first_byte_p50']):>13} {_fmt(v['first_byte_p99']):>6}")
+        out(
+            f"  {key:<22} {v['n']:>7} {_fmt(v['p50']):>7} {_fmt(v['p99']):>7} {_fmt(v['max']):>7} "
+            f"{_fmt(v['first_byte_p50']):>13} {_fmt(v['first_byte_p99']):>6}"
+        )
     ca, aa = calls["latency_ms"]["clean_all"], calls["latency_ms"]["all_calls"]
     out(f"  {'all without fault':<22} {ca['n']:>7} {_fmt(ca['p50']):>7} {_fmt(ca['p99']):>7}")
     out(f"  {'all calls':<22} {aa['n']:>7} {_fmt(aa['p50']):>7} {_fmt(aa['p99']):>7}")
     rec = summary["records"]
     out("")
-    out(f"Records: expected {rec['expected']} {rec['expected_by_status']}; on disk {rec['files_on_disk']} "
+    out(
+        f"Records: expected {rec['expected']} {rec['expected_by_status']}; on disk {rec['files_on_disk']} "
         f"{rec['found_by_status']}; missing {rec['missing_count']}, extra {rec['extra_count']}, duplicates "
         f"{rec['duplicates']}, wrong status {rec['status_mismatch_count']}, uncorrelated recorded "
-        f"{rec['uncorrelated_recorded']}")
+        f"{rec['uncorrelated_recorded']}"
+    )
     cap = summary["capture_health"]
-    out(f"  /health capture before SIGTERM: written {cap.get('written')}, failed {cap.get('failed')}, dropped "
-        f"{cap.get('dropped')}, queue_depth {cap.get('queue_depth')}, sessions {cap.get('sessions')}")
-    out(f"  reads during load: {dict(summary['reads'])}, GET completions p50/p99 "
+    out(
+        f"  /health capture before SIGTERM: written {cap.get('written')}, failed {cap.get('failed')}, dropped "
+        f"{cap.get('dropped')}, queue_depth {cap.get('queue_depth')}, sessions {cap.get('sessions')}"
+    )
+    out(
+        f"  reads during load: {dict(summary['reads'])}, GET completions p50/p99 "
         f"{_fmt(summary['read_latency_ms']['p50'])}/{_fmt(summary['read_latency_ms']['p99'])} ms, GET /v1/sessions "
-        f"max {_fmt(summary['list_latency_ms']['max'])} ms")
+        f"max {_fmt(summary['list_latency_ms']['max'])} ms"
+    )
     res = summary["resources"]
     s, e = res["start"], res["end"]
     out("")
     out("Server process (this server + hosted Switchyard), each figure taken idle, after the keep-alive expiry:")
-    out(f"  RSS {s['rss'] / MiB:.1f} -> {e['rss'] / MiB:.1f} MiB ({res['rss_change_pct']:+.1f} %, limit "
+    out(
+        f"  RSS {s['rss'] / MiB:.1f} -> {e['rss'] / MiB:.1f} MiB ({res['rss_change_pct']:+.1f} %, limit "
         f"+{cfg['rss_tolerance'] * 100:.0f} %); peak under load {res['rss_peak_mib']:.1f} MiB; trend over the "
-        f"second half {res['rss_slope_mib_per_min']} MiB/min")
+        f"second half {res['rss_slope_mib_per_min']} MiB/min"
+    )
     f = res["fresh"]
-    out(f"  fds {f['fds']} before any load, {s['fds']} after the warm-up, {e['fds']} at the end (limit: before "
-        f"+{cfg['fd_slack']})")
-    out(f"  TCP {f['tcp']} before any load, {s['tcp']} after the warm-up, {e['tcp']} at the end (limit: before "
-        f"+{cfg['tcp_slack']}) {e['tcp_by_state']}; threads {s['threads']} -> {e['threads']}")
+    out(
+        f"  fds {f['fds']} before any load, {s['fds']} after the warm-up, {e['fds']} at the end (limit: before "
+        f"+{cfg['fd_slack']})"
+    )
+    out(
+        f"  TCP {f['tcp']} before any load, {s['tcp']} after the warm-up, {e['tcp']} at the end (limit: before "
+        f"+{cfg['tcp_slack']}) {e['tcp_by_state']}; threads {s['threads']} -> {e['threads']}"
+    )
     out("")
     out(f"  {'t s':>6} {'RSS MiB':>8} {'fds':>5} {'tcp':>5} {'threads':>7} {'calls':>7} {'queue':>6}")
     for sample in summary["samples"]:
-        out(f"  {sample['t']:>6.0f} {sample['rss'] / MiB:>8.1f} {sample['fds']:>5} {sample['tcp']:>5} "
-            f"{sample['threads']:>7} {sample['calls']:>7} {_fmt(sample.get('queue_depth')):>6}")
+        out(
+            f"  {sample['t']:>6.0f} {sample['rss'] / MiB:>8.1f} {sample['fds']:>5} {sample['tcp']:>5} "
+            f"{sample['threads']:>7} {sample['calls']:>7} {_fmt(sample.get('queue_depth')):>6}"
+        )
     out("")
-    out(f"Shutdown: SIGTERM -> exit {summary['server_exit']['code']} in {summary['server_exit']['seconds']:.1f} s; "
-        f"mock after drain {summary['mock_stats']}")
+    out(
+        f"Shutdown: SIGTERM -> exit {summary['server_exit']['code']} in {summary['server_exit']['seconds']:.1f} s; "
+        f"mock after drain {summary['mock_stats']}"
+    )
     out("")
     for inv in summary["invariants"]:
         out(f"  {'PASS' if inv['ok'] else 'FAIL'}  {inv['name']}: {inv['detail']}")
@@ -745,54 +833,117 @@ def invariants(summary: dict[str, Any], opts: Options) -> list[dict[str, Any]]:
     checks: list[tuple[str, bool, str]] = []
     exercised = {name for name, e in calls["by_fault"].items() if e["calls"] > 0}
     wanted = {f.name for f in fault_table(opts.fault_scale)} | {"none"}
-    checks.append(("every fault kind was exercised", wanted <= exercised,
-                   f"missing {sorted(wanted - exercised)}" if wanted - exercised else f"{len(wanted)} kinds"))
-    checks.append(("every call ended as its fault predicts", calls["unexpected"] == 0,
-                   f"{calls['unexpected']} unexpected outcomes"))
-    exact = (rec["missing_count"] == 0 and rec["extra_count"] == 0 and rec["duplicates"] == 0
-             and rec["files_on_disk"] == rec["expected"] + rec["uncertain_recorded"])
-    checks.append(("record files == correlated calls that must be recorded", exact,
-                   f"expected {rec['expected']}, files {rec['files_on_disk']}, missing {rec['missing_count']}, "
-                   f"extra {rec['extra_count']}, duplicates {rec['duplicates']}"))
-    checks.append(("each record has the status its call implies", rec["status_mismatch_count"] == 0,
-                   f"{rec['status_mismatch_count']} mismatches"))
-    checks.append(("no record for an uncorrelated call", rec["uncorrelated_recorded"] == 0,
-                   f"{rec['uncorrelated_recorded']}"))
-    checks.append(("every file is a whole record in its session's directory, no temp files left",
-                   rec["unparseable_files"] == 0 and rec["stray_files"] == 0 and rec["wrong_session_dir"] == 0,
-                   f"unparseable {rec['unparseable_files']}, stray {rec['stray_files']}, "
-                   f"misplaced {rec['wrong_session_dir']}"))
-    counters_ok = (cap.get("written") == rec["files_on_disk"] and cap.get("failed") == 0 and cap.get("dropped") == 0
-                   and cap.get("queue_depth") == 0)
-    checks.append(("capture counters agree with the disk", counters_ok,
-                   f"written {cap.get('written')} vs files {rec['files_on_disk']}, failed {cap.get('failed')}, "
-                   f"dropped {cap.get('dropped')}, queue {cap.get('queue_depth')}"))
-    sessions_ok = summary["sessions_api"]["sessions"] == summary["sessions_api"]["expected_sessions"] and \
-        summary["sessions_api"]["record_count_sum"] == rec["files_on_disk"]
-    checks.append(("GET /v1/sessions lists every recorded session and record", sessions_ok,
-                   f"{summary['sessions_api']}"))
+    checks.append(
+        (
+            "every fault kind was exercised",
+            wanted <= exercised,
+            f"missing {sorted(wanted - exercised)}" if wanted - exercised else f"{len(wanted)} kinds",
+        )
+    )
+    checks.append(
+        (
+            "every call ended as its fault predicts",
+            calls["unexpected"] == 0,
+            f"{calls['unexpected']} unexpected outcomes",
+        )
+    )
+    exact = (
+        rec["missing_count"] == 0
+        and rec["extra_count"] == 0
+        and rec["duplicates"] == 0
+        and rec["files_on_disk"] == rec["expected"] + rec["uncertain_recorded"]
+    )
+    checks.append(
+        (
+            "record files == correlated calls that must be recorded",
+            exact,
+            f"expected {rec['expected']}, files {rec['files_on_disk']}, missing {rec['missing_count']}, "
+            f"extra {rec['extra_count']}, duplicates {rec['duplicates']}",
+        )
+    )
+    checks.append(
+        (
+            "each record has the status its call implies",
+            rec["status_mismatch_count"] == 0,
+            f"{rec['status_mismatch_count']} mismatches",
+        )
+    )
+    checks.append(
+        ("no record for an uncorrelated call", rec["uncorrelated_recorded"] == 0, f"{rec['uncorrelated_recorded']}")
+    )
+    checks.append(
+        (
+            "every file is a whole record in its session's directory, no temp files left",
+            rec["unparseable_files"] == 0 and rec["stray_files"] == 0 and rec["wrong_session_dir"] == 0,
+            f"unparseable {rec['unparseable_files']}, stray {rec['stray_files']}, misplaced {rec['wrong_session_dir']}",
+        )
+    )
+    counters_ok = (
+        cap.get("written") == rec["files_on_disk"]
+        and cap.get("failed") == 0
+        and cap.get("dropped") == 0
+        and cap.get("queue_depth") == 0
+    )
+    checks.append(
+        (
+            "capture counters agree with the disk",
+            counters_ok,
+            f"written {cap.get('written')} vs files {rec['files_on_disk']}, failed {cap.get('failed')}, "
+            f"dropped {cap.get('dropped')}, queue {cap.get('queue_depth')}",
+        )
+    )
+    sessions_ok = (
+        summary["sessions_api"]["sessions"] == summary["sessions_api"]["expected_sessions"]
+        and summary["sessions_api"]["record_count_sum"] == rec["files_on_disk"]
+    )
+    checks.append(
+        ("GET /v1/sessions lists every recorded session and record", sessions_ok, f"{summary['sessions_api']}")
+    )
     reads = summary["reads"]
     bad_reads = sum(n for k, n in reads.items() if k not in ("read_match", "list_ok"))
     checks.append(("reads during the load answered and matched", bad_reads == 0, f"{dict(reads)}"))
-    checks.append((f"RSS end <= start + {opts.rss_tolerance * 100:.0f} %",
-                   res["end"]["rss"] <= res["start"]["rss"] * (1 + opts.rss_tolerance),
-                   f"{res['start']['rss'] / MiB:.1f} -> {res['end']['rss'] / MiB:.1f} MiB"))
+    checks.append(
+        (
+            f"RSS end <= start + {opts.rss_tolerance * 100:.0f} %",
+            res["end"]["rss"] <= res["start"]["rss"] * (1 + opts.rss_tolerance),
+            f"{res['start']['rss'] / MiB:.1f} -> {res['end']['rss'] / MiB:.1f} MiB",
+        )
+    )
     # fds and connections go back to what they were before any load: compare with the fresh baseline.
     f, e = res["fresh"], res["end"]
-    checks.append((f"open fds idle after the load <= before any load + {opts.fd_slack}",
-                   e["fds"] <= f["fds"] + opts.fd_slack,
-                   f"{f['fds']} before, {res['start']['fds']} after warm-up, {e['fds']} at the end"))
-    checks.append((f"TCP connections idle after the load <= before any load + {opts.tcp_slack}",
-                   e["tcp"] <= f["tcp"] + opts.tcp_slack,
-                   f"{f['tcp']} before, {res['start']['tcp']} after warm-up, {e['tcp']} at the end"))
-    checks.append(("no upstream call left in flight after the drain", summary["mock_stats"].get("in_flight") == 0,
-                   f"in_flight {summary['mock_stats'].get('in_flight')}"))
+    checks.append(
+        (
+            f"open fds idle after the load <= before any load + {opts.fd_slack}",
+            e["fds"] <= f["fds"] + opts.fd_slack,
+            f"{f['fds']} before, {res['start']['fds']} after warm-up, {e['fds']} at the end",
+        )
+    )
+    checks.append(
+        (
+            f"TCP connections idle after the load <= before any load + {opts.tcp_slack}",
+            e["tcp"] <= f["tcp"] + opts.tcp_slack,
+            f"{f['tcp']} before, {res['start']['tcp']} after warm-up, {e['tcp']} at the end",
+        )
+    )
+    checks.append(
+        (
+            "no upstream call left in flight after the drain",
+            summary["mock_stats"].get("in_flight") == 0,
+            f"in_flight {summary['mock_stats'].get('in_flight')}",
+        )
+    )
     # uvicorn re-raises the signal after its graceful shutdown, so -SIGTERM is the clean end too;
     # a server that needed SIGKILL shows -9.
-    checks.append(("SIGTERM: graceful exit, no SIGKILL needed", summary["server_exit"]["code"] in (0, -signal.SIGTERM),
-                   f"exit {summary['server_exit']['code']} in {summary['server_exit']['seconds']:.1f} s"))
-    checks.append(("server logged no unhandled exception", summary["server_log"]["tracebacks"] == 0,
-                   f"{summary['server_log']}"))
+    checks.append(
+        (
+            "SIGTERM: graceful exit, no SIGKILL needed",
+            summary["server_exit"]["code"] in (0, -signal.SIGTERM),
+            f"exit {summary['server_exit']['code']} in {summary['server_exit']['seconds']:.1f} s",
+        )
+    )
+    checks.append(
+        ("server logged no unhandled exception", summary["server_log"]["tracebacks"] == 0, f"{summary['server_log']}")
+    )
     return [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks]
 
 
@@ -813,14 +964,23 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
     p.add_argument("--fault-scale", type=float, default=1.0, help="multiply every fault rate (default rates: 1-3 %%)")
     p.add_argument("--correlated", type=float, default=0.75, help="share of sessions that send x-session-id")
     p.add_argument("--sample-every", type=float, default=5.0, help="seconds between resource samples")
-    p.add_argument("--settle", type=float, default=7.0,
-                   help="idle seconds before the start and end measurements (past the 5 s keep-alive expiry)")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=7.0,
+        help="idle seconds before the start and end measurements (past the 5 s keep-alive expiry)",
+    )
     p.add_argument("--rss-tolerance", type=float, default=0.10, help="allowed RSS growth, start to end (0.10 = 10 %%)")
     p.add_argument("--fd-slack", type=int, default=8)
     p.add_argument("--tcp-slack", type=int, default=8)
     p.add_argument("--max-calls", type=int, default=2_000_000, help="hard cap on calls, whatever the time")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra server setting for the YAML config (value parsed as YAML), repeatable")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra server setting for the YAML config (value parsed as YAML), repeatable",
+    )
     p.add_argument("--json", help="write the summary here")
     p.add_argument("--workdir", help="where logs and captures go (default: a new temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the capture dir (it is removed after a pass)")
@@ -837,12 +997,23 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
         p.error("--upstream-timeout must exceed the 0.5 s client abort")
     minutes = 0.5 if args.quick else args.minutes
     warmup = args.warmup if args.warmup is not None else (5.0 if args.quick else 20.0)
-    opts = Options(minutes=minutes, warmup_s=warmup, concurrency=args.concurrency, seed=args.seed,
-                   upstream_timeout_s=args.upstream_timeout, client_timeout_s=args.client_timeout,
-                   fault_scale=args.fault_scale, correlated_share=args.correlated,
-                   sample_every_s=args.sample_every, settle_s=args.settle,
-                   rss_tolerance=args.rss_tolerance, fd_slack=args.fd_slack, tcp_slack=args.tcp_slack,
-                   max_calls=args.max_calls, server_settings=extra)
+    opts = Options(
+        minutes=minutes,
+        warmup_s=warmup,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        upstream_timeout_s=args.upstream_timeout,
+        client_timeout_s=args.client_timeout,
+        fault_scale=args.fault_scale,
+        correlated_share=args.correlated,
+        sample_every_s=args.sample_every,
+        settle_s=args.settle,
+        rss_tolerance=args.rss_tolerance,
+        fd_slack=args.fd_slack,
+        tcp_slack=args.tcp_slack,
+        max_calls=args.max_calls,
+        server_settings=extra,
+    )
     return opts, args
 
 
@@ -878,16 +1049,33 @@ def run(opts: Options, args: argparse.Namespace) -> int:
     passed = False
     try:
         mock_port = free_port()
-        mock = Child("mock", [PY, "-m", "server.mock_upstream", "--host", "127.0.0.1", "--port", str(mock_port)],
-                     workdir, {})
+        mock = Child(
+            "mock", [PY, "-m", "server.dev.mock_upstream", "--host", "127.0.0.1", "--port", str(mock_port)], workdir, {}
+        )
         children.append(mock)
         mock_url = f"http://127.0.0.1:{mock_port}"
         mock.wait_http(mock_url + "/health", 60)
         port = free_port()
-        server = Child("server", [PY, "-m", "server.cli", "serve", "--deployment", "demo", "--port", str(port),
-                                  "--capture-dir", str(capture_dir), "--config", str(config)], workdir,
-                       # Switchyard logs two lines per call at info; keep its warnings and errors.
-                       {"MOCK_UPSTREAM_URL": mock_url + "/v1", "RUST_LOG": "warn"})
+        server = Child(
+            "server",
+            [
+                PY,
+                "-m",
+                "server.cli",
+                "serve",
+                "--deployment",
+                "demo",
+                "--port",
+                str(port),
+                "--capture-dir",
+                str(capture_dir),
+                "--config",
+                str(config),
+            ],
+            workdir,
+            # Switchyard logs two lines per call at info; keep its warnings and errors.
+            {"MOCK_UPSTREAM_URL": mock_url + "/v1", "RUST_LOG": "warn"},
+        )
         children.append(server)
         server_url = f"http://127.0.0.1:{port}"
         server.wait_http(server_url + "/health", 120)
@@ -907,8 +1095,11 @@ def run(opts: Options, args: argparse.Namespace) -> int:
         warm_calls = len(soak.results)
         soak.wait_idle()
         start = resources(server.ps)
-        print(f"soak: load {opts.minutes * 60:.0f} s at concurrency {opts.concurrency} (start RSS "
-              f"{start['rss'] / MiB:.1f} MiB, fds {start['fds']}, tcp {start['tcp']}) ...", flush=True)
+        print(
+            f"soak: load {opts.minutes * 60:.0f} s at concurrency {opts.concurrency} (start RSS "
+            f"{start['rss'] / MiB:.1f} MiB, fds {start['fds']}, tcp {start['tcp']}) ...",
+            flush=True,
+        )
         load_s = asyncio.run(soak.run_phase("load", opts.minutes * 60.0, sample=True, t0=t0))
         load_calls = len(soak.results) - warm_calls
         idle = soak.wait_idle()
@@ -919,25 +1110,41 @@ def run(opts: Options, args: argparse.Namespace) -> int:
         capture_health = httpx.get(server_url + "/health", timeout=30, trust_env=False).json().get("capture", {})
         listed = list_all_sessions(server_url)
         expected_sessions = {sid for sid, n in soak.records_due.items() if n > 0}
-        sessions_api = {"sessions": len(listed), "expected_sessions": len(expected_sessions),
-                        "record_count_sum": sum(s.get("record_count", 0) for s in listed)}
+        sessions_api = {
+            "sessions": len(listed),
+            "expected_sessions": len(expected_sessions),
+            "record_count_sum": sum(s.get("record_count", 0) for s in listed),
+        }
         print("soak: SIGTERM to the server, then counting the files on disk ...", flush=True)
         code, seconds = server.terminate(60.0)
         server_exit = {"code": code, "seconds": seconds}
         log_text = server.log_path.read_text(errors="replace")
-        server_log = {"tracebacks": log_text.count("Traceback"), "unhandled": log_text.count("unhandled error"),
-                      "error_lines": sum(1 for line in log_text.splitlines() if " ERROR " in line)}
+        server_log = {
+            "tracebacks": log_text.count("Traceback"),
+            "unhandled": log_text.count("unhandled error"),
+            "error_lines": sum(1 for line in log_text.splitlines() if " ERROR " in line),
+        }
         disk = scan_records(capture_dir)
 
         samples = soak.samples
         peak = max([s["rss"] for s in samples] + [start["rss"], end["rss"]])
         summary: dict[str, Any] = {
-            "config": {"load_s": opts.minutes * 60.0, "warmup_s": opts.warmup_s, "concurrency": opts.concurrency,
-                       "seed": opts.seed, "upstream_timeout_s": opts.upstream_timeout_s,
-                       "client_timeout_s": opts.client_timeout_s, "fault_rates": {f.name: f.rate for f in soak.faults},
-                       "correlated_share": opts.correlated_share, "rss_tolerance": opts.rss_tolerance,
-                       "fd_slack": opts.fd_slack, "tcp_slack": opts.tcp_slack, "server_settings": settings,
-                       "cpus": os.cpu_count(), "python": sys.version.split()[0]},
+            "config": {
+                "load_s": opts.minutes * 60.0,
+                "warmup_s": opts.warmup_s,
+                "concurrency": opts.concurrency,
+                "seed": opts.seed,
+                "upstream_timeout_s": opts.upstream_timeout_s,
+                "client_timeout_s": opts.client_timeout_s,
+                "fault_rates": {f.name: f.rate for f in soak.faults},
+                "correlated_share": opts.correlated_share,
+                "rss_tolerance": opts.rss_tolerance,
+                "fd_slack": opts.fd_slack,
+                "tcp_slack": opts.tcp_slack,
+                "server_settings": settings,
+                "cpus": os.cpu_count(),
+                "python": sys.version.split()[0],
+            },
             "calls": summarise(soak.results),
             "warmup_calls": warm_calls,
             "load_calls": load_calls,
@@ -948,12 +1155,19 @@ def run(opts: Options, args: argparse.Namespace) -> int:
             "capture_health": capture_health,
             "sessions_api": sessions_api,
             "reads": dict(soak.reads),
-            "read_latency_ms": {"p50": _ms(percentile(soak.read_latency, 0.5)),
-                                "p99": _ms(percentile(soak.read_latency, 0.99))},
+            "read_latency_ms": {
+                "p50": _ms(percentile(soak.read_latency, 0.5)),
+                "p99": _ms(percentile(soak.read_latency, 0.99)),
+            },
             "list_latency_ms": {"n": len(soak.list_latency), "max": _ms(max(soak.list_latency, default=None))},
-            "resources": {"fresh": fresh, "start": start, "end": end,
-                          "rss_change_pct": (end["rss"] / start["rss"] - 1) * 100,
-                          "rss_peak_mib": peak / MiB, "rss_slope_mib_per_min": slope_mib_per_min(samples)},
+            "resources": {
+                "fresh": fresh,
+                "start": start,
+                "end": end,
+                "rss_change_pct": (end["rss"] / start["rss"] - 1) * 100,
+                "rss_peak_mib": peak / MiB,
+                "rss_slope_mib_per_min": slope_mib_per_min(samples),
+            },
             "samples": samples,
             "mock_stats": idle["mock"],
             "server_exit": server_exit,

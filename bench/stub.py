@@ -16,17 +16,34 @@ import orjson
 from bench.loadgen import new_loop, raise_fd_limit
 
 # Shaped like the mock's short non-stream answer, so the ceiling is measured on a similar body.
-_CHAT = orjson.dumps({
-    "id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": "mock-model",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": " ".join(["alpha"] * 16)},
-                 "logprobs": None, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 20, "completion_tokens": 16, "total_tokens": 36},
-})
+_CHAT = orjson.dumps(
+    {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "mock-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": " ".join(["alpha"] * 16)},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 16, "total_tokens": 36},
+    }
+)
 
 
 def _answer(body: bytes, content_type: bytes) -> bytes:
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: " + content_type + b"\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: "
+        + content_type
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 class Stub(asyncio.Protocol):
@@ -93,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[str, int] = {}
     loop = new_loop()
     asyncio.set_event_loop(loop)
-    server = loop.run_until_complete(loop.create_server(lambda: Stub(reply, counts), "127.0.0.1", args.port,
-                                                        backlog=4096))
+    server = loop.run_until_complete(
+        loop.create_server(lambda: Stub(reply, counts), "127.0.0.1", args.port, backlog=4096)
+    )
     print(f"stub listening on 127.0.0.1:{args.port}", flush=True)
     try:
         loop.run_forever()

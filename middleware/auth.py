@@ -50,7 +50,14 @@ class AuthMiddleware:
 
 
 async def _reject(send) -> None:
-    from server.asgi import send_error
+    from server.http.asgi import send_error
 
-    await send_error(send, OpenAIError(401, "missing or invalid API key (send Authorization: Bearer <key>)",
-                                       code="invalid_api_key", headers={"www-authenticate": "Bearer"}))
+    await send_error(
+        send,
+        OpenAIError(
+            401,
+            "missing or invalid API key (send Authorization: Bearer <key>)",
+            code="invalid_api_key",
+            headers={"www-authenticate": "Bearer"},
+        ),
+    )

@@ -37,7 +37,7 @@ class Correlation:
     # Set when the session came from a source ranked above the body field; the body cannot override.
     _outranks_body: bool = False
 
-    def with_body_session_id(self, body_value: object) -> "Correlation":
+    def with_body_session_id(self, body_value: object) -> Correlation:
         """Apply the `proxy_x_session_id` body field, which ranks below the path and two headers."""
         if self._outranks_body or not isinstance(body_value, str):
             return self

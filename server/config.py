@@ -100,7 +100,7 @@ class Settings(BaseModel):
         return [n.lower() for n in names]
 
     @model_validator(mode="after")
-    def _needs_a_switchyard(self) -> "Settings":
+    def _needs_a_switchyard(self) -> Settings:
         if not self.switchyard_base_url and not self.deployment:
             raise ValueError(
                 "switchyard_model needs either deployment (this server hosts Switchyard from a TOML "

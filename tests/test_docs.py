@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.cli import _serve_overrides, build_parser
+from server.cli.main import _serve_overrides, build_parser
 from server.config import ENV_VARS, Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,7 +121,10 @@ def test_documented_command_parses(where, argv):
 def test_extraction_skips_output_and_keeps_real_commands():
     assert cli_argv("switchyard-model listening on http://127.0.0.1:8080", shell_block=False) is None
     assert cli_argv("A=1 B=2 .venv/bin/switchyard-model serve --port 1 > log", shell_block=False) == [
-        "serve", "--port", "1"]
+        "serve",
+        "--port",
+        "1",
+    ]
     assert command_lines("X=1 \\\n  switchyard-model demo\n# note\n") == ["X=1 switchyard-model demo"]
 
 
@@ -130,8 +133,8 @@ def test_extraction_skips_output_and_keeps_real_commands():
 
 def _section(text: str, heading: str) -> str:
     start = text.index(heading)
-    following = re.search(r"^## ", text[start + len(heading):], re.MULTILINE)
-    return text[start: start + len(heading) + following.start()] if following else text[start:]
+    following = re.search(r"^## ", text[start + len(heading) :], re.MULTILINE)
+    return text[start : start + len(heading) + following.start()] if following else text[start:]
 
 
 def _cells(row: str) -> list[str]:
@@ -178,8 +181,9 @@ def test_documented_environment_variables_are_the_real_ones():
 
 def test_documented_flags_set_their_setting_and_cover_every_serve_flag():
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # argparse keeps subparsers here
-    setting_flags = {s for a in serve._actions for s in a.option_strings
-                     if s.startswith("--") and s not in ("--help", "--config")}
+    setting_flags = {
+        s for a in serve._actions for s in a.option_strings if s.startswith("--") and s not in ("--help", "--config")
+    }
     documented = {row["flag"]: name for name, row in settings_table().items() if row["flag"]}
     assert set(documented) == setting_flags
     for flag, name in documented.items():
@@ -207,8 +211,9 @@ def test_every_route_is_in_the_http_api_doc():
 
 def test_the_endpoint_table_lists_only_real_routes():
     text = (DOCS / "http-api.md").read_text()
-    listed = {_ticked(_cells(line)[0]) for line in text.splitlines()
-              if re.match(r"\| `(GET|POST|PUT|PATCH|DELETE) /", line)}
+    listed = {
+        _ticked(_cells(line)[0]) for line in text.splitlines() if re.match(r"\| `(GET|POST|PUT|PATCH|DELETE) /", line)
+    }
     assert listed == app_routes()
 
 
@@ -272,10 +277,12 @@ def test_json_examples_parse(name):
 @pytest.mark.parametrize("name", GUIDES)
 def test_cited_tests_exist(name):
     text = (DOCS / name).read_text()
-    for module, function in re.findall(r"(test_\w+\.py)::(test_\w+)", text):
-        path = REPO / "tests" / module
-        assert path.exists(), f"{name} cites a missing test module {module}"
-        assert re.search(rf"^def {function}\(", path.read_text(), re.MULTILINE), f"{name} cites {module}::{function}"
+    for module, function in re.findall(r"((?:\w+/)*test_\w+\.py)::(test_\w+)", text):
+        paths = [p for p in (REPO / "tests").rglob("test_*.py") if p.as_posix().endswith("/" + module)]
+        assert paths, f"{name} cites a missing test module {module}"
+        assert any(re.search(rf"^def {function}\(", p.read_text(), re.MULTILINE) for p in paths), (
+            f"{name} cites {module}::{function}"
+        )
 
 
 # ---- the quickstart's curl examples work against a real chain -------------------------------------
@@ -318,8 +325,13 @@ def quickstart_curls() -> list[str]:
 
 def test_curl_parsing():
     request = parse_curl("curl -sN 'http://h/v1/x?a=1' -H 'x-session-id: s' -d '{\"a\": 1}'")
-    assert request == {"method": "POST", "headers": {"x-session-id": "s"}, "data": '{"a": 1}', "stream": True,
-                       "url": "http://h/v1/x?a=1"}
+    assert request == {
+        "method": "POST",
+        "headers": {"x-session-id": "s"},
+        "data": '{"a": 1}',
+        "stream": True,
+        "url": "http://h/v1/x?a=1",
+    }
 
 
 @pytest.mark.integration
@@ -329,7 +341,7 @@ def test_quickstart_curl_examples_work_against_a_real_chain(chain):
     assert len(ours) >= 8, "the quickstart lost its curl examples"
     with httpx.Client(trust_env=False, timeout=60) as client:
         for c in ours:
-            url = chain.url + c["url"][len(DOC_BASE):]
+            url = chain.url + c["url"][len(DOC_BASE) :]
             # Run the JSON body through a JSON parser: a broken example body fails here, not at the server.
             body = json.loads(c["data"]) if c["data"] is not None else None
             if c["stream"]:

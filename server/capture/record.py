@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid as uuid_module
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from middleware.correlation import valid_id
@@ -25,7 +25,7 @@ def is_valid_session_id(value: object) -> bool:
 
 def utc_timestamp() -> str:
     """ISO 8601 UTC with a fixed-width microsecond field, so string order is time order."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def build_record(
@@ -134,7 +134,7 @@ def _ids_from_token_strings(content: list) -> list[int] | None:
         if not (isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX)):
             return None
         try:
-            ids.append(int(token[len(_TOKEN_ID_PREFIX):]))
+            ids.append(int(token[len(_TOKEN_ID_PREFIX) :]))
         except ValueError:
             return None
     return ids

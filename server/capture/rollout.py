@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
     "RolloutError",
@@ -231,8 +232,11 @@ class _Reconstruction:
         model, tools, _ = self.signature
         items = self._items()
         split = next(
-            (k for k, item in enumerate(items)
-             if item.get("role") == "assistant" or item["type"] in ("reasoning", "reasoning_item", "function_call")),
+            (
+                k
+                for k, item in enumerate(items)
+                if item.get("role") == "assistant" or item["type"] in ("reasoning", "reasoning_item", "function_call")
+            ),
             len(items),
         )
         return {
@@ -269,7 +273,7 @@ class _Reconstruction:
         prompt, generation = record.get("prompt_token_ids"), record.get("generation_token_ids")
         if not isinstance(prompt, list) or not isinstance(generation, list):
             return True
-        for i in self.conversation[position + 1:]:
+        for i in self.conversation[position + 1 :]:
             later = self.ordered[i]
             later_prompt = later.get("prompt_token_ids") if isinstance(later, dict) else None
             if isinstance(later_prompt, list) and _extends(later_prompt, prompt, generation):
@@ -308,9 +312,7 @@ class _Reconstruction:
             if self._is_side_call(call, position):
                 return
             self._commit(self.pending[-1])
-            raise RolloutError(
-                f"record {call.index} prompt_token_ids do not extend the prior prompt+generation tokens"
-            )
+            raise RolloutError(f"record {call.index} prompt_token_ids do not extend the prior prompt+generation tokens")
         first_error: RolloutError | None = None
         for candidate in continued:
             try:
@@ -414,7 +416,7 @@ class _Reconstruction:
             earlier = self.step_by_prompt_len.get(len(prompt))
             if earlier is not None and earlier.prompt_ids == prompt:
                 return True
-        for i in self.conversation[position + 1:]:
+        for i in self.conversation[position + 1 :]:
             later = self.ordered[i]
             if not isinstance(later, dict) or not _same_prompt(record, later):
                 return False
@@ -547,7 +549,7 @@ def _extends(prompt: list, prior_prompt: list, prior_generation: list) -> bool:
     nothing is concatenated, so the growing history is never copied.
     """
     n, g = len(prior_prompt), len(prior_generation)
-    return len(prompt) >= n + g and prompt[n:n + g] == prior_generation and prompt[:n] == prior_prompt
+    return len(prompt) >= n + g and prompt[n : n + g] == prior_generation and prompt[:n] == prior_prompt
 
 
 def _same_prompt(record: dict, other: dict) -> bool:
@@ -557,8 +559,10 @@ def _same_prompt(record: dict, other: dict) -> bool:
         return len(prompt) == len(other_prompt) and prompt == other_prompt
     messages, other_messages = record.get("messages"), other.get("messages")
     return (
-        isinstance(messages, list) and isinstance(other_messages, list)
-        and len(messages) > 1 and messages[:-1] == other_messages[:-1]
+        isinstance(messages, list)
+        and isinstance(other_messages, list)
+        and len(messages) > 1
+        and messages[:-1] == other_messages[:-1]
     )
 
 
@@ -658,8 +662,14 @@ def _message_items(message: dict, raw: object, item_id: str, call: _Call | None)
     """Gym Responses items for one normalized message; `call` puts its token triple on the last item."""
     role = message["role"]
     if role == "tool":
-        return [{"type": "function_call_output", "call_id": message["tool_call_id"],
-                 "output": message["content"], "status": "completed"}]
+        return [
+            {
+                "type": "function_call_output",
+                "call_id": message["tool_call_id"],
+                "output": message["content"],
+                "status": "completed",
+            }
+        ]
     if role != "assistant":
         return [{"type": "message", "role": role, "content": message["content"]}]
 
@@ -678,15 +688,34 @@ def _message_items(message: dict, raw: object, item_id: str, call: _Call | None)
 
     items: list[dict] = []
     if summaries:
-        items.append({"type": "reasoning", "id": f"rs_{item_id}",
-                      "summary": [{"type": "summary_text", "text": s} for s in summaries]})
+        items.append(
+            {
+                "type": "reasoning",
+                "id": f"rs_{item_id}",
+                "summary": [{"type": "summary_text", "text": s} for s in summaries],
+            }
+        )
     if text or not (items or tool_calls):
-        items.append({"type": "message", "id": f"msg_{item_id}", "role": "assistant", "status": "completed",
-                      "content": [{"type": "output_text", "text": text, "annotations": []}]})
+        items.append(
+            {
+                "type": "message",
+                "id": f"msg_{item_id}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
     for tool_call in tool_calls:
-        items.append({"type": "function_call", "id": tool_call["id"], "call_id": tool_call["id"],
-                      "name": tool_call["function"]["name"], "arguments": tool_call["function"]["arguments"],
-                      "status": "completed"})
+        items.append(
+            {
+                "type": "function_call",
+                "id": tool_call["id"],
+                "call_id": tool_call["id"],
+                "name": tool_call["function"]["name"],
+                "arguments": tool_call["function"]["arguments"],
+                "status": "completed",
+            }
+        )
     if call is not None:
         # The lists are shared with the record, not copied: rollouts of long sessions stay cheap.
         items[-1]["prompt_token_ids"] = call.prompt_ids

@@ -150,7 +150,7 @@ class CaptureStore:
         self._reject_errors = _RateLimitedLog()
 
     @classmethod
-    def open_read_only(cls, capture_dir: str | Path) -> "CaptureStore":
+    def open_read_only(cls, capture_dir: str | Path) -> CaptureStore:
         """A store that indexes an existing directory and never writes, creates or deletes anything."""
         store = cls(capture_dir, queue_size=1)
         store._read_only = True
@@ -210,8 +210,9 @@ class CaptureStore:
             pass
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
-            log.warning("capture writer did not finish within %.1fs; %d records may be lost",
-                        timeout, self._queue.qsize())
+            log.warning(
+                "capture writer did not finish within %.1fs; %d records may be lost", timeout, self._queue.qsize()
+            )
 
     # ---- submitting (any thread, never blocks) ---------------------------------------------
 
@@ -228,8 +229,12 @@ class CaptureStore:
                 return False
             # Each uncorrelated call is its own session: nothing ties it to any other call.
             record_uuid = kwargs.get("record_uuid") or str(uuid_module.uuid4())
-            kwargs = {**kwargs, "record_uuid": record_uuid, "session_id": f"uncorrelated-{record_uuid}",
-                      "parent_session_id": None}
+            kwargs = {
+                **kwargs,
+                "record_uuid": record_uuid,
+                "session_id": f"uncorrelated-{record_uuid}",
+                "parent_session_id": None,
+            }
         elif kwargs.get("parent_session_id") is not None and not is_valid_session_id(kwargs["parent_session_id"]):
             kwargs = {**kwargs, "parent_session_id": None}
         return self._enqueue(_CALL, kwargs)
@@ -363,8 +368,10 @@ class CaptureStore:
                 entry.first_captured_at = captured_at
             if entry.last_captured_at is None or captured_at > entry.last_captured_at:
                 entry.last_captured_at = captured_at
-            if parent is not None and parent != session_id and (
-                entry.parent_session_id is None or captured_at < entry.parent_at
+            if (
+                parent is not None
+                and parent != session_id
+                and (entry.parent_session_id is None or captured_at < entry.parent_at)
             ):
                 if entry.parent_session_id is not None:
                     self._children.get(entry.parent_session_id, set()).discard(session_id)

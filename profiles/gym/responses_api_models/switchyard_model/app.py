@@ -2,7 +2,7 @@
 
 import sys
 
-from server.gym_entry import main
+from server.cli.gym import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,62 @@
+"""GET /v1/models (Switchyard's routes, with max_model_len where known) and GET /health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from server.errors import OpenAIError
+from server.lifespan import proxy_up
+from server.state import AppState
+
+
+def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
+
+
+def model_routes(state: AppState) -> list[Route]:
+    """/v1/models, /health, and `/` (NeMo Gym probes its servers' liveness there)."""
+
+    async def health(request: Request) -> Response:
+        up = await proxy_up(state)
+        body = {
+            "status": "ok" if up else "unavailable",
+            "mode": state.proxy.mode,
+            "route": state.route or None,
+            "proxy": {"url": state.proxy.root_url, "up": up},
+        }
+        if state.store is not None:
+            body["capture"] = state.store.stats()
+        return json_response(200 if up else 503, body)
+
+    async def models(request: Request) -> Response:
+        if not state.ready:
+            raise OpenAIError(503, "Switchyard is not running", code="proxy_unavailable")
+        try:
+            upstream_models = await state.upstream.get_json("/models")
+        except (httpx.HTTPError, ValueError) as exc:
+            raise OpenAIError(502, f"cannot list Switchyard's routes: {exc}", code="upstream_error") from exc
+        data = []
+        for entry in upstream_models.get("data") or []:
+            caps = entry.get("capabilities") or {}
+            data.append(
+                {
+                    "id": entry.get("id"),
+                    "object": "model",
+                    "created": entry.get("created", 0),
+                    "owned_by": entry.get("owned_by", "switchyard"),
+                    "max_model_len": caps.get("context_window") or state.max_model_lens.get(entry.get("id")),
+                }
+            )
+        return json_response(200, {"object": "list", "data": data})
+
+    return [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/", lambda request: json_response(200, {"status": "ok"}), methods=["GET"]),
+    ]

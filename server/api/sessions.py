@@ -1,0 +1,260 @@
+"""The /v1/sessions HTTP API: list captured sessions, their records, trees and reconstructed rollouts."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from server.capture.record import SCHEMA_VERSION, is_valid_session_id
+from server.capture.store import CaptureStore, UnknownSession
+from server.errors import OpenAIError
+
+DEFAULT_LIST_LIMIT = 1000
+MAX_LIST_LIMIT = 10000
+# Reads first wait (this long at most) for records already queued, so a trainer that asks right
+# after its rollout's last call returned still sees that call.
+READ_SETTLE_TIMEOUT_S = 5.0
+
+_TRUE = {"true", "1", "yes"}
+_FALSE = {"false", "0", "no"}
+
+
+def import_rollout() -> Any:
+    # Imported on use: reconstruction is a separate module and this API must work without it.
+    return importlib.import_module("server.capture.rollout")
+
+
+def build_tree(store: CaptureStore, session_id: str) -> dict:
+    """The session and its descendants as nested `{session_id, parent_session_id, record_count, children}`."""
+    info = store.session_info(session_id)
+    if info is None:
+        raise UnknownSession(session_id)
+
+    def node(entry: dict) -> dict:
+        return {
+            "session_id": entry["session_id"],
+            "parent_session_id": entry["parent_session_id"],
+            "record_count": entry["record_count"],
+            "children": [],
+        }
+
+    root = node(info)
+    seen = {session_id}
+    pending = [root]
+    # Iterative, with a visited set: crafted parent ids could otherwise form a cycle or a deep chain.
+    while pending:
+        current = pending.pop()
+        for child_id in store.children(current["session_id"]):
+            child_info = store.session_info(child_id)
+            if child_id in seen or child_info is None:
+                continue
+            seen.add(child_id)
+            child = node(child_info)
+            current["children"].append(child)
+            pending.append(child)
+    return root
+
+
+def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool = True) -> dict:
+    """Reconstruct the session's rollout with its sub-agent sessions (raises RolloutError, UnknownSession)."""
+    root_records, _ = store.read_completions(session_id)
+    if not root_records:
+        raise UnknownSession(session_id)
+    rollout = import_rollout()
+
+    def load_records(sid: str) -> list[dict]:
+        if sid == session_id:
+            return root_records
+        try:
+            return store.read_completions(sid)[0]
+        except UnknownSession:
+            return []  # a child without records: reconstruction reports it
+
+    return rollout.reconstruct_tree(session_id, load_records, store.children, allow_partial=allow_partial)
+
+
+def session_routes(get_store: Callable[[], CaptureStore | None]) -> list[Route]:
+    """The session endpoints; `get_store` is called per request (None means capture is off)."""
+
+    def store_or_error() -> CaptureStore:
+        store = get_store()
+        if store is None:
+            raise OpenAIError(503, "session capture is not enabled on this server", code="capture_disabled")
+        return store
+
+    def path_session_id(request: Request) -> str:
+        session_id = request.path_params["session_id"]
+        # Refused before any store call: an invalid id never reaches the filesystem.
+        if not is_valid_session_id(session_id):
+            raise _unknown(session_id)
+        return session_id
+
+    async def list_sessions(request: Request) -> Response:
+        store = store_or_error()
+        query = request.query_params
+        parent = _optional_id(query.get("parent"), "parent")
+        after = _optional_id(query.get("after"), "after")
+        roots_only = _bool_param(query.get("roots_only"), "roots_only", default=False)
+        limit = _limit_param(query.get("limit"))
+
+        def page() -> bytes:
+            store.flush(READ_SETTLE_TIMEOUT_S)
+            sessions = store.list_sessions(parent=parent, roots_only=roots_only, limit=limit + 1, after=after)
+            has_more = len(sessions) > limit
+            sessions = sessions[:limit]
+            return orjson.dumps(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "sessions": sessions,
+                    "has_more": has_more,
+                    "next_after": sessions[-1]["session_id"] if has_more else None,
+                }
+            )
+
+        return _json_bytes(await run_in_threadpool(page))
+
+    async def completions(request: Request) -> Response:
+        store = store_or_error()
+        session_id = path_session_id(request)
+
+        def read() -> bytes:
+            store.flush(READ_SETTLE_TIMEOUT_S)
+            try:
+                records, skipped = store.read_completions(session_id)
+            except UnknownSession:
+                raise _unknown(session_id) from None
+            if not records:
+                raise _unknown(session_id, skipped=skipped)
+            # Serialised here, off the event loop: these envelopes can hold many long token lists.
+            return orjson.dumps(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "session_id": session_id,
+                    "completions": records,
+                    "skipped": skipped,
+                }
+            )
+
+        return _json_bytes(await run_in_threadpool(read))
+
+    async def tree(request: Request) -> Response:
+        store = store_or_error()
+        session_id = path_session_id(request)
+
+        def build() -> bytes:
+            store.flush(READ_SETTLE_TIMEOUT_S)
+            try:
+                return orjson.dumps(build_tree(store, session_id))
+            except UnknownSession:
+                raise _unknown(session_id) from None
+
+        return _json_bytes(await run_in_threadpool(build))
+
+    async def rollout(request: Request) -> Response:
+        store = store_or_error()
+        session_id = path_session_id(request)
+        allow_partial = _bool_param(request.query_params.get("allow_partial"), "allow_partial", default=True)
+        try:
+            rollout_module = import_rollout()
+        except ModuleNotFoundError as exc:
+            if exc.name != "server.capture.rollout":
+                raise
+            raise OpenAIError(501, "rollout reconstruction is not available", code="not_implemented") from None
+
+        def build() -> bytes:
+            store.flush(READ_SETTLE_TIMEOUT_S)
+            try:
+                return orjson.dumps(build_rollout(store, session_id, allow_partial=allow_partial))
+            except UnknownSession:
+                raise _unknown(session_id) from None
+            except rollout_module.RolloutError as exc:
+                raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
+
+        return _json_bytes(await run_in_threadpool(build))
+
+    async def delete(request: Request) -> Response:
+        store = store_or_error()
+        session_id = path_session_id(request)
+
+        def remove() -> int:
+            store.flush(READ_SETTLE_TIMEOUT_S)  # so records queued for the session go too
+            try:
+                return store.delete_session(session_id)
+            except UnknownSession:
+                raise _unknown(session_id) from None
+
+        count = await run_in_threadpool(remove)
+        return _json_bytes(orjson.dumps({"deleted": True, "session_id": session_id, "records": count}))
+
+    return [
+        Route("/v1/sessions", _as_error_responses(list_sessions), methods=["GET"]),
+        Route("/v1/sessions/{session_id}/completions", _as_error_responses(completions), methods=["GET"]),
+        Route("/v1/sessions/{session_id}/tree", _as_error_responses(tree), methods=["GET"]),
+        Route("/v1/sessions/{session_id}/rollout", _as_error_responses(rollout), methods=["GET"]),
+        Route("/v1/sessions/{session_id}", _as_error_responses(delete), methods=["DELETE"]),
+    ]
+
+
+def _as_error_responses(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    """Render OpenAIError as the OpenAI error shape here, so the routes work on any app."""
+
+    async def handler(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except OpenAIError as exc:
+            return Response(
+                exc.to_json(), status_code=exc.status, media_type="application/json", headers=exc.headers or None
+            )
+
+    return handler
+
+
+def _json_bytes(body: bytes, status: int = 200) -> Response:
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _unknown(session_id: str, *, skipped: int = 0) -> OpenAIError:
+    message = f"unknown session: {session_id[:200]!r}"
+    if skipped:
+        message += f" ({skipped} unreadable record files skipped)"
+    return OpenAIError(404, message, param="session_id", code="session_not_found")
+
+
+def _optional_id(value: str | None, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not is_valid_session_id(value):
+        raise OpenAIError(400, f"{name} is not a valid session id", param=name, code="invalid_request")
+    return value
+
+
+def _bool_param(value: str | None, name: str, *, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise OpenAIError(400, f"{name} must be true or false", param=name, code="invalid_request")
+
+
+def _limit_param(value: str | None) -> int:
+    if value is None or value == "":
+        return DEFAULT_LIST_LIMIT
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise OpenAIError(
+            400, f"limit must be an integer from 1 to {MAX_LIST_LIMIT}", param="limit", code="invalid_request"
+        )
+    return limit

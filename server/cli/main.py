@@ -1,0 +1,188 @@
+"""The `switchyard-model` command: serve, demo, sessions, profiles, mock-upstream."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+from typing import Any
+
+from server.config import ConfigError, load_settings
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with one line (argparse prints the whole usage otherwise)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the model server in front of Switchyard",
+        description="Run the OpenAI-compatible model server. Launch mode hosts Switchyard from a TOML "
+        "deployment (--deployment FILE or a shipped profile name); attach mode uses a running Switchyard "
+        "(--switchyard-base-url URL).",
+    )
+    p.add_argument(
+        "--config", help="YAML settings (flat, or Gym-shaped policy_model.responses_api_models.switchyard_model)"
+    )
+    p.add_argument("--deployment", help="Switchyard TOML deployment, or a shipped profile name (demo, vllm, router)")
+    p.add_argument("--switchyard-base-url", help="attach to this Switchyard (e.g. http://127.0.0.1:4000/v1)")
+    p.add_argument("--switchyard-model", help="the route every call is sent to (default: Switchyard's default route)")
+    p.add_argument(
+        "--switchyard-command", help="launch Switchyard as a child process: a command with {deployment} and {port}"
+    )
+    p.add_argument("--proxy-port", type=int, help="port for the hosted or launched Switchyard (default: a free one)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind (default 8080; 0 picks a free one)")
+    p.add_argument("--capture-dir", help="where captured records are written (default ./switchyard-captures)")
+    p.add_argument("--no-capture", action="store_true", help="do not record calls")
+    p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--otel-console", action="store_true", help="print OpenTelemetry spans to stdout")
+
+
+def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides = {
+        "deployment": args.deployment,
+        "switchyard_base_url": args.switchyard_base_url,
+        "switchyard_model": args.switchyard_model,
+        "switchyard_command": args.switchyard_command,
+        "proxy_port": args.proxy_port,
+        "host": args.host,
+        "port": args.port,
+        "capture_dir": args.capture_dir,
+        "log_level": args.log_level,
+    }
+    if args.no_capture:
+        overrides["capture"] = False
+    if args.otel_console:
+        overrides["otel_console"] = True
+    return overrides
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from server.app import create_app
+    from server.state import AppState
+
+    try:
+        settings = load_settings(args.config, _serve_overrides(args))
+        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+        sock = _bind(settings.host, settings.port)
+        host, port = sock.getsockname()[:2]
+
+        def announce(state: AppState) -> None:
+            print(
+                f"switchyard-model listening on http://{host}:{port} (mode {state.proxy.mode}, "
+                f"Switchyard {state.proxy.root_url}, route {state.route!r})",
+                flush=True,
+            )
+
+        app = create_app(settings, on_ready=announce)
+    except ConfigError as exc:
+        print(f"switchyard-model: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    state = app.state.switchyard
+    # A failed startup is reported below in one line; uvicorn would also log the whole traceback.
+    logging.getLogger("uvicorn.error").addFilter(lambda record: state.startup_error is None)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=30)
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:
+        if state.startup_error is None:
+            raise
+    if state.startup_error is not None:
+        print(f"switchyard-model: startup failed: {state.startup_error}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(state.startup_error, (ConfigError, RuntimeError)) else EXIT_FAILED
+    return EXIT_OK
+
+
+def _add_mock(sub) -> None:
+    p = sub.add_parser(
+        "mock-upstream",
+        help="run the deterministic vLLM-compatible mock model server",
+        description="Run the mock upstream used by the demo, the tests and the benchmarks: a deterministic "
+        "vLLM-compatible /v1/chat/completions with token ids, logprobs and scripted behaviours "
+        "(see docs/mock-upstream.md).",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--model-name", default="mock-model", help="the model id it reports")
+    p.add_argument("--max-model-len", type=int, default=32768, help="the context length it reports and enforces")
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run the demo chain (mock upstream + hosted Switchyard + this server) and a scripted agent",
+        description="Start the mock upstream, this server hosting Switchyard from profiles/demo.toml, run a "
+        "scripted multi-turn agent with a tool call and a sub-agent through the openai SDK, and print "
+        "where each call went and the captured session tree.",
+    )
+    p.add_argument("--serve", action="store_true", help="keep the chain up afterwards and print curl examples")
+    p.add_argument("--port", type=int, default=0, help="port for this server (default: a free one)")
+    p.add_argument("--capture-dir", help="keep the captured records here (default: a temporary directory)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="switchyard-model",
+        description="An OpenAI-compatible model server in front of a Switchyard routing proxy, with "
+        "token-exact capture of agent sessions.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_serve(sub)
+    _add_demo(sub)
+    _add_mock(sub)
+    from server.cli.sessions import add_sessions_parser
+
+    add_sessions_parser(sub)
+    from server.cli.profiles import add_profiles_parser
+
+    add_profiles_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return run_serve(args)
+    if args.command == "mock-upstream":
+        from server.dev.mock_upstream import run
+
+        run(host=args.host, port=args.port, model_name=args.model_name, max_model_len=args.max_model_len)
+        return EXIT_OK
+    if args.command == "demo":
+        from server.dev.demo import run_demo
+
+        return run_demo(args)
+    if args.command == "sessions":
+        from server.cli.sessions import run_sessions
+
+        return run_sessions(args)
+    if args.command == "profiles":
+        from server.cli.profiles import run_profiles
+
+        return run_profiles(args)
+    return EXIT_USAGE

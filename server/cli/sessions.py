@@ -1,0 +1,336 @@
+"""`switchyard-model sessions ...`: inspect and export captured sessions from a server or a capture directory."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+
+from server.capture.record import is_valid_session_id
+from server.capture.store import CaptureStore, UnknownSession
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_PAGE = 1000
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+class _NotFound(Exception):
+    pass
+
+
+class _Failed(Exception):
+    pass
+
+
+def add_sessions_parser(subparsers: Any) -> None:
+    """Add `sessions` (with list/tree/show/rollout/export) to an argparse subparsers object."""
+    source = argparse.ArgumentParser(add_help=False)
+    where = source.add_argument_group("where the sessions are (one of)")
+    where.add_argument("--url", help="a running switchyard-model server, e.g. http://127.0.0.1:8000")
+    where.add_argument("--capture-dir", help="a capture directory, read directly (read-only, no server)")
+    source.add_argument("--timeout", type=float, default=60.0, help="HTTP timeout in seconds (default 60)")
+
+    parser = subparsers.add_parser(
+        "sessions",
+        help="list, show and export captured sessions",
+        description="Inspect captured agent sessions and export their token-exact rollouts.",
+    )
+    commands = parser.add_subparsers(dest="sessions_command", metavar="COMMAND")
+    commands.required = True
+
+    listing = commands.add_parser("list", parents=[source], help="list sessions")
+    listing.add_argument("--parent", help="only the children of this session")
+    listing.add_argument("--roots-only", action="store_true", help="only sessions without a parent")
+    listing.add_argument("--limit", type=int, default=None, help="at most this many sessions")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    tree = commands.add_parser("tree", parents=[source], help="show a session and its sub-agent sessions")
+    tree.add_argument("session_id")
+    tree.add_argument("--json", action="store_true", help="print JSON instead of a tree")
+
+    show = commands.add_parser("show", parents=[source], help="print a session's records (JSON envelope)")
+    show.add_argument("session_id")
+
+    rollout = commands.add_parser("rollout", parents=[source], help="print a session's reconstructed rollout")
+    rollout.add_argument("session_id")
+    rollout.add_argument("--strict", action="store_true", help="fail instead of returning a partial rollout")
+
+    export = commands.add_parser("export", parents=[source], help="write one JSON line per root session's rollout")
+    export.add_argument("--out", help="output file (default: stdout); written atomically")
+    export.add_argument("--strict", action="store_true", help="fail a session instead of exporting a partial rollout")
+
+    parser.set_defaults(func=run_sessions)
+
+
+def run_sessions(args: argparse.Namespace) -> int:
+    """Run one `sessions` subcommand; 0 ok, 1 not found or failed, 2 usage."""
+    if bool(args.url) == bool(args.capture_dir):
+        print("error: give exactly one of --url or --capture-dir", file=sys.stderr)
+        return EXIT_USAGE
+    session_id = getattr(args, "session_id", None)
+    if session_id is not None and not is_valid_session_id(session_id):
+        print(f"error: {session_id!r} is not a valid session id", file=sys.stderr)
+        return EXIT_USAGE
+    if getattr(args, "parent", None) and not is_valid_session_id(args.parent):
+        print(f"error: --parent {args.parent!r} is not a valid session id", file=sys.stderr)
+        return EXIT_USAGE
+    if getattr(args, "limit", None) is not None and args.limit < 1:
+        print("error: --limit must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+
+    try:
+        source: _ServerSource | _DirectorySource = (
+            _ServerSource(args.url, args.timeout) if args.url else _DirectorySource(args.capture_dir)
+        )
+    except _Failed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        command = args.sessions_command
+        if command == "list":
+            sessions = source.list_sessions(parent=args.parent, roots_only=args.roots_only, limit=args.limit)
+            if args.json:
+                _emit_json({"schema_version": 1, "sessions": sessions})
+            else:
+                print(_session_table(sessions))
+        elif command == "tree":
+            node = source.tree(args.session_id)
+            if args.json:
+                _emit_json(node)
+            else:
+                print("\n".join(_tree_lines(node)))
+        elif command == "show":
+            _emit_json(source.completions(args.session_id))
+        elif command == "rollout":
+            _emit_json(source.rollout(args.session_id, allow_partial=not args.strict))
+        elif command == "export":
+            return _export(source, args.out, allow_partial=not args.strict)
+        else:
+            print(f"error: unknown sessions command {command!r}", file=sys.stderr)
+            return EXIT_USAGE
+    except _NotFound as exc:
+        print(f"not found: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except _Failed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        source.close()
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (`python -m server.cli.sessions ...`), same as `switchyard-model sessions ...`."""
+    parser = argparse.ArgumentParser(prog="switchyard-model")
+    add_sessions_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return run_sessions(args)
+
+
+# ---- sources: a running server, or a capture directory read in place -------------------------
+
+
+class _ServerSource:
+    def __init__(self, url: str, timeout: float) -> None:
+        base = url.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[: -len("/v1")]
+        parts = urlsplit(base)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _Failed(f"--url must be an http(s) URL, got {url!r}")
+        # Proxy variables would otherwise route even loopback calls through a proxy.
+        self._client = httpx.Client(base_url=base, timeout=timeout, trust_env=parts.hostname not in _LOOPBACK)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        try:
+            response = self._client.get(path, params=params)
+        except httpx.HTTPError as exc:
+            raise _Failed(f"cannot reach {self._client.base_url}: {exc}") from None
+        if response.status_code == 200:
+            try:
+                return orjson.loads(response.content)
+            except orjson.JSONDecodeError:
+                raise _Failed(f"{path}: the server did not return JSON") from None
+        message = _error_message(response)
+        if response.status_code == 404:
+            raise _NotFound(message)
+        raise _Failed(f"{path}: HTTP {response.status_code}: {message}")
+
+    def list_sessions(self, *, parent: str | None, roots_only: bool, limit: int | None) -> list[dict]:
+        sessions: list[dict] = []
+        after = None
+        while limit is None or len(sessions) < limit:
+            params = {"limit": str(_PAGE)}
+            if parent:
+                params["parent"] = parent
+            if roots_only:
+                params["roots_only"] = "true"
+            if after:
+                params["after"] = after
+            page = self._get("/v1/sessions", params)
+            sessions.extend(page.get("sessions") or [])
+            after = page.get("next_after")
+            if not page.get("has_more") or not after:
+                break
+        return sessions if limit is None else sessions[:limit]
+
+    def tree(self, session_id: str) -> dict:
+        return self._get(f"/v1/sessions/{session_id}/tree")
+
+    def completions(self, session_id: str) -> dict:
+        return self._get(f"/v1/sessions/{session_id}/completions")
+
+    def rollout(self, session_id: str, *, allow_partial: bool) -> dict:
+        return self._get(f"/v1/sessions/{session_id}/rollout", {"allow_partial": "true" if allow_partial else "false"})
+
+
+class _DirectorySource:
+    def __init__(self, capture_dir: str) -> None:
+        if not Path(capture_dir).is_dir():
+            raise _Failed(f"no capture directory at {capture_dir}")
+        self._store = CaptureStore.open_read_only(capture_dir)
+
+    def close(self) -> None:
+        pass
+
+    def list_sessions(self, *, parent: str | None, roots_only: bool, limit: int | None) -> list[dict]:
+        return self._store.list_sessions(
+            parent=parent, roots_only=roots_only, limit=limit if limit is not None else sys.maxsize
+        )
+
+    def tree(self, session_id: str) -> dict:
+        from server.api.sessions import build_tree
+
+        try:
+            return build_tree(self._store, session_id)
+        except UnknownSession:
+            raise _NotFound(f"unknown session: {session_id!r}") from None
+
+    def completions(self, session_id: str) -> dict:
+        try:
+            records, skipped = self._store.read_completions(session_id)
+        except UnknownSession:
+            records, skipped = [], 0
+        if not records:
+            raise _NotFound(f"unknown session: {session_id!r}")
+        return {"schema_version": 1, "session_id": session_id, "completions": records, "skipped": skipped}
+
+    def rollout(self, session_id: str, *, allow_partial: bool) -> dict:
+        from server.api.sessions import build_rollout, import_rollout
+
+        try:
+            rollout_module = import_rollout()
+        except ModuleNotFoundError as exc:
+            if exc.name != "server.capture.rollout":
+                raise
+            raise _Failed("rollout reconstruction is not available (server.capture.rollout is missing)") from None
+        try:
+            return build_rollout(self._store, session_id, allow_partial=allow_partial)
+        except UnknownSession:
+            raise _NotFound(f"unknown session: {session_id!r}") from None
+        except rollout_module.RolloutError as exc:
+            raise _Failed(f"session {session_id}: {exc}") from None
+
+
+# ---- output ----------------------------------------------------------------------------------
+
+
+def _export(source: _ServerSource | _DirectorySource, out: str | None, *, allow_partial: bool) -> int:
+    """One JSON line per root session's rollout; a session that fails is reported and left out."""
+    roots = source.list_sessions(parent=None, roots_only=True, limit=None)
+    failures = 0
+
+    def write_all(handle: IO[bytes]) -> None:
+        nonlocal failures
+        for entry in roots:
+            session_id = entry["session_id"]
+            try:
+                rollout = source.rollout(session_id, allow_partial=allow_partial)
+            except (_NotFound, _Failed) as exc:
+                failures += 1
+                print(f"session {session_id}: {exc}", file=sys.stderr)
+                continue
+            if isinstance(rollout, dict) and "session_id" not in rollout:
+                rollout = {"session_id": session_id, **rollout}
+            handle.write(orjson.dumps(rollout) + b"\n")
+
+    if out is None:
+        write_all(sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+    else:
+        # Written beside the target and renamed, so a trainer never reads half a file.
+        target = Path(out)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                write_all(handle)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    print(f"exported {len(roots) - failures} of {len(roots)} root sessions", file=sys.stderr)
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.buffer.flush()
+
+
+def _session_table(sessions: list[dict]) -> str:
+    if not sessions:
+        return "no sessions"
+    header = ("SESSION_ID", "PARENT", "RECORDS", "FIRST_CAPTURED_AT", "LAST_CAPTURED_AT")
+    rows = [
+        (
+            s["session_id"],
+            s.get("parent_session_id") or "-",
+            str(s.get("record_count", "")),
+            s.get("first_captured_at") or "-",
+            s.get("last_captured_at") or "-",
+        )
+        for s in sessions
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in (header, *rows)]
+    return "\n".join(lines)
+
+
+def _tree_lines(node: dict) -> list[str]:
+    lines = [_tree_label(node)]
+    # Explicit stack of (node, prefix, is_last): a long chain of sub-agents must not hit the recursion limit.
+    stack = [(child, "", i == len(node["children"]) - 1) for i, child in enumerate(node["children"])][::-1]
+    while stack:
+        current, prefix, last = stack.pop()
+        lines.append(f"{prefix}{'└── ' if last else '├── '}{_tree_label(current)}")
+        child_prefix = prefix + ("    " if last else "│   ")
+        children = current.get("children") or []
+        stack.extend((child, child_prefix, i == len(children) - 1) for i, child in reversed(list(enumerate(children))))
+    return lines
+
+
+def _tree_label(node: dict) -> str:
+    count = node.get("record_count", 0)
+    return f"{node['session_id']}  ({count} record{'s' if count != 1 else ''})"
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = orjson.loads(response.content)
+        return str(body["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return response.text[:500] or response.reason_phrase
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""`switchyard-model demo`: the whole chain on loopback and a scripted agent run through the openai SDK."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+# Quiet Switchyard's per-request log lines, but keep the INFO spans it exports when OTLP is set
+# (RUST_LOG=warn alone would switch its span export off).
+_QUIET_SWITCHYARD = "warn,switchyard_server=info,switchyard_server::request=warn,libsy=info"
+
+ROOT_SESSION = "demo-root"
+CHILD_SESSION = "demo-child"
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+SHELL_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} while starting")
+        try:
+            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not become ready at {url}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _fake_weather(city: str) -> str:
+    return json.dumps({"city": city, "forecast": "sunny", "celsius": 21})
+
+
+def run_agent(base_url: str) -> None:
+    """A root agent with a tool call (Responses API), then a sub-agent it delegates to (Chat API)."""
+    import openai
+
+    http = httpx.Client(trust_env=False, timeout=60)
+    root = openai.OpenAI(
+        base_url=base_url + "/v1", api_key="demo", http_client=http, default_headers={"x-session-id": ROOT_SESSION}
+    )
+    _say(f"1. root agent (session {ROOT_SESSION}), Responses API, asks for the weather with a tool:")
+    history: list = [{"role": "user", "content": 'Weather in Paris? [[mock:tool get_weather {"city": "Paris"}]]'}]
+    first = root.responses.create(model="demo", input=history, tools=[WEATHER_TOOL])
+    call = next(item for item in first.output if item.type == "function_call")
+    _say(f"   model ({first.model}) called {call.name}({call.arguments})")
+    result = _fake_weather(json.loads(call.arguments)["city"])
+    history += [item.model_dump(exclude_none=True) for item in first.output]
+    history.append({"type": "function_call_output", "call_id": call.call_id, "output": result})
+    second = root.responses.create(model="demo", input=history, tools=[WEATHER_TOOL])
+    _say(f"   tool answered {result}; model replied: {second.output_text!r}")
+
+    child = openai.OpenAI(
+        base_url=base_url + "/v1",
+        api_key="demo",
+        http_client=http,
+        default_headers={"x-session-id": CHILD_SESSION, "x-parent-session-id": ROOT_SESSION},
+    )
+    _say(f"2. sub-agent (session {CHILD_SESSION}, parent {ROOT_SESSION}), streaming Chat API with a shell tool:")
+    messages: list = [{"role": "user", "content": 'List the files. [[mock:tool bash {"command": "ls"}]]'}]
+    stream = child.chat.completions.create(model="demo", messages=messages, tools=[SHELL_TOOL], stream=True)
+    tool_call = {"id": None, "name": "", "arguments": ""}
+    for chunk in stream:
+        for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            tool_call["id"] = delta_call.id or tool_call["id"]
+            tool_call["name"] += delta_call.function.name or ""
+            tool_call["arguments"] += delta_call.function.arguments or ""
+    _say(f"   streamed tool call {tool_call['name']}({tool_call['arguments']})")
+    messages.append(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": tool_call["id"],
+                    "type": "function",
+                    "function": {"name": tool_call["name"], "arguments": tool_call["arguments"]},
+                }
+            ],
+        }
+    )
+    messages.append({"role": "tool", "tool_call_id": tool_call["id"], "content": "README.md\nserver\n"})
+    final = child.chat.completions.create(model="demo", messages=messages, tools=[SHELL_TOOL])
+    _say(f"   model replied: {final.choices[0].message.content!r}")
+
+
+def show_capture(base_url: str) -> None:
+    get = lambda path: httpx.get(base_url + path, trust_env=False, timeout=30).json()  # noqa: E731
+    _say("3. what was captured (GET /v1/sessions, /tree, /rollout):")
+    for session in get("/v1/sessions")["sessions"]:
+        _say(
+            f"   session {session['session_id']:<12} parent {str(session['parent_session_id']):<10} "
+            f"records {session['record_count']}"
+        )
+    tree = get(f"/v1/sessions/{ROOT_SESSION}/tree")
+    _say(f"   tree: {ROOT_SESSION} -> {[c['session_id'] for c in tree.get('children', [])]}")
+    rollout = get(f"/v1/sessions/{ROOT_SESSION}/rollout")
+    for r in [rollout, *rollout.get("subagents", [])]:
+        generated = sum(len(item.get("generation_token_ids") or []) for item in r["output"])
+        _say(
+            f"   rollout {r['session_id']}: {len(r['record_uuids'])} calls, {len(r['input'])} input items, "
+            f"{len(r['output'])} output items, {generated} generated tokens, partial={r['partial_reason']!r}, "
+            f"mask_sample={r['mask_sample']}"
+        )
+
+
+def _curl_examples(base_url: str) -> str:
+    return f"""
+The chain is up. Try:
+  curl -s {base_url}/v1/responses -H 'content-type: application/json' -H 'x-session-id: my-session' \\
+       -d '{{"model": "demo", "input": "Hello!"}}'
+  curl -sN {base_url}/v1/chat/completions -H 'content-type: application/json' \\
+       -d '{{"model": "demo", "stream": true, "messages": [{{"role": "user", "content": "Hi"}}]}}'
+  curl -s {base_url}/v1/sessions
+  curl -s {base_url}/v1/sessions/my-session/rollout
+Press Ctrl-C to stop."""
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"}
+    mock_port = _free_port()
+    port = args.port or _free_port()
+    capture_dir = args.capture_dir or tempfile.mkdtemp(prefix="switchyard-demo-")
+    procs: list[subprocess.Popen] = []
+    try:
+        mock = subprocess.Popen([sys.executable, "-m", "server.dev.mock_upstream", "--port", str(mock_port)], env=env)
+        procs.append(mock)
+        _wait_ready(mock, f"http://127.0.0.1:{mock_port}/health", "the mock upstream")
+        env["MOCK_UPSTREAM_URL"] = f"http://127.0.0.1:{mock_port}/v1"
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "server.cli",
+                "serve",
+                "--deployment",
+                "demo",
+                "--port",
+                str(port),
+                "--capture-dir",
+                capture_dir,
+                "--log-level",
+                "warning",
+            ],
+            env={**env, "RUST_LOG": os.environ.get("RUST_LOG", _QUIET_SWITCHYARD)},
+        )
+        procs.append(server)
+        base_url = f"http://127.0.0.1:{port}"
+        _wait_ready(server, base_url + "/health", "switchyard-model")
+        _say(f"mock upstream  http://127.0.0.1:{mock_port}  (deterministic vLLM-compatible model 'mock-model')")
+        _say(f"switchyard-model {base_url}  hosting Switchyard from {Path('profiles/demo.toml')} (route 'demo')")
+        _say(f"captures       {capture_dir}")
+        _say()
+        run_agent(base_url)
+        show_capture(base_url)
+        if args.serve:
+            _say(_curl_examples(base_url))
+            try:
+                server.wait()
+            except KeyboardInterrupt:
+                pass
+        return 0
+    except Exception as exc:  # a demo failure should say what broke, in one line
+        print(f"demo failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)

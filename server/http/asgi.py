@@ -1,0 +1,105 @@
+"""Small raw-ASGI helpers: read a bounded JSON body, send JSON/errors, cancel work on client disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from server.errors import OpenAIError
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+async def read_body(receive, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise OpenAIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
+            parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise OpenAIError(400, "request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise OpenAIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(doc, dict):
+        raise OpenAIError(400, "request body must be a JSON object", code="invalid_json")
+    # orjson reads 1024 levels of nesting but writes only 254, and the body is written again on its
+    # way upstream. Only a body with that many brackets can be that deep, so most skip the check.
+    if raw.count(b"[") + raw.count(b"{") > _MAX_WRITABLE_DEPTH:
+        try:
+            orjson.dumps(doc)
+        except orjson.JSONEncodeError as exc:
+            raise OpenAIError(400, f"request body is nested too deeply ({exc})", code="invalid_json") from exc
+    return doc
+
+
+_MAX_WRITABLE_DEPTH = 254
+
+
+async def send_json(send, status: int, body: bytes, extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = JSON_HEADERS + [(b"content-length", str(len(body)).encode())]
+    if extra_headers:
+        headers += extra_headers
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send, error: OpenAIError) -> None:
+    extra = [(k.encode(), v.encode("latin-1")) for k, v in error.headers.items()]
+    await send_json(send, error.status, error.to_json(), extra)
+
+
+class ClientGone(Exception):
+    """The client disconnected; there is nobody left to answer."""
+
+
+async def run_until_disconnect(
+    receive, work: Callable[[], Awaitable[None]], answered: Callable[[], bool] = lambda: False
+) -> None:
+    """Run `work`, cancelling it as soon as the client disconnects (which cancels its upstream call).
+
+    A disconnect after the response is complete (`answered()`) cancels nothing: the work is then
+    only cleaning up (closing the upstream stream, handing off capture), which must not be cut.
+    Only call this after the request body has been read: from then on the only message the
+    server can deliver on `receive` is `http.disconnect`.
+    """
+    task = asyncio.current_task()  # the work runs here; only the watcher is a task of its own
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not answered():
+                    gone = True
+                    task.cancel()
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await work()
+    except asyncio.CancelledError:
+        if gone:
+            task.uncancel()  # our own cancel, now handled: later awaits in this task run normally
+            raise ClientGone() from None
+        raise
+    finally:
+        watcher.cancel()

@@ -1,0 +1,135 @@
+"""The lifespan: start Switchyard, the upstream client and capture in order; stop them in reverse."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+
+import httpx
+
+from server.state import AppState
+from server.switchyard import profiles, provenance
+from server.upstream.client import Upstream
+
+log = logging.getLogger("switchyard_model.app")
+
+
+@contextlib.asynccontextmanager
+async def lifespan(state: AppState) -> AsyncIterator[None]:
+    """Runs on the event-loop thread: the hosted Switchyard is thread-affine, so it is created and closed here."""
+    settings = state.settings
+    try:
+        await state.proxy.start()
+        state.telemetry.set_upstream(state.proxy.root_url)
+        state.upstream = Upstream(
+            state.proxy.root_url + "/v1",
+            api_key=settings.switchyard_api_key,
+            default_headers=settings.default_headers,
+            timeout_s=settings.upstream_timeout_s,
+            connect_timeout_s=settings.upstream_connect_timeout_s,
+            max_connections=settings.upstream_max_connections,
+        )
+        try:
+            default_route, state.routes = await discover_routes(state.upstream)
+        except (httpx.HTTPError, ValueError) as exc:
+            if not settings.switchyard_model:
+                raise RuntimeError(f"cannot list Switchyard's routes at {state.proxy.root_url}: {exc}") from exc
+            # An attached Switchyard may come up later; calls fail with 502/503 until it does.
+            log.warning(
+                "cannot list Switchyard's routes at %s (%s); serving route %r anyway",
+                state.proxy.root_url,
+                exc,
+                settings.switchyard_model,
+            )
+            default_route = None
+        state.route = settings.switchyard_model or default_route
+        if not state.route:
+            raise RuntimeError("Switchyard exposes no route; set switchyard_model")
+        unknown = {settings.switchyard_model, *settings.model_aliases.values()} - state.routes - {None}
+        if unknown and state.routes:
+            log.warning("routes %s are not among Switchyard's routes %s", sorted(unknown), sorted(state.routes))
+        if settings.max_concurrent_requests:
+            state.semaphore = asyncio.Semaphore(settings.max_concurrent_requests)
+        if settings.capture:
+            from server.capture.store import CaptureStore
+
+            state.store = CaptureStore(
+                settings.capture_dir,
+                queue_size=settings.capture_queue_size,
+                capture_uncorrelated=settings.capture_uncorrelated,
+                compress=settings.capture_compress,
+            )
+            await asyncio.to_thread(state.store.start)  # indexes what earlier runs recorded
+            state.telemetry.capture_stats_source(state.store.stats)
+        await discover_context_lengths(state)
+        state.ready = True
+        log.info("serving route %r through Switchyard at %s (%s)", state.route, state.proxy.root_url, state.proxy.mode)
+        if settings.condition_dir:
+            await asyncio.to_thread(
+                provenance.write_manifest,
+                settings.condition_dir,
+                route=state.route,
+                mode=state.proxy.mode,
+                proxy_root_url=state.proxy.root_url,
+                deployment_path=str(state.proxy.deployment_path) if state.proxy.deployment_path else None,
+                rendered_text=state.proxy.rendered.redacted_text if state.proxy.rendered else None,
+                session_id_headers=settings.session_id_headers,
+            )
+        if state.on_ready is not None:
+            state.on_ready(state)
+    except BaseException as exc:
+        state.startup_error = exc
+        await shutdown(state)
+        raise
+    try:
+        yield
+    finally:
+        if settings.condition_dir and state.proxy.root_url:  # while Switchyard still answers
+            await provenance.snapshot_stats(settings.condition_dir, state.proxy.root_url)
+        await shutdown(state)
+
+
+async def discover_routes(upstream: Upstream) -> tuple[str | None, frozenset[str]]:
+    """Switchyard's default route and all its route ids, from its /v1/models."""
+    models = await upstream.get_json("/models")
+    ids = frozenset(m["id"] for m in models.get("data") or [] if isinstance(m.get("id"), str))
+    return models.get("default_model") or (min(ids) if ids else None), ids
+
+
+async def discover_context_lengths(state: AppState) -> None:
+    """For routes without a context_window, ask their vLLM upstream for max_model_len (best-effort)."""
+    if state.proxy.rendered is None:
+        return
+    for upstream in profiles.route_upstreams(state.proxy.rendered.text):
+        if upstream.context_window is not None:
+            continue
+        key = os.environ.get(upstream.api_key_env or "")
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(headers=headers, trust_env=False, timeout=5.0) as client:
+            length = await profiles.discover_max_model_len(upstream.base_url, upstream.model, client)
+        if length is not None:
+            state.max_model_lens[upstream.route_id] = length
+
+
+async def shutdown(state: AppState) -> None:
+    """Undo whatever the lifespan got to; safe to call twice. The proxy is closed last."""
+    state.ready = False
+    try:
+        if state.store is not None:
+            store, state.store = state.store, None
+            await asyncio.to_thread(store.close)
+        if state.upstream is not None:
+            upstream, state.upstream = state.upstream, None
+            await upstream.aclose()
+        state.telemetry.shutdown()
+    finally:
+        await state.proxy.close()
+
+
+async def proxy_up(state: AppState) -> bool:
+    if not state.ready or state.upstream is None or state.proxy.is_running() is False:
+        return False
+    return await state.upstream.healthy(state.proxy.root_url)

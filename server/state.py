@@ -1,0 +1,52 @@
+"""AppState: what the handlers share, filled in by the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from server.config import Settings
+from server.errors import OpenAIError
+from server.switchyard.proxy import SwitchyardProxy
+from server.telemetry.core import Telemetry
+from server.upstream.client import Upstream
+
+if TYPE_CHECKING:
+    from server.capture.store import CaptureStore
+
+
+@dataclass
+class AppState:
+    """Everything the handlers share; filled in by the lifespan, empty before it runs."""
+
+    settings: Settings
+    proxy: SwitchyardProxy
+    upstream: Upstream | None = None
+    store: CaptureStore | None = None  # when capture is on
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    semaphore: asyncio.Semaphore | None = None
+    route: str = ""  # the default route (switchyard_model, or Switchyard's default)
+    routes: frozenset[str] = frozenset()  # every route Switchyard exposes
+    max_model_lens: dict[str, int] = field(default_factory=dict)  # discovered from vLLM upstreams
+    ready: bool = False
+    on_ready: Callable[[AppState], None] | None = None  # called once the server can take calls
+    startup_error: BaseException | None = None  # why the lifespan failed, for the CLI's exit message
+
+    def route_for(self, requested: Any) -> str:
+        """The Switchyard route for a request's `model` (the configured route wins, as in Gym)."""
+        aliases = self.settings.model_aliases
+        if aliases and isinstance(requested, str) and requested in aliases:
+            return aliases[requested]
+        if self.settings.strict_models:
+            if isinstance(requested, str) and requested in self.routes:
+                return requested
+            known = sorted(self.routes | set(aliases))
+            raise OpenAIError(
+                404,
+                f"the model {requested!r} does not exist here; known models: {known}",
+                param="model",
+                code="model_not_found",
+            )
+        return self.route

@@ -1,0 +1,147 @@
+"""What condition a run ran under: `switchyard-condition.json` at start, `switchyard-stats.json` at the end, in condition_dir."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.metadata
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+
+from server.switchyard import profiles
+
+log = logging.getLogger("switchyard_model.provenance")
+
+MANIFEST_NAME = "switchyard-condition.json"
+STATS_NAME = "switchyard-stats.json"
+
+# Shorter values of secret-named variables are not scrubbed from text by substring: they are not
+# realistic credentials, and replacing e.g. every "1" would destroy the record. The exact route for
+# interpolated secrets is `RenderedDeployment.redacted_text`, which replaces them whatever their length.
+_MIN_SCRUBBED_LEN = 8
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _root(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _gym_mode(mode: str) -> str:
+    """Gym's manifest says `hosted` or `attached`; ours has two ways of hosting."""
+    return "attached" if mode in ("attach", "attached") else "hosted"
+
+
+def redact_deployment(text: str, environ: dict[str, str] | None = None) -> str:
+    """A deployment as it may be stored: credential assignments and secret variables' values hidden."""
+    text = profiles.redact_assignments(text)
+    environ = dict(os.environ) if environ is None else environ
+    return profiles.scrub(
+        text, (v for k, v in environ.items() if profiles.is_secret_name(k) and len(v) >= _MIN_SCRUBBED_LEN)
+    )
+
+
+def _write_private_json(path: Path, payload: Any) -> None:
+    """Atomically replace `path` with `payload` as JSON, readable by this user only (0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # mkstemp is 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_manifest(
+    condition_dir: str | Path | None,
+    *,
+    route: str | None,
+    mode: str,
+    proxy_root_url: str | None,
+    deployment_path: str | Path | None,
+    rendered_text: str | None,
+    session_id_headers: Sequence[str],
+) -> Path | None:
+    """Write `switchyard-condition.json`; None when there is no condition_dir or the write failed.
+
+    `rendered_text` is the deployment Switchyard loaded (None when attached: this server did not
+    load it). Pass `RenderedDeployment.redacted_text`; credentials still in it are hidden anyway.
+    `deployment_sha256` hashes the stored `deployment_toml`, so a reader can check the two agree.
+    Best-effort: a failure is a logged warning, never an exception (it must not fail startup).
+    """
+    if not condition_dir:
+        return None
+    deployment_toml = None if rendered_text is None else redact_deployment(rendered_text)
+    manifest = {
+        "route": route,
+        "mode": _gym_mode(mode),
+        "server_mode": mode,
+        "proxy_root_url": _root(proxy_root_url) if proxy_root_url else None,
+        "nemo_switchyard_version": _version("nemo-switchyard"),
+        "switchyard_model_version": _version("switchyard-model"),
+        "deployment_path": None if deployment_path is None else str(deployment_path),
+        "deployment_sha256": None if deployment_toml is None else hashlib.sha256(deployment_toml.encode()).hexdigest(),
+        "deployment_toml": deployment_toml,
+        "session_id_headers": list(session_id_headers),
+        "written_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    }
+    path = Path(condition_dir) / MANIFEST_NAME
+    try:
+        _write_private_json(path, manifest)
+    except OSError as exc:
+        log.warning("cannot write the condition manifest %s: %s", path, exc.strerror or exc)
+        return None
+    log.info("condition manifest written to %s", path)
+    return path
+
+
+async def snapshot_stats(condition_dir: str | Path | None, root_url: str | None, timeout_s: float = 5.0) -> Path | None:
+    """Save Switchyard's `GET {root}/v1/stats` as `switchyard-stats.json`; call it before closing Switchyard.
+
+    Best-effort: an unreachable proxy, an HTTP error or an unwritable directory is a logged warning.
+    """
+    if not condition_dir or not root_url:
+        return None
+    url = _root(root_url) + "/v1/stats"
+    # An HTTP_PROXY must not intercept a loopback call; a remote Switchyard may need it.
+    loopback = urlsplit(url).hostname in _LOOPBACK
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=not loopback) as client:
+            response = await client.get(url)
+            response.raise_for_status()
+            stats = orjson.loads(response.content)
+    except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+        log.warning("cannot snapshot Switchyard stats from %s: %s", url, str(exc) or type(exc).__name__)
+        return None
+    path = Path(condition_dir) / STATS_NAME
+    try:
+        await asyncio.to_thread(_write_private_json, path, stats)
+    except OSError as exc:
+        log.warning("cannot write the stats snapshot %s: %s", path, exc.strerror or exc)
+        return None
+    log.info("Switchyard stats written to %s", path)
+    return path

@@ -1,0 +1,209 @@
+"""The httpx clients to Switchyard, and the mapping of every upstream failure to an OpenAI error."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import httpx
+import orjson
+
+from server.errors import OpenAIError
+from server.upstream import http1
+
+log = logging.getLogger("switchyard_model.upstream")
+
+# Headers of Switchyard's (or the model server's) answer worth relaying to the client.
+_RELAYED_RESPONSE_HEADERS = ("x-model-router-selected-model", "x-request-id", "openai-processing-ms")
+
+
+@dataclass(slots=True)
+class UpstreamReply:
+    status: int
+    body: bytes
+    headers: dict[str, str]  # lower-case names
+
+
+def relayed_headers(headers) -> list[tuple[bytes, bytes]]:
+    out = []
+    for name in _RELAYED_RESPONSE_HEADERS:
+        value = headers.get(name)
+        if value is not None:
+            out.append((name.encode(), value.encode("latin-1")))
+    return out
+
+
+def error_from_reply(status: int, body: bytes, headers) -> OpenAIError:
+    """Keep the upstream status and message; put them in the OpenAI shape."""
+    message = None
+    err_type = code = param = None
+    try:
+        doc = orjson.loads(body)
+        err = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(err, dict):
+            message = err.get("message")
+            err_type, code, param = err.get("type"), err.get("code"), err.get("param")
+        elif isinstance(err, str):
+            message = err
+        elif isinstance(doc, dict) and isinstance(doc.get("message"), str):
+            message = doc["message"]
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    if not isinstance(message, str) or not message:
+        text = body[:500].decode("utf-8", "replace").strip()
+        message = f"upstream returned HTTP {status}" + (f": {text}" if text else "")
+    extra = {}
+    if status == 429:
+        # Switchyard 0.3.0 honours Retry-After itself, then relays the 429 without it; a client
+        # still needs some back-off hint, so a missing one becomes a conservative 1 s.
+        extra["retry-after"] = headers.get("retry-after", "1")
+    return OpenAIError(
+        status,
+        message,
+        type=err_type if isinstance(err_type, str) else None,
+        code=code if isinstance(code, str) else "upstream_error",
+        param=param if isinstance(param, str) else None,
+        headers=extra,
+    )
+
+
+def error_from_exception(exc: http1.HTTPError, target: str) -> OpenAIError:
+    if isinstance(exc, http1.TimeoutError_):
+        return OpenAIError(504, f"the upstream ({target}) did not answer in time: {exc}", code="upstream_timeout")
+    if isinstance(exc, http1.ConnectError):
+        return OpenAIError(502, f"cannot connect to the upstream ({target}): {exc}", code="upstream_unreachable")
+    if isinstance(exc, http1.ProtocolError):
+        return OpenAIError(502, f"the upstream ({target}) broke off: {exc}", code="upstream_disconnected")
+    return OpenAIError(502, f"upstream call failed: {type(exc).__name__}: {exc}", code="upstream_error")
+
+
+class UpstreamStream:
+    """An open streamed answer: yields each SSE event's raw bytes (`data: ...` lines) as it arrives."""
+
+    def __init__(self, response: http1.Response, target: str) -> None:
+        self.response = response
+        self.target = target
+        self.headers = response.headers
+        self._events: AsyncIterator[bytes] | None = None
+
+    def events(self) -> AsyncIterator[bytes]:
+        """Whole SSE events (without the blank-line terminator), split across network chunks as needed."""
+        self._events = self._read_events()
+        return self._events
+
+    async def _read_events(self) -> AsyncIterator[bytes]:
+        buffer = b""
+        try:
+            async with aclosing(self.response.iter_raw()) as chunks:
+                async for chunk in chunks:
+                    buffer += chunk
+                    if b"\n\n" not in buffer:
+                        continue
+                    # Upstreams may use \r\n; normalise only when we see it, it is rare.
+                    if b"\r\n" in buffer:
+                        buffer = buffer.replace(b"\r\n", b"\n")
+                    *complete, buffer = buffer.split(b"\n\n")
+                    for event in complete:
+                        if event:
+                            yield event
+        except http1.HTTPError as exc:
+            raise error_from_exception(exc, self.target) from exc
+        if buffer.strip():
+            yield buffer.strip()
+
+    async def aclose(self) -> None:
+        # The reader generator first: while it is suspended inside the response body, closing the
+        # response alone would leave the connection checked out.
+        if self._events is not None:
+            await self._events.aclose()
+        await self.response.aclose()
+
+
+class BufferedStream:
+    """A non-stream upstream answer presented as a stream (for upstreams that do not stream token ids)."""
+
+    def __init__(self, reply: UpstreamReply, chunks: list[dict]) -> None:
+        self.headers = reply.headers
+        self._events = [b"data: " + orjson.dumps(chunk) for chunk in chunks] + [b"data: [DONE]"]
+
+    async def events(self) -> AsyncIterator[bytes]:
+        for event in self._events:
+            yield event
+
+    async def aclose(self) -> None:
+        return None
+
+
+class Upstream:
+    """The hop to Switchyard's /v1: a lean pooled client for model calls, httpx for the occasional GET."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str,
+        default_headers: dict[str, str],
+        timeout_s: float,
+        connect_timeout_s: float,
+        max_connections: int,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"authorization": f"Bearer {api_key}", "content-type": "application/json"}
+        headers.update({k.lower(): v for k, v in default_headers.items()})
+        self._pool = http1.Pool(
+            self.base_url,
+            connect_timeout=connect_timeout_s,
+            read_timeout=timeout_s,
+            max_connections=max_connections,
+            headers=headers,
+        )
+        # trust_env=False: HTTP_PROXY must never capture loopback traffic to Switchyard.
+        self._client = httpx.AsyncClient(
+            headers=headers, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), trust_env=False
+        )
+
+    async def _request(self, path: str, body: bytes, headers: dict[str, str], *, fresh: bool) -> http1.Response:
+        try:
+            return await self._pool.request(path, body, headers, fresh=fresh)
+        except http1.HTTPError as exc:
+            raise error_from_exception(exc, self.base_url) from exc
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamReply:
+        response = await self._request(path, body, headers, fresh=False)
+        try:
+            content = await response.read()
+        except http1.HTTPError as exc:
+            raise error_from_exception(exc, self.base_url) from exc
+        if response.status_code >= 400:
+            raise error_from_reply(response.status_code, content, response.headers)
+        return UpstreamReply(response.status_code, content, response.headers)
+
+    async def open_stream(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamStream:
+        # Switchyard 0.3.0 stalls ~40 ms per stream on a reused connection (Nagle against delayed
+        # ACKs, see docs/architecture.md); a fresh connection per stream avoids it.
+        response = await self._request(path, body, headers, fresh=True)
+        if response.status_code >= 400:
+            try:
+                content = await response.read()
+            except http1.HTTPError:
+                content = b""
+            raise error_from_reply(response.status_code, content, response.headers)
+        return UpstreamStream(response, self.base_url)
+
+    async def get_json(self, path: str, timeout_s: float = 5.0) -> dict:
+        response = await self._client.get(self.base_url + path, timeout=timeout_s)
+        response.raise_for_status()
+        return response.json()
+
+    async def healthy(self, root_url: str) -> bool:
+        try:
+            response = await self._client.get(root_url + "/health", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def aclose(self) -> None:
+        self._pool.close()
+        await self._client.aclose()

@@ -1,0 +1,289 @@
+"""A lean HTTP/1.1 client for the hot hop to Switchyard: LIFO keep-alive pool, one write, httptools.
+
+httpx costs about 1 ms of event-loop CPU per call here and its pool walks every connection on every
+request (measured in docs/benchmarks.md), which made this server 10x slower than one Python hop
+needs to be. This client does only what that hop needs: POST a body, read a fixed-length or
+chunked answer (whole, or chunk by chunk for streams), keep idle connections newest-first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class HTTPError(Exception):
+    """The base of this module's failures."""
+
+
+class ConnectError(HTTPError):
+    """The connection could not be made (refused, unreachable, or it took too long)."""
+
+
+class TimeoutError_(HTTPError):
+    """The upstream stayed silent longer than the read timeout."""
+
+
+class ProtocolError(HTTPError):
+    """The connection closed early, or the answer was not valid HTTP/1.1."""
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection; carries one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.reused = False
+        self._parser: httptools.HttpResponseParser | None = None
+        self._headers: dict[str, str] = {}
+        self._header_name = b""
+        self._head_done: asyncio.Future | None = None
+        self._chunks: deque[bytes] = deque()
+        self._waiter: asyncio.Future | None = None  # woken by body bytes, the end, or a failure
+        self._complete = False
+        self._keep_alive = False
+        self._error: HTTPError | None = None
+        self._bytes_seen = 0
+
+    # ---- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._bytes_seen += len(data)
+        if self._parser is None:  # bytes while idle: the server is not speaking HTTP to us
+            self._fail(ProtocolError("unexpected data on an idle connection"))
+            self.transport.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ProtocolError(f"invalid HTTP response: {exc}"))
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        self.lost = True
+        if self._parser is not None and not self._complete:
+            self._fail(ProtocolError("the upstream closed the connection before the answer was complete"))
+
+    # ---- httptools callbacks ---------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        # Read now: httptools forgets it once the message is complete.
+        self._keep_alive = self._parser.should_keep_alive()
+        if not self._head_done.done():
+            self._head_done.set_result(self._parser.get_status_code())
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # ---- used by the pool ------------------------------------------------------------------
+    def _fail(self, error: HTTPError) -> None:
+        self._error = error
+        if self._head_done is not None and not self._head_done.done():
+            self._head_done.set_exception(error)
+        self._wake()
+
+    def start(self, payload: bytes) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self._headers = {}
+        self._head_done = asyncio.get_running_loop().create_future()
+        self._chunks.clear()
+        self._waiter = None
+        self._complete = False
+        self._error = None
+        self._bytes_seen = 0
+        self.transport.write(payload)
+
+    async def head(self, timeout: float) -> tuple[int, dict[str, str]]:
+        try:
+            status = await asyncio.wait_for(self._head_done, timeout)
+        except TimeoutError:
+            raise TimeoutError_(f"no answer within {timeout:g}s") from None
+        return status, self._headers
+
+    async def body_chunks(self, timeout: float) -> AsyncIterator[bytes]:
+        while True:
+            while self._chunks:
+                yield self._chunks.popleft()
+            if self._error is not None:
+                raise self._error
+            if self._complete:
+                return
+            # A bare future, not Event.wait(): wait_for would wrap a coroutine in a task per chunk.
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._waiter, timeout)
+            except TimeoutError:
+                raise TimeoutError_(f"the upstream was silent for {timeout:g}s") from None
+
+    @property
+    def failed_before_answer(self) -> bool:
+        return self._error is not None and self._bytes_seen == 0
+
+    def reusable(self) -> bool:
+        return self._complete and not self.lost and self._keep_alive
+
+    def close(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Response:
+    """An answer whose head has arrived; read its body whole (`read`) or chunk by chunk (`iter_raw`)."""
+
+    def __init__(self, pool: Pool, connection: _Connection, status: int, headers: dict[str, str], keep: bool) -> None:
+        self._pool = pool
+        self._connection = connection
+        self.status_code = status
+        self.headers = headers
+        self._keep = keep
+        self._closed = False
+
+    async def read(self) -> bytes:
+        parts = [chunk async for chunk in self.iter_raw()]
+        return b"".join(parts)
+
+    async def iter_raw(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._connection.body_chunks(self._pool.read_timeout):
+                yield chunk
+        except BaseException:
+            self._keep = False
+            raise
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.release(self._connection, self._keep and self._connection.reusable())
+
+
+class Pool:
+    """Connections to one origin: idle ones newest first, at most `max_connections` busy at once."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        max_connections: int,
+        headers: dict[str, str],
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"{base_url!r}: the upstream must be a plain http:// URL")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.prefix = parts.path.rstrip("/")
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._idle: list[_Connection] = []
+        self._busy = asyncio.Semaphore(max_connections)
+        fixed = {"host": f"{self.host}:{self.port}", **{k.lower(): v for k, v in headers.items()}}
+        # Rendered (and checked) once; a bad configured header fails here, not on the first call.
+        self._fixed_lines = {name: _header_lines({name: value}) for name, value in fixed.items()}
+        self._fixed_head = b"".join(self._fixed_lines.values())
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(_Connection, self.host, self.port), self.connect_timeout
+            )
+        except TimeoutError:
+            raise ConnectError(f"connecting to {self.host}:{self.port} took over {self.connect_timeout:g}s") from None
+        except OSError as exc:
+            raise ConnectError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from exc
+        return connection
+
+    def _idle_connection(self) -> _Connection | None:
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.lost:
+                connection.reused = True
+                return connection
+        return None
+
+    async def request(self, path: str, body: bytes, headers: dict[str, str], *, fresh: bool = False) -> Response:
+        """POST `body`; returns once the answer's head is in. `fresh`: a new connection, closed after."""
+        fixed = self._fixed_head
+        if not self._fixed_lines.keys().isdisjoint(headers):
+            # A per-call header (lower-case name) overrides a fixed one, e.g. a forwarded authorization.
+            fixed = b"".join(line for name, line in self._fixed_lines.items() if name not in headers)
+        payload = (
+            f"POST {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1")
+            + fixed
+            + _header_lines(headers)
+            + b"content-length: "
+            + str(len(body)).encode()
+            + (b"\r\nconnection: close" if fresh else b"")
+            + b"\r\n\r\n"
+            + body
+        )
+        await self._busy.acquire()
+        try:
+            for attempt in (1, 2):
+                connection = None if fresh else self._idle_connection()
+                if connection is None:
+                    connection = await self._connect()
+                try:
+                    connection.start(payload)
+                    status, response_headers = await connection.head(self.read_timeout)
+                except ProtocolError:
+                    connection.close()
+                    # A kept-alive connection the server closed just as we reused it: the request
+                    # never reached a handler (nothing came back), so one retry on a new one is safe.
+                    if attempt == 1 and connection.reused and connection.failed_before_answer:
+                        continue
+                    raise
+                except BaseException:
+                    connection.close()
+                    raise
+                return Response(self, connection, status, response_headers, keep=not fresh)
+        except BaseException:
+            self._busy.release()
+            raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def release(self, connection: _Connection, reusable: bool) -> None:
+        if reusable:
+            self._idle.append(connection)
+        else:
+            connection.close()
+        self._busy.release()
+
+    def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()
+
+
+def _header_lines(headers: dict[str, str]) -> bytes:
+    lines = []
+    for name, value in headers.items():
+        text = name + value
+        if "\r" in text or "\n" in text or "\0" in text:
+            raise ValueError(f"header {name!r} has a line break or NUL in it")
+        lines.append(f"{name}: {value}\r\n")
+    return "".join(lines).encode("latin-1")

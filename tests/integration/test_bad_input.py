@@ -1,0 +1,647 @@
+"""Bad input against the real chain: a clear 4xx in the OpenAI shape, nothing forwarded, nothing captured."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import unquote_to_bytes
+
+import httpx
+import orjson
+import pytest
+
+from tests.support.chain import Chain, launch_chain
+
+pytestmark = pytest.mark.integration
+
+# Small, so the over-limit cases send one or two megabytes rather than the default 32 MiB.
+MAX_BODY_BYTES = 1024 * 1024
+SENTINEL_TEXT = "sentinel: no request may read or delete this file"
+KEPT_SESSION = "keep-me-1"
+
+# orjson parses up to 1024 levels of nesting but serialises only up to 254, so a body between the two
+# parses fine and then could not be sent upstream (or echoed back): it must be refused up front.
+JSON_DEPTH_GAP = 500
+
+
+@pytest.fixture(scope="module")
+def chain(mock_upstream, tmp_path_factory) -> Iterator[Chain]:
+    root = tmp_path_factory.mktemp("bad-input")
+    config = root / "config.yaml"
+    config.write_text(f"max_body_bytes: {MAX_BODY_BYTES}\n")
+    chain = launch_chain(mock_upstream, root / "captures", "--config", str(config))
+    try:
+        # One real session, so the traversal attempts below have something they could destroy.
+        reply = httpx.post(
+            chain.v1 + "/responses",
+            json={"input": "keep this"},
+            trust_env=False,
+            timeout=30,
+            headers={"x-session-id": KEPT_SESSION},
+        )
+        assert reply.status_code == 200, reply.text
+        assert _record_count(chain, KEPT_SESSION) == 1
+        for path in _sentinels(chain):
+            path.write_text(SENTINEL_TEXT)
+        yield chain
+    finally:
+        chain.proc.stop()
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def _sentinels(chain: Chain) -> list[Path]:
+    """A file beside the capture dir and one inside it, outside any session directory."""
+    return [chain.capture_dir.parent / "sentinel.txt", chain.capture_dir / "sentinel.txt"]
+
+
+def _record_count(chain: Chain, session_id: str) -> int:
+    response = httpx.get(f"{chain.v1}/sessions/{session_id}/completions", trust_env=False, timeout=30)
+    return len(response.json()["completions"]) if response.status_code == 200 else 0
+
+
+def _capture_files(chain: Chain) -> set[str]:
+    # GET /v1/sessions first waits for queued records, so anything a request caused is on disk now.
+    assert httpx.get(chain.v1 + "/sessions", trust_env=False, timeout=30).status_code == 200
+    return {str(path.relative_to(chain.capture_dir)) for path in chain.capture_dir.rglob("*")}
+
+
+def _session_dir(chain: Chain, session_id: bytes) -> Path:
+    return chain.capture_dir / "sessions" / hashlib.sha256(session_id).hexdigest()
+
+
+@contextmanager
+def nothing_forwarded(chain: Chain) -> Iterator[None]:
+    """The block's requests reach neither the upstream nor the capture store."""
+    upstream_before = chain.mock_stats()["requests"]
+    files_before = _capture_files(chain)
+    yield
+    assert chain.mock_stats()["requests"] == upstream_before, "a bad request was forwarded upstream"
+    assert _capture_files(chain) == files_before, "a bad request changed the capture dir"
+
+
+@contextmanager
+def nothing_captured(chain: Chain) -> Iterator[None]:
+    files_before = _capture_files(chain)
+    yield
+    assert _capture_files(chain) == files_before, "the request was captured"
+
+
+def assert_openai_error(response: httpx.Response, status: int | tuple[int, ...], param: str | None = None) -> dict:
+    statuses = (status,) if isinstance(status, int) else status
+    assert response.status_code in statuses, (response.status_code, response.text[:500])
+    assert response.headers["content-type"].startswith("application/json")
+    return check_error_body(response.content, param)
+
+
+def check_error_body(body: bytes, param: str | None = None) -> dict:
+    error = orjson.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+def post(chain: Chain, endpoint: str, content: bytes | Iterator[bytes], headers: dict | None = None) -> httpx.Response:
+    return httpx.post(
+        chain.v1 + endpoint,
+        content=content,
+        trust_env=False,
+        timeout=60,
+        headers={"content-type": "application/json", **(headers or {})},
+    )
+
+
+def post_json(chain: Chain, endpoint: str, body: dict, headers: dict | None = None) -> httpx.Response:
+    return post(chain, endpoint, orjson.dumps(body), headers)
+
+
+def raw_request(
+    chain: Chain,
+    method: str,
+    target: bytes,
+    headers: list[bytes] = (),
+    body: bytes = b"",
+    declared_length: int | None = None,
+) -> tuple[int, bytes, bytes]:
+    """One HTTP/1.1 exchange on a bare socket, so nothing (no client library) normalises or refuses the bytes."""
+    port = int(chain.url.rsplit(":", 1)[1])
+    head = method.encode() + b" " + target + b" HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n"
+    for header in headers:
+        head += header + b"\r\n"
+    if body or method == "POST":
+        length = len(body) if declared_length is None else declared_length
+        head += b"content-type: application/json\r\ncontent-length: %d\r\n" % length
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head + b"\r\n" + body)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    status_line, _, rest = data.partition(b"\r\n")
+    response_headers, _, response_body = rest.partition(b"\r\n\r\n")
+    return int(status_line.split()[1]), response_headers.lower(), response_body
+
+
+def switchyard_session_of(chain: Chain, request_id: str, timeout: float = 10.0) -> str:
+    """The session id Switchyard logged for the call with this x-request-id (its `correlation_id`)."""
+    marker = f'correlation_id="{request_id}"'
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in chain.proc.output().splitlines():
+            if marker in line and "LLM request" in line and "session_id=" in line:
+                return line.split('session_id="', 1)[1].split('"', 1)[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Switchyard logged no request with {marker}")
+        time.sleep(0.05)
+
+
+_request_counter = iter(range(1_000_000))
+
+
+def request_id() -> str:
+    return f"badinput-{next(_request_counter)}"
+
+
+def nested_arrays(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+# ---- malformed bodies ------------------------------------------------------------------------------
+
+MALFORMED = {
+    "truncated": b'{"input": "hi", "messages": [{"role": "user"',
+    "unclosed string": b'{"input": "hi',
+    "trailing comma": b'{"input": "hi",}',
+    "single quotes": b"{'input': 'hi'}",
+    "trailing garbage": b'{"input": "hi"} {"input": "again"}',
+    "form encoded": b"input=hi&model=x",
+    "bare word": b"hello",
+    "NaN": b'{"input": "hi", "temperature": NaN}',
+    "number overflow": b'{"input": "hi", "temperature": 1e400}',
+    "byte order mark": b'\xef\xbb\xbf{"input": "hi"}',
+    "whitespace only": b"  \n\t ",
+    "empty": b"",
+}
+INVALID_UTF8 = {
+    "raw 0xff in a string": b'{"input": "caf\xff", "messages": [{"role": "user", "content": "caf\xff"}]}',
+    "overlong slash": b'{"input": "\xc0\xaf", "messages": [{"role": "user", "content": "\xc0\xaf"}]}',
+    "truncated multibyte": b'{"input": "\xe2\x82", "messages": [{"role": "user", "content": "\xe2\x82"}]}',
+    "encoded surrogate": b'{"input": "\xed\xa0\x80", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}',
+    "lone surrogate escape": b'{"input": "\\ud800", "messages": [{"role": "user", "content": "\\ud800"}]}',
+    "invalid key": b'{"\xff": 1, "input": "hi"}',
+}
+NOT_AN_OBJECT = {
+    "array": b"[]",
+    "list of bodies": b'[{"input": "hi"}]',
+    "string": b'"hi"',
+    "number": b"5",
+    "null": b"null",
+    "true": b"true",
+}
+
+
+@pytest.mark.parametrize("endpoint", ["/responses", "/chat/completions"])
+@pytest.mark.parametrize(
+    "body", list(MALFORMED.values()) + list(INVALID_UTF8.values()), ids=list(MALFORMED) + list(INVALID_UTF8)
+)
+def test_malformed_or_invalid_utf8_json_is_400(chain, endpoint, body):
+    with nothing_forwarded(chain):
+        error = assert_openai_error(post(chain, endpoint, body), 400)
+    assert error["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("endpoint", ["/responses", "/chat/completions"])
+@pytest.mark.parametrize("body", list(NOT_AN_OBJECT.values()), ids=list(NOT_AN_OBJECT))
+def test_json_that_is_not_an_object_is_400(chain, endpoint, body):
+    with nothing_forwarded(chain):
+        error = assert_openai_error(post(chain, endpoint, body), 400)
+    assert "object" in error["message"]
+
+
+# ---- wrong types and values --------------------------------------------------------------------------
+
+
+RESPONSES_WRONG = [
+    ("input", 5),
+    ("input", {"role": "user", "content": "hi"}),
+    ("input", [5]),
+    ("input", [{"type": "message", "role": "robot", "content": "hi"}]),
+    ("input", [{"type": "message", "role": "user", "content": 5}]),
+    ("input", [{"type": "message", "role": [], "content": "hi"}]),
+    ("input", [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]}]),
+    ("input", [{"type": "function_call", "call_id": 1, "name": "f", "arguments": "{}"}]),
+    ("input", [{"type": "web_search_call"}]),
+    ("input", []),
+    ("tools", "x"),
+    ("tools", [{"type": "function"}]),
+    ("tools", [{"type": "function", "name": "f", "parameters": "x"}]),
+    ("tool_choice", 5),
+    ("tool_choice", "sometimes"),
+    ("max_output_tokens", "10"),
+    ("max_output_tokens", 10.5),
+    ("max_output_tokens", True),
+    ("temperature", "hot"),
+    ("temperature", [1]),
+    ("top_p", "x"),
+    ("top_logprobs", 50),
+    ("instructions", 5),
+    ("text", "x"),
+    ("text", {"format": {"type": "xml"}}),
+    ("reasoning", "high"),
+    ("metadata", [1]),
+    ("user", 5),
+    ("include", "x"),
+    ("previous_response_id", "resp_123"),
+    ("background", True),
+    ("stream", "yes"),
+    ("stream", 1),
+    ("parallel_tool_calls", "yes"),
+    ("seed", "x"),
+    ("presence_penalty", "x"),
+    ("model", 5),
+]
+
+
+@pytest.mark.parametrize("field, value", RESPONSES_WRONG)
+def test_responses_wrong_type_is_400_naming_the_field(chain, field, value):
+    body = {"input": "hi", field: value}
+    with nothing_forwarded(chain):
+        error = assert_openai_error(post_json(chain, "/responses", body), 400)
+    assert error["param"] and error["param"].split(".")[0].split("[")[0] == field, error
+    assert error["type"] == "invalid_request_error"
+
+
+CHAT_WRONG = [
+    ("messages", "x"),
+    ("messages", []),
+    ("messages", [1]),
+    ("messages", [{"content": "no role"}]),
+    ("messages", [{"role": 5, "content": "hi"}]),
+    ("stream", "yes"),
+    ("max_tokens", "10"),
+    ("max_tokens", -1),
+    ("max_completion_tokens", 1.5),
+    ("n", "2"),
+    ("top_logprobs", -1),
+    ("temperature", "hot"),
+    ("tools", "x"),
+]
+
+
+@pytest.mark.parametrize("field, value", CHAT_WRONG)
+def test_chat_wrong_type_is_400_naming_the_field(chain, field, value):
+    body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], field: value}
+    with nothing_forwarded(chain):
+        error = assert_openai_error(post_json(chain, "/chat/completions", body), 400)
+    assert error["param"] and error["param"].split("[")[0] == field, error
+
+
+@pytest.mark.parametrize("fields", [["bogus"], ["messages"], ["frobnicate", "input_text"]])
+def test_responses_unknown_field_is_400_naming_it(chain, fields):
+    body = {"input": "hi", **{name: 1 for name in fields}}
+    with nothing_forwarded(chain):
+        error = assert_openai_error(post_json(chain, "/responses", body), 400)
+    assert error["param"] in fields and error["param"] in error["message"]
+    assert error["code"] == "unsupported_parameter"
+
+
+def test_responses_without_input_is_400(chain):
+    with nothing_forwarded(chain):
+        error = assert_openai_error(post_json(chain, "/responses", {"model": "x"}), 400, param="input")
+    assert error["code"] == "missing_required_parameter"
+
+
+# ---- token limits ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [b"-5", b"0", b"-1000000000000", b"1e12", b"1000000000000000000000000000000"])
+def test_impossible_max_output_tokens_is_400(chain, value):
+    # 10**30 does not fit 64 bits and orjson parses it as a float: still not a positive integer.
+    with nothing_forwarded(chain):
+        assert_openai_error(
+            post(chain, "/responses", b'{"input": "hi", "max_output_tokens": ' + value + b"}"),
+            400,
+            param="max_output_tokens",
+        )
+
+
+def test_absurd_but_well_formed_token_limit_is_forwarded(chain):
+    """Decision: 10**12 is a valid positive integer, so it is forwarded as is. Only the model server knows the
+    route's context length (max_model_len discovery is best effort), and vLLM answers such a request with a 400
+    that is relayed; the mock clamps instead, so here the call succeeds."""
+    reply = post_json(chain, "/responses", {"input": "hi", "max_output_tokens": 10**12})
+    assert reply.status_code == 200, reply.text
+    assert chain.mock_requests()[-1]["body"]["max_tokens"] == 10**12
+    reply = post_json(
+        chain, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**12}
+    )
+    assert reply.status_code == 200, reply.text
+    assert chain.mock_requests()[-1]["body"]["max_tokens"] == 10**12
+    # When the upstream refuses it (as vLLM does), the client gets that 400 in the OpenAI shape.
+    refused = post_json(chain, "/responses", {"input": "hi [[mock:error 400]]", "max_output_tokens": 10**12})
+    assert_openai_error(refused, 400)
+
+
+# ---- size and depth ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ["/responses", "/chat/completions"])
+def test_body_over_the_limit_is_413_with_content_length(chain, endpoint):
+    body = b'{"input": "' + b"x" * (2 * MAX_BODY_BYTES) + b'"}'
+    with nothing_forwarded(chain):
+        error = assert_openai_error(post(chain, endpoint, body), 413)
+    assert error["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("endpoint", ["/responses", "/chat/completions"])
+def test_body_over_the_limit_is_413_when_chunked(chain, endpoint):
+    def chunks() -> Iterator[bytes]:
+        yield b'{"input": "'
+        for _ in range(32):
+            yield b"x" * (64 * 1024)
+        yield b'"}'
+
+    with nothing_forwarded(chain):
+        response = post(chain, endpoint, chunks())
+        assert response.request.headers.get("transfer-encoding") == "chunked"
+        assert_openai_error(response, 413)
+
+
+def test_413_does_not_wait_for_the_rest_of_an_announced_huge_body(chain):
+    """The limit is applied while reading: a client announcing 100 MB gets its 413 after the limit, not the end."""
+    with nothing_forwarded(chain):
+        started = time.monotonic()
+        status, headers, body = raw_request(
+            chain, "POST", b"/v1/responses", body=b"x" * (MAX_BODY_BYTES + 4096), declared_length=100 * 1024 * 1024
+        )
+        assert status == 413 and time.monotonic() - started < 10
+        check_error_body(body)
+
+
+def test_body_just_under_the_limit_is_served(chain):
+    body = orjson.dumps({"input": "hi", "metadata": {"pad": "x" * (MAX_BODY_BYTES - 100)}})
+    assert len(body) <= MAX_BODY_BYTES
+    assert post(chain, "/responses", body).status_code == 200
+
+
+@pytest.mark.parametrize("endpoint", ["/responses", "/chat/completions"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        nested_arrays(100_000),
+        b'{"input": "hi", "metadata": {"a": ' + nested_arrays(100_000) + b"}}",
+        b'{"input": "hi", "messages": [{"role": "user", "content": "hi"}], "x": '
+        + b'{"a":' * 5000
+        + b"1"
+        + b"}" * 5000
+        + b"}",
+    ],
+    ids=["100k arrays", "100k arrays in a field", "5k objects in a field"],
+)
+def test_deeply_nested_json_is_400(chain, endpoint, body):
+    with nothing_forwarded(chain):
+        error = assert_openai_error(post(chain, endpoint, body), 400)
+    assert error["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize(
+    "endpoint, body",
+    [
+        (
+            "/chat/completions",
+            b'{"messages": [{"role": "user", "content": "hi"}], "extra": ' + nested_arrays(JSON_DEPTH_GAP) + b"}",
+        ),
+        ("/responses", b'{"input": "hi", "metadata": {"deep": ' + nested_arrays(JSON_DEPTH_GAP) + b"}}"),
+        (
+            "/responses",
+            b'{"input": "hi", "text": {"format": {"type": "json_schema", "schema": {"deep": '
+            + nested_arrays(JSON_DEPTH_GAP)
+            + b"}}}}",
+        ),
+    ],
+    ids=["chat extra field", "responses metadata", "responses json_schema"],
+)
+def test_json_deeper_than_the_server_can_reserialise_is_400(chain, endpoint, body):
+    with nothing_forwarded(chain):
+        assert_openai_error(post(chain, endpoint, body), 400)
+
+
+# ---- session ids that must never be used -------------------------------------------------------------
+
+BAD_IDS = {
+    "dot-dot path": b"../../etc/passwd",
+    "10k chars": b"A" * 10_000,
+    "201 chars": b"a" * 201,
+    "space": b"a b",
+    "leading dash": b"-abc",
+    "leading dot": b".hidden",
+    "slash": b"a/b",
+    "backslash": b"..\\..\\x",
+    "non-ascii utf-8": "s\u00e9ance".encode(),
+    "invalid utf-8": b"\xff\xfe",
+    "quote": b'a"b',
+}
+SESSION_HEADERS = ["x-switchyard-session-id", "proxy_x_session_id", "x-session-id", "thread-id", "session-id"]
+
+
+def _assert_uncorrelated_and_uncaptured(chain: Chain, response_status: int, rid: str, bad: bytes) -> None:
+    assert response_status == 200
+    # Switchyard saw the call, with no session at all: the bad id was neither forwarded nor replaced.
+    assert switchyard_session_of(chain, rid) == ""
+    assert not _session_dir(chain, bad).exists()
+
+
+@pytest.mark.parametrize("header", SESSION_HEADERS)
+@pytest.mark.parametrize("bad", list(BAD_IDS.values()), ids=list(BAD_IDS))
+def test_bad_session_id_header_is_never_forwarded_or_captured(chain, header, bad):
+    rid = request_id()
+    with nothing_captured(chain):
+        response = post_json(chain, "/responses", {"input": "hi"}, headers={header: bad, "x-request-id": rid})
+        _assert_uncorrelated_and_uncaptured(chain, response.status_code, rid, bad)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [v.decode("utf-8", "replace") for v in BAD_IDS.values()] + ["a\r\nb", "a\x00b"],
+    ids=list(BAD_IDS) + ["CRLF", "NUL"],
+)
+def test_bad_session_id_body_field_is_never_forwarded_or_captured(chain, bad):
+    rid = request_id()
+    with nothing_captured(chain):
+        response = post_json(
+            chain,
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "proxy_x_session_id": bad},
+            headers={"x-request-id": rid},
+        )
+        _assert_uncorrelated_and_uncaptured(chain, response.status_code, rid, bad.encode("utf-8", "surrogatepass"))
+    assert "proxy_x_session_id" not in chain.mock_requests()[-1]["body"]
+
+
+def test_bad_parent_id_is_dropped_but_the_call_is_still_captured(chain):
+    response = post_json(
+        chain,
+        "/responses",
+        {"input": "child"},
+        headers={"x-session-id": "child-of-bad-parent", "x-parent-session-id": "../../etc"},
+    )
+    assert response.status_code == 200
+    records = httpx.get(chain.v1 + "/sessions/child-of-bad-parent/completions", trust_env=False).json()["completions"]
+    assert [r["parent_session_id"] for r in records] == [None]
+
+
+@pytest.mark.parametrize("header", ["x-session-id", "x-switchyard-session-id", "x-parent-session-id"])
+@pytest.mark.parametrize("bad", [b"a\rb", b"a\nb", b"a\x00b", b"a\r\n\tb"], ids=["CR", "LF", "NUL", "CRLF fold"])
+def test_control_characters_in_a_header_are_refused_by_the_http_layer(chain, header, bad):
+    """uvicorn refuses these before the app runs: a plain-text 400 (not the OpenAI shape), nothing forwarded."""
+    with nothing_forwarded(chain):
+        status, _, _ = raw_request(
+            chain, "POST", b"/v1/responses", [header.encode() + b": " + bad], body=b'{"input": "hi"}'
+        )
+    assert status == 400
+
+
+ROLLOUT_PATH_IDS = {
+    "CRLF": b"a%0D%0Ab",
+    "NUL": b"a%00b",
+    "dot-dot": b"..",
+    "encoded dot-dot": b"%2e%2e",
+    "10k chars": b"A" * 10_000,
+    "space": b"a%20b",
+    "leading dash": b"-x",
+    "non-ascii": b"s%C3%A9ance",
+    "invalid utf-8": b"%FF%FE",
+    "encoded slashes": b"..%2F..%2Fetc",
+    "encoded slash": b"a%2Fb",
+    "raw NUL": b"a\x00b",
+}
+
+
+@pytest.mark.parametrize(
+    "endpoint, body",
+    [
+        ("/v1/responses", b'{"input": "hi"}'),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}]}'),
+    ],
+)
+@pytest.mark.parametrize("raw_id", list(ROLLOUT_PATH_IDS.values()), ids=list(ROLLOUT_PATH_IDS))
+def test_bad_rollout_prefix_id_is_never_forwarded_or_captured(chain, endpoint, body, raw_id):
+    rid = request_id()
+    upstream_before = chain.mock_stats()["requests"]
+    with nothing_captured(chain):
+        status, headers, reply = raw_request(
+            chain, "POST", b"/ng-rollout/" + raw_id + endpoint.encode(), [b"x-request-id: " + rid.encode()], body
+        )
+        if status == 200:
+            # The prefix was stripped and the call went on uncorrelated, as the design says.
+            _assert_uncorrelated_and_uncaptured(chain, status, rid, unquote_to_bytes(raw_id))
+        else:
+            # An id holding a slash moves the route (404); a raw NUL is not HTTP at all (uvicorn's 400).
+            assert status in (400, 404), (status, reply[:300])
+            if status == 404:
+                check_error_body(reply)
+            assert chain.mock_stats()["requests"] == upstream_before
+    assert f'session_id="{unquote_to_bytes(raw_id)[:40].decode("latin-1")}' not in chain.proc.output()
+
+
+# ---- the session API: no way out of the capture dir ----------------------------------------------------
+
+TRAVERSAL_IDS = {
+    "dot-dot": b"..",
+    "dot": b".",
+    "encoded dot-dot": b"%2e%2e",
+    "upper encoded dot-dot": b"%2E%2E",
+    "double encoded": b"%252e%252e",
+    "encoded slash to sentinel": b"..%2F..%2Fsentinel.txt",
+    "encoded slash to inner sentinel": b"..%2Fsentinel.txt",
+    "all encoded": b"%2e%2e%2f%2e%2e%2fsentinel.txt",
+    "encoded slash only": b"%2F",
+    "backslashes": b"..%5C..%5Csentinel.txt",
+    "NUL": b"a%00b",
+    "kept id then NUL": KEPT_SESSION.encode() + b"%00",
+    "kept id then slash": KEPT_SESSION.encode() + b"%2F..",
+    "CRLF": b"a%0D%0Ab",
+    "10k chars": b"A" * 10_000,
+    "201 chars": b"a" * 201,
+    "absolute path": b"%2Fetc%2Fpasswd",
+    "sessions dir name": b"sessions",
+}
+SESSION_ROUTES = [("GET", b"/completions"), ("GET", b"/tree"), ("GET", b"/rollout"), ("DELETE", b"")]
+
+
+def test_session_routes_never_leave_the_capture_dir(chain):
+    files_before = _capture_files(chain)
+    for raw_id in TRAVERSAL_IDS.values():
+        for method, suffix in SESSION_ROUTES:
+            target = b"/v1/sessions/" + raw_id + suffix
+            status, headers, body = raw_request(chain, method, target)
+            if status == 307:
+                # Starlette's trailing-slash redirect ("/v1/sessions//" -> "/v1/sessions"): harmless, nothing read.
+                assert b"location: http://127.0.0.1/v1/sessions\r\n" in headers + b"\r\n", headers
+                continue
+            assert status in (400, 404, 405), (method, target[:80], status, body[:300])
+            assert b"application/json" in headers
+            check_error_body(body)
+            assert SENTINEL_TEXT.encode() not in body
+    # Raw dot segments too: no client library normalises them away on a bare socket.
+    for target in (
+        b"/v1/sessions/../../sentinel.txt",
+        b"/v1/sessions/../sentinel.txt",
+        b"/v1/sessions/./..",
+        b"/v1/sessions/" + KEPT_SESSION.encode() + b"/../../sentinel.txt",
+    ):
+        for method in ("GET", "DELETE"):
+            status, _, body = raw_request(chain, method, target)
+            assert status in (400, 404, 405), (method, target, status, body[:300])
+            assert SENTINEL_TEXT.encode() not in body
+    for path in _sentinels(chain):
+        assert path.read_text() == SENTINEL_TEXT
+    assert _record_count(chain, KEPT_SESSION) == 1
+    assert _capture_files(chain) == files_before
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        b"parent=..",
+        b"parent=a%00b",
+        b"after=..%2Fx",
+        b"parent=" + b"A" * 10_000,
+        b"limit=-1",
+        b"limit=0",
+        b"limit=abc",
+        b"limit=99999999999999999999",
+        b"roots_only=maybe",
+    ],
+)
+def test_bad_session_list_parameters_are_400(chain, query):
+    status, _, body = raw_request(chain, "GET", b"/v1/sessions?" + query)
+    assert status == 400, body[:300]
+    check_error_body(body)
+
+
+def test_bad_rollout_parameter_is_400(chain):
+    response = httpx.get(
+        f"{chain.v1}/sessions/{KEPT_SESSION}/rollout", params={"allow_partial": "perhaps"}, trust_env=False
+    )
+    assert_openai_error(response, 400, param="allow_partial")
+
+
+def test_wrong_method_is_405_in_the_openai_shape(chain):
+    assert_openai_error(httpx.get(chain.v1 + "/responses", trust_env=False), 405)
+    assert_openai_error(httpx.delete(chain.v1 + "/sessions", trust_env=False), 405)
+
+
+def test_server_is_healthy_after_all_of_it(chain):
+    assert httpx.get(chain.url + "/health", trust_env=False).json()["status"] == "ok"
+    assert post_json(chain, "/responses", {"input": "still here?"}).status_code == 200
+    assert chain.proc.popen.poll() is None
+    for path in _sentinels(chain):
+        assert path.read_text() == SENTINEL_TEXT

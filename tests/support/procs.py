@@ -1,0 +1,91 @@
+"""Real loopback processes for tests: start one, wait until it answers, stop it by its pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Proc:
+    """A child process with its output in a file (so tests can read what it logged)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.log_path = Path(tempfile.mkstemp(prefix="proc-", suffix=".log")[1])
+        self._log = open(self.log_path, "wb")
+        full_env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.popen = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=str(cwd or REPO), start_new_session=True
+        )
+        self.pid = self.popen.pid
+
+    def output(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_http(self, url: str, timeout: float = 60.0, expect: int | None = 200) -> None:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(
+                    f"process exited with {self.popen.returncode} before ready:\n{self.output()[-3000:]}"
+                )
+            try:
+                response = httpx.get(url, timeout=1.0, trust_env=False)
+                if expect is None or response.status_code == expect:
+                    return
+                last = response.status_code
+            except httpx.HTTPError as exc:
+                last = exc
+            time.sleep(0.05)
+        raise TimeoutError(f"{url} not ready after {timeout}s (last: {last}):\n{self.output()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        if self.popen.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.popen.wait(5)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+        return self.popen.returncode
+
+
+def start_mock_upstream(port: int | None = None) -> tuple[Proc, str]:
+    port = port or free_port()
+    proc = Proc([sys.executable, "-m", "server.dev.mock_upstream", "--host", "127.0.0.1", "--port", str(port)])
+    proc.wait_http(f"http://127.0.0.1:{port}/health")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def start_server(
+    *args: str, env: dict[str, str] | None = None, port: int | None = None, wait: bool = True
+) -> tuple[Proc, str]:
+    """`switchyard-model serve ARGS` on a free port; returns the process and its root URL."""
+    port = port or free_port()
+    argv = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *args]
+    proc = Proc(argv, env=env)
+    url = f"http://127.0.0.1:{port}"
+    if wait:
+        proc.wait_http(url + "/health")
+    return proc, url

@@ -1,0 +1,430 @@
+"""The /v1/sessions HTTP API: envelopes, ordering, 404s, traversal, trees, rollouts and deletes."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import time
+import types
+
+import orjson
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from server.api.sessions import session_routes
+from server.capture.store import CaptureStore
+
+
+def chat_response(prompt, generation, content="hi", tool_calls=None):
+    message = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-test",
+        "model": "Qwen/Qwen3-0.6B",
+        "prompt_token_ids": list(prompt),
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+                "token_ids": list(generation),
+                "logprobs": {"content": [{"token": "t", "logprob": -0.5} for _ in generation]},
+            }
+        ],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(generation), "total_tokens": 0},
+    }
+
+
+def call(session_id, parent=None, messages=None, response=None, **overrides):
+    kwargs = dict(
+        session_id=session_id,
+        parent_session_id=parent,
+        rollout_id=None,
+        request_id=None,
+        chat_request={"messages": messages or [{"role": "user", "content": "hello"}]},
+        chat_response=response or chat_response([1, 2, 3], [7, 8]),
+        route="policy-model",
+        api="chat",
+        stream=False,
+        latency_ms=1.0,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def add(store, *calls):
+    for kwargs in calls:
+        assert store.submit_call(**kwargs)
+    assert store.flush(10)
+
+
+@pytest.fixture
+def store(tmp_path):
+    capture = CaptureStore(tmp_path / "captures")
+    capture.start()
+    yield capture
+    capture.close()
+
+
+@pytest.fixture
+def client(store):
+    app = Starlette(routes=session_routes(lambda: store))
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def populate(store):
+    add(
+        store,
+        call("root-1", captured_at="2026-01-01T00:00:00.000000+00:00"),
+        call("sub-1", parent="root-1"),
+        call("sub-2", parent="root-1"),
+        call("subsub", parent="sub-1"),
+        call("root-2"),
+    )
+
+
+def assert_openai_error(response, status):
+    assert response.status_code == status
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return body["error"]
+
+
+def test_list_sessions_envelope_and_tree(client, store):
+    populate(store)
+    response = client.get("/v1/sessions")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert body["schema_version"] == 1
+    assert body["has_more"] is False
+    assert body["next_after"] is None
+    assert {s["session_id"]: s["parent_session_id"] for s in body["sessions"]} == {
+        "root-1": None,
+        "root-2": None,
+        "sub-1": "root-1",
+        "sub-2": "root-1",
+        "subsub": "sub-1",
+    }
+    first = body["sessions"][0]
+    assert set(first) >= {"session_id", "parent_session_id", "record_count", "first_captured_at", "last_captured_at"}
+
+
+def test_list_sessions_empty(client):
+    assert client.get("/v1/sessions").json() == {
+        "schema_version": 1,
+        "sessions": [],
+        "has_more": False,
+        "next_after": None,
+    }
+
+
+def test_list_filters(client, store):
+    populate(store)
+
+    def ids(params):
+        return [s["session_id"] for s in client.get("/v1/sessions", params=params).json()["sessions"]]
+
+    assert ids({"parent": "root-1"}) == ["sub-1", "sub-2"]
+    assert ids({"roots_only": "true"}) == ["root-1", "root-2"]
+    assert ids({"roots_only": "false"}) == ["root-1", "root-2", "sub-1", "sub-2", "subsub"]
+    assert ids({"parent": "nobody"}) == []
+
+
+def test_list_paging(client, store):
+    populate(store)
+    seen, after = [], None
+    for _ in range(10):
+        params = {"limit": "2"} | ({"after": after} if after else {})
+        body = client.get("/v1/sessions", params=params).json()
+        seen += [s["session_id"] for s in body["sessions"]]
+        if not body["has_more"]:
+            assert body["next_after"] is None
+            break
+        after = body["next_after"]
+        assert after == body["sessions"][-1]["session_id"]
+    assert seen == ["root-1", "root-2", "sub-1", "sub-2", "subsub"]
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "abc"}, "limit"),
+        ({"limit": "100001"}, "limit"),
+        ({"roots_only": "maybe"}, "roots_only"),
+        ({"parent": "../x"}, "parent"),
+        ({"after": ".hidden"}, "after"),
+    ],
+)
+def test_list_rejects_bad_query(client, params, param):
+    error = assert_openai_error(client.get("/v1/sessions", params=params), 400)
+    assert error["param"] == param
+    assert error["type"] == "invalid_request_error"
+
+
+def test_completions_envelope(client, store):
+    add(store, call("sess-1"), call("sess-1", response=chat_response([1, 2, 3, 7, 8, 9], [10])))
+    response = client.get("/v1/sessions/sess-1/completions")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["schema_version"] == 1
+    assert body["session_id"] == "sess-1"
+    assert body["skipped"] == 0
+    assert len(body["completions"]) == 2
+    assert [r["generation_token_ids"] for r in body["completions"]] == [[7, 8], [10]]
+    assert all(r["session_id"] == "sess-1" and r["is_valid"] for r in body["completions"])
+
+
+def test_a_read_sees_calls_queued_before_it(client, store, monkeypatch):
+    # A slow disk: the record is still queued when the trainer asks for the session.
+    real_write = store._write
+
+    def slow_write(record):
+        time.sleep(0.3)
+        real_write(record)
+
+    monkeypatch.setattr(store, "_write", slow_write)
+    assert store.submit_call(**call("just-finished"))
+    body = client.get("/v1/sessions/just-finished/completions").json()
+    assert len(body["completions"]) == 1
+    assert store.submit_call(**call("just-finished-2"))
+    ids = [s["session_id"] for s in client.get("/v1/sessions").json()["sessions"]]
+    assert "just-finished-2" in ids
+
+
+def test_completions_sorted_by_captured_at_then_uuid(client, store):
+    # File names (uuids) in reverse order of time: order must come from (captured_at, uuid).
+    add(
+        store,
+        call("sess-1", record_uuid="c", captured_at="2026-01-01T00:00:00.000001+00:00"),
+        call("sess-1", record_uuid="b", captured_at="2026-01-01T00:00:00.000002+00:00"),
+        call("sess-1", record_uuid="a", captured_at="2026-01-01T00:00:00.000003+00:00"),
+        call("sess-1", record_uuid="0", captured_at="2026-01-01T00:00:00.000003+00:00"),
+    )
+    body = client.get("/v1/sessions/sess-1/completions").json()
+    assert [r["uuid"] for r in body["completions"]] == ["c", "b", "0", "a"]
+
+
+def test_completions_skip_a_torn_record_and_serve_the_rest(client, store):
+    add(store, call("sess-1"))
+    directory = store.capture_dir / "sessions" / hashlib.sha256(b"sess-1").hexdigest()
+    (directory / "0000-torn.json").write_bytes(b'{"schema_version": 1, "uu')
+    body = client.get("/v1/sessions/sess-1/completions").json()
+    assert len(body["completions"]) == 1
+    assert body["skipped"] == 1
+
+
+def test_ids_a_sanitiser_would_merge_stay_isolated(client, store):
+    add(store, call("tenant.a", response=chat_response([1], [2])), call("tenant_a", response=chat_response([5], [6])))
+    a = client.get("/v1/sessions/tenant.a/completions").json()["completions"]
+    b = client.get("/v1/sessions/tenant_a/completions").json()["completions"]
+    assert [r["prompt_token_ids"] for r in a] == [[1]]
+    assert [r["prompt_token_ids"] for r in b] == [[5]]
+
+
+def test_unknown_session_is_404(client, store):
+    populate(store)
+    for path in ("/v1/sessions/never/completions", "/v1/sessions/never/tree", "/v1/sessions/never/rollout"):
+        error = assert_openai_error(client.get(path), 404)
+        assert error["code"] == "session_not_found"
+    assert_openai_error(client.delete("/v1/sessions/never"), 404)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/sessions/%2E%2E/completions",
+        "/v1/sessions/..%2Fsecret/completions",
+        "/v1/sessions/.hidden/completions",
+        "/v1/sessions/a%0Ab/completions",
+        "/v1/sessions/" + "x" * 201 + "/completions",
+        "/v1/sessions/%2E%2E/tree",
+        "/v1/sessions/%2E%2E/rollout",
+    ],
+)
+def test_invalid_ids_are_404_and_never_reach_the_store(client, store, path, monkeypatch):
+    (store.capture_dir / "secret.json").write_bytes(orjson.dumps({"secret": True}))
+    (store.capture_dir / "sessions" / "secret.json").write_bytes(orjson.dumps({"secret": True}))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("an invalid id reached the store")
+
+    for name in ("read_completions", "session_info", "children", "delete_session"):
+        monkeypatch.setattr(store, name, forbidden)
+    response = client.get(path)
+    assert response.status_code == 404
+    assert "secret" not in response.text
+    assert client.delete(path.rsplit("/", 1)[0]).status_code in (404, 405)
+
+
+def test_tree_is_nested(client, store):
+    populate(store)
+    tree = client.get("/v1/sessions/root-1/tree").json()
+    assert tree == {
+        "session_id": "root-1",
+        "parent_session_id": None,
+        "record_count": 1,
+        "children": [
+            {
+                "session_id": "sub-1",
+                "parent_session_id": "root-1",
+                "record_count": 1,
+                "children": [{"session_id": "subsub", "parent_session_id": "sub-1", "record_count": 1, "children": []}],
+            },
+            {"session_id": "sub-2", "parent_session_id": "root-1", "record_count": 1, "children": []},
+        ],
+    }
+    assert client.get("/v1/sessions/sub-1/tree").json()["children"][0]["session_id"] == "subsub"
+
+
+def test_tree_survives_a_parent_cycle(client, store):
+    add(store, call("a", parent="b"), call("b", parent="a"))
+    tree = client.get("/v1/sessions/a/tree").json()
+    assert tree["children"][0]["session_id"] == "b"
+    assert tree["children"][0]["children"] == []
+
+
+def test_delete(client, store):
+    populate(store)
+    add(store, call("sub-2", parent="root-1"))
+    response = client.delete("/v1/sessions/sub-2")
+    assert response.status_code == 200
+    assert response.json() == {"deleted": True, "session_id": "sub-2", "records": 2}
+    assert_openai_error(client.get("/v1/sessions/sub-2/completions"), 404)
+    assert "sub-2" not in [s["session_id"] for s in client.get("/v1/sessions").json()["sessions"]]
+    assert [c["session_id"] for c in client.get("/v1/sessions/root-1/tree").json()["children"]] == ["sub-1"]
+    assert_openai_error(client.delete("/v1/sessions/sub-2"), 404)
+
+
+def test_capture_disabled_is_503():
+    app = Starlette(routes=session_routes(lambda: None))
+    with TestClient(app) as test_client:
+        error = assert_openai_error(test_client.get("/v1/sessions"), 503)
+        assert error["code"] == "capture_disabled"
+
+
+# ---- rollout endpoint -------------------------------------------------------------------------
+
+
+class FakeRolloutError(ValueError):
+    pass
+
+
+@pytest.fixture
+def fake_rollout(monkeypatch):
+    """Stands in for server.capture.rollout: records how the endpoint calls it."""
+    calls = []
+    module = types.ModuleType("server.capture.rollout")
+    module.RolloutError = FakeRolloutError
+
+    def reconstruct_tree(session_id, load_records, children_of, *, allow_partial=True):
+        calls.append({"session_id": session_id, "allow_partial": allow_partial})
+        if session_id == "broken":
+            raise FakeRolloutError("record 0 prompt does not extend the reconstructed history")
+        subagents = []
+        stack = list(children_of(session_id))
+        while stack:
+            child = stack.pop(0)
+            subagents.append({"session_id": child, "record_uuids": [r["uuid"] for r in load_records(child)]})
+            stack.extend(children_of(child))
+        return {
+            "session_id": session_id,
+            "record_uuids": [r["uuid"] for r in load_records(session_id)],
+            "subagents": subagents,
+        }
+
+    module.reconstruct_tree = reconstruct_tree
+    monkeypatch.setitem(sys.modules, "server.capture.rollout", module)
+    return calls
+
+
+def test_rollout_passes_records_children_and_allow_partial(client, store, fake_rollout):
+    populate(store)
+    body = client.get("/v1/sessions/root-1/rollout").json()
+    assert body["session_id"] == "root-1"
+    assert len(body["record_uuids"]) == 1
+    assert [s["session_id"] for s in body["subagents"]] == ["sub-1", "sub-2", "subsub"]
+    assert all(len(s["record_uuids"]) == 1 for s in body["subagents"])
+    assert fake_rollout[-1]["allow_partial"] is True
+    client.get("/v1/sessions/root-1/rollout", params={"allow_partial": "false"})
+    assert fake_rollout[-1]["allow_partial"] is False
+    assert_openai_error(client.get("/v1/sessions/root-1/rollout", params={"allow_partial": "perhaps"}), 400)
+
+
+def test_rollout_reconstruction_error_is_422(client, store, fake_rollout):
+    add(store, call("broken"))
+    error = assert_openai_error(client.get("/v1/sessions/broken/rollout"), 422)
+    assert "does not extend" in error["message"]
+
+
+def test_rollout_without_the_module_is_501(client, store, monkeypatch):
+    populate(store)
+    monkeypatch.setitem(sys.modules, "server.capture.rollout", None)  # import fails like a missing file
+    assert_openai_error(client.get("/v1/sessions/root-1/rollout"), 501)
+
+
+needs_rollout = pytest.mark.skipif(
+    importlib.util.find_spec("server.capture.rollout") is None,
+    reason="server/capture/rollout.py (reconstruction) is not in this tree yet",
+)
+
+
+@needs_rollout
+def test_real_rollout_of_a_two_call_session_with_a_subagent(client, store):
+    tool_call = {"id": "call_1", "type": "function", "function": {"name": "edit", "arguments": "{}"}}
+    system = {"role": "system", "content": "You are helpful."}
+    user = {"role": "user", "content": "Fix the bug."}
+    first_reply = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+    add(
+        store,
+        call(
+            "root-r",
+            messages=[system, user],
+            response=chat_response([1, 2, 3], [4, 5], content=None, tool_calls=[tool_call]),
+            captured_at="2026-01-01T00:00:01.000000+00:00",
+        ),
+        call(
+            "root-r",
+            messages=[system, user, first_reply, {"role": "tool", "tool_call_id": "call_1", "content": "edited ok"}],
+            response=chat_response([1, 2, 3, 4, 5, 6], [7], content="All fixed."),
+            captured_at="2026-01-01T00:00:02.000000+00:00",
+        ),
+        call("child-r", parent="root-r", messages=[user], response=chat_response([1, 9], [10], content="sub answer")),
+    )
+    response = client.get("/v1/sessions/root-r/rollout", params={"allow_partial": "false"})
+    assert response.status_code == 200, response.text
+    rollout = response.json()
+    assert rollout["session_id"] == "root-r"
+    assert rollout["partial_reason"] is None
+    assert rollout["mask_sample"] is False
+    assert len(rollout["record_uuids"]) == 2
+    generated = [item for item in rollout["output"] if "generation_token_ids" in item]
+    assert [item["generation_token_ids"] for item in generated] == [[4, 5], [7]]
+    assert [s["session_id"] for s in rollout["subagents"]] == ["child-r"]
+    assert rollout["subagents"][0]["parent_session_id"] == "root-r"
+
+
+@needs_rollout
+def test_real_rollout_rejects_a_broken_chain_when_strict(client, store):
+    add(
+        store,
+        call("chain", response=chat_response([1, 2, 3], [4]), captured_at="2026-01-01T00:00:01.000000+00:00"),
+        call(
+            "chain",
+            messages=[{"role": "user", "content": "different"}],
+            response=chat_response([9, 9], [5]),
+            captured_at="2026-01-01T00:00:02.000000+00:00",
+        ),
+    )
+    strict = client.get("/v1/sessions/chain/rollout", params={"allow_partial": "false"})
+    assert strict.status_code == 422
+    lenient = client.get("/v1/sessions/chain/rollout").json()
+    assert lenient["mask_sample"] is True
+    assert len(lenient["record_uuids"]) == 1

@@ -1,0 +1,731 @@
+"""Telemetry: span shape and links, GenAI attributes, metrics on /metrics and OTLP, joining Switchyard's trace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from middleware.correlation import Correlation
+from server.errors import OpenAIError
+from server.telemetry import core as telemetry_module
+from server.telemetry.core import DURATION_BUCKETS, TOKEN_BUCKETS, CallSpan, Telemetry
+from tests.support.otlp_receiver import OtlpReceiver
+from tests.support.procs import REPO, free_port
+
+CALLER_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+CALLER_SPAN_ID = "b7ad6b7169203331"
+CALLER_TRACEPARENT = f"00-{CALLER_TRACE_ID}-{CALLER_SPAN_ID}-01"
+
+REQUEST = {
+    "model": "demo",
+    "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "secret question"}],
+    "temperature": 0.2,
+    "top_p": 0.9,
+    "max_tokens": 64,
+    "stop": ["\n\n"],
+    "seed": 7,
+}
+RESPONSE = {
+    "id": "chatcmpl-123",
+    "object": "chat.completion",
+    "model": "mock-model",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "secret answer"}, "finish_reason": "stop"}],
+    "usage": {
+        "prompt_tokens": 12,
+        "completion_tokens": 5,
+        "total_tokens": 17,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    },
+}
+SESSION = Correlation(
+    session_id="rollout-7",
+    parent_session_id="rollout-6",
+    rollout_id="rollout-7",
+    source="path:ng-rollout",
+    request_id="req-abc",
+)
+
+OTEL_VARS = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_SDK_DISABLED",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_otel_env(monkeypatch):
+    """Each test decides its own OTEL_* configuration; the runner's environment must not leak in."""
+    for name in OTEL_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def settings(**extra) -> SimpleNamespace:
+    return SimpleNamespace(switchyard_base_url="http://127.0.0.1:4000/v1", **extra)
+
+
+def scope(traceparent: str | None = CALLER_TRACEPARENT, **extra) -> dict:
+    headers = [(b"content-type", b"application/json")]
+    if traceparent is not None:
+        headers.append((b"traceparent", traceparent.encode()))
+    return {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers, **extra}
+
+
+class Clock:
+    """Replaces the telemetry clock so durations are exact."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(telemetry_module, "_clock", fake)
+    return fake
+
+
+@pytest.fixture
+def traced():
+    exporter = InMemorySpanExporter()
+    reader = InMemoryMetricReader()
+    tel = Telemetry(settings(), span_exporter=exporter, metric_reader=reader)
+    yield tel, exporter, reader
+    tel.shutdown()
+
+
+def split(spans):
+    """(SERVER span, CLIENT span) of one call."""
+    assert len(spans) == 2, [s.name for s in spans]
+    by_kind = {s.kind: s for s in spans}
+    return by_kind[SpanKind.SERVER], by_kind[SpanKind.CLIENT]
+
+
+def hex_id(value: int, width: int) -> str:
+    return format(value, f"0{width}x")
+
+
+# ---- spans -----------------------------------------------------------------------------------------
+def test_non_stream_call_makes_a_server_span_and_a_client_child_in_the_callers_trace(traced):
+    tel, exporter, _ = traced
+    span = tel.start_call(
+        api="chat", route="demo", request=REQUEST, correlation=Correlation(), stream=False, scope=scope()
+    )
+    headers = {"x-request-id": "r1"}
+    span.upstream_headers(headers)
+    span.finish(RESPONSE)
+
+    server, client = split(exporter.get_finished_spans())
+    assert server.name == client.name == "chat demo"
+    # The caller's traceparent parents the SERVER span; the CLIENT span is its child.
+    assert hex_id(server.context.trace_id, 32) == CALLER_TRACE_ID
+    assert hex_id(server.parent.span_id, 16) == CALLER_SPAN_ID and server.parent.is_remote
+    assert client.context.trace_id == server.context.trace_id
+    assert client.parent.span_id == server.context.span_id
+    # What goes to Switchyard names the CLIENT span, so Switchyard's spans become its children.
+    assert headers["traceparent"] == f"00-{CALLER_TRACE_ID}-{hex_id(client.context.span_id, 16)}-01"
+    assert headers["x-request-id"] == "r1"
+
+    attrs = dict(client.attributes)
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.provider.name"] == "switchyard"
+    assert attrs["gen_ai.request.model"] == "demo"
+    assert attrs["openai.api.type"] == "chat_completions"
+    assert attrs["gen_ai.request.temperature"] == 0.2
+    assert attrs["gen_ai.request.top_p"] == 0.9
+    assert attrs["gen_ai.request.max_tokens"] == 64
+    assert attrs["gen_ai.request.seed"] == 7
+    assert tuple(attrs["gen_ai.request.stop_sequences"]) == ("\n\n",)
+    assert attrs["gen_ai.response.id"] == "chatcmpl-123"
+    assert attrs["gen_ai.response.model"] == "mock-model"
+    assert tuple(attrs["gen_ai.response.finish_reasons"]) == ("stop",)
+    assert attrs["gen_ai.usage.input_tokens"] == 12
+    assert attrs["gen_ai.usage.output_tokens"] == 5
+    assert attrs["gen_ai.usage.cache_read.input_tokens"] == 4
+    assert attrs["server.address"] == "127.0.0.1" and attrs["server.port"] == 4000
+    assert "gen_ai.request.stream" not in attrs and "error.type" not in attrs
+    assert client.status.status_code == StatusCode.UNSET
+
+    server_attrs = dict(server.attributes)
+    assert server_attrs["gen_ai.response.model"] == "mock-model"
+    assert server_attrs["http.request.method"] == "POST" and server_attrs["url.path"] == "/v1/chat/completions"
+    # Usage is counted once per trace: on the CLIENT span only.
+    assert not any(key.startswith("gen_ai.usage.") for key in server_attrs)
+    # No message content unless asked for.
+    for s in (server, client):
+        assert not any(
+            key.startswith(("gen_ai.input", "gen_ai.output.messages", "gen_ai.tool")) for key in s.attributes
+        )
+        assert "secret" not in repr(dict(s.attributes))
+
+
+def test_stream_span_covers_the_whole_stream_and_records_time_to_first_chunk(traced, clock):
+    tel, exporter, reader = traced
+    span = tel.start_call(
+        api="responses",
+        route="demo",
+        request={**REQUEST, "stream": True},
+        correlation=Correlation(),
+        stream=True,
+        scope=scope(),
+    )
+    span.upstream_headers({})
+    clock.now += 0.25
+    span.first_chunk()
+    clock.now += 0.5
+    span.first_chunk()  # only the first one counts
+    time.sleep(0.05)  # spans use the wall clock: the end must come after the last chunk
+    span.finish(RESPONSE)
+
+    server, client = split(exporter.get_finished_spans())
+    for s in (server, client):
+        assert s.attributes["gen_ai.request.stream"] is True
+        assert s.attributes["openai.api.type"] == "responses"
+        assert s.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(0.25)
+    assert client.end_time - client.start_time >= 50_000_000
+
+    points = metric_points(reader, "gen_ai.client.operation.time_to_first_chunk")
+    assert len(points) == 1 and points[0].count == 1 and points[0].sum == pytest.approx(0.25)
+    assert tuple(points[0].explicit_bounds) == DURATION_BUCKETS
+    duration = metric_points(reader, "gen_ai.client.operation.duration")
+    assert duration[0].sum == pytest.approx(0.75)
+
+
+def test_upstream_failure_sets_error_type_and_error_status(traced):
+    tel, exporter, reader = traced
+    span = tel.start_call(
+        api="chat", route="demo", request=REQUEST, correlation=Correlation(), stream=False, scope=scope()
+    )
+    span.upstream_headers({})
+    span.finish(None, OpenAIError(502, "cannot connect to the upstream", code="upstream_unreachable"))
+
+    server, client = split(exporter.get_finished_spans())
+    for s in (server, client):
+        assert s.attributes["error.type"] == "502"
+        assert s.status.status_code == StatusCode.ERROR
+        assert "cannot connect" in s.status.description
+        assert "gen_ai.response.id" not in s.attributes
+    assert client.attributes["switchyard_model.error.code"] == "upstream_unreachable"
+    (point,) = metric_points(reader, "gen_ai.client.operation.duration")
+    assert point.attributes["error.type"] == "502"
+
+
+def test_cancelled_and_unexpected_errors_have_their_own_error_types(traced):
+    tel, exporter, _ = traced
+    for error in (asyncio.CancelledError(), ValueError("boom")):
+        span = tel.start_call(
+            api="chat", route="demo", request=REQUEST, correlation=Correlation(), stream=True, scope=scope(None)
+        )
+        span.finish(None, error)
+    spans = exporter.get_finished_spans()
+    types = {s.attributes["error.type"] for s in spans}
+    assert types == {"cancelled", "ValueError"}
+    assert all(s.status.status_code == StatusCode.ERROR for s in spans)
+    # The unexpected error keeps its traceback as an exception event; a cancellation needs none.
+    value_server = next(s for s in spans if s.kind == SpanKind.SERVER and s.attributes["error.type"] == "ValueError")
+    assert [e.name for e in value_server.events] == ["exception"]
+
+
+def test_responses_shaped_usage_is_understood_too(traced):
+    """A passthrough (`upstream_api: responses`) call finishes with a Responses object."""
+    tel, exporter, _ = traced
+    span = tel.start_call(api="responses", route="demo", request={}, correlation=Correlation(), stream=False, scope={})
+    span.finish(
+        {
+            "id": "resp_1",
+            "object": "response",
+            "model": "mock-model",
+            "usage": {"input_tokens": 30, "output_tokens": 4, "input_tokens_details": {"cached_tokens": 8}},
+        }
+    )
+    _, client = split(exporter.get_finished_spans())
+    assert client.attributes["gen_ai.usage.input_tokens"] == 30
+    assert client.attributes["gen_ai.usage.output_tokens"] == 4
+    assert client.attributes["gen_ai.usage.cache_read.input_tokens"] == 8
+    assert sample(tel.prometheus_text(), "gen_ai_client_token_usage_sum", gen_ai_token_type="input") == 30
+
+
+def test_correlated_call_carries_session_rollout_and_parent_on_both_spans(traced):
+    tel, exporter, _ = traced
+    span = tel.start_call(
+        api="responses", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope=scope()
+    )
+    span.finish(RESPONSE)
+    for s in split(exporter.get_finished_spans()):
+        assert s.attributes["gen_ai.conversation.id"] == "rollout-7"
+        assert s.attributes["session.id"] == "rollout-7"
+        assert s.attributes["switchyard_model.parent_session.id"] == "rollout-6"
+        assert s.attributes["switchyard_model.rollout.id"] == "rollout-7"
+        assert s.attributes["switchyard_model.route"] == "demo"
+        assert s.attributes["switchyard_model.session.source"] == "path:ng-rollout"
+
+
+def test_uncorrelated_call_without_traceparent_starts_a_new_trace_without_session_attributes(traced):
+    tel, exporter, _ = traced
+    span = tel.start_call(api="chat", route="demo", request=REQUEST, correlation=Correlation(), stream=False, scope={})
+    span.finish(RESPONSE)
+    server, client = split(exporter.get_finished_spans())
+    assert server.parent is None
+    assert hex_id(server.context.trace_id, 32) != CALLER_TRACE_ID
+    assert client.parent.span_id == server.context.span_id
+    for s in (server, client):
+        assert "session.id" not in s.attributes and "gen_ai.conversation.id" not in s.attributes
+
+
+def test_malformed_traceparent_is_ignored(traced):
+    tel, exporter, _ = traced
+    span = tel.start_call(
+        api="chat",
+        route="demo",
+        request=REQUEST,
+        correlation=Correlation(),
+        stream=False,
+        scope=scope("00-not-a-trace-context"),
+    )
+    span.finish(RESPONSE)
+    server, _ = split(exporter.get_finished_spans())
+    assert server.parent is None
+
+
+def test_finish_is_idempotent_and_the_in_flight_count_returns_to_zero(traced):
+    tel, exporter, reader = traced
+    span = tel.start_call(
+        api="chat", route="demo", request=REQUEST, correlation=Correlation(), stream=False, scope=scope()
+    )
+    (active,) = metric_points(reader, "switchyard_model.calls.active")
+    assert active.value == 1
+    span.finish(RESPONSE)
+    span.finish(None, OpenAIError(502, "late"))
+    span.first_chunk()
+    assert len(exporter.get_finished_spans()) == 2
+    (active,) = metric_points(reader, "switchyard_model.calls.active")
+    assert active.value == 0
+    assert metric_points(reader, "gen_ai.client.operation.duration")[0].count == 1
+
+
+def test_message_content_only_when_opted_in():
+    exporter = InMemorySpanExporter()
+    tel = Telemetry(settings(otel_capture_content=True), span_exporter=exporter)
+    request = {**REQUEST, "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]}
+    response = {
+        **RESPONSE,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+                    ],
+                },
+            }
+        ],
+    }
+    span = tel.start_call(
+        api="chat", route="demo", request=request, correlation=Correlation(), stream=False, scope=scope()
+    )
+    span.finish(response)
+    server, client = split(exporter.get_finished_spans())
+    inputs = json.loads(client.attributes["gen_ai.input.messages"])
+    assert inputs[1] == {"role": "user", "parts": [{"type": "text", "content": "secret question"}]}
+    outputs = json.loads(client.attributes["gen_ai.output.messages"])
+    assert outputs == [
+        {
+            "role": "assistant",
+            "finish_reason": "tool_calls",
+            "parts": [{"type": "tool_call", "id": "call_1", "name": "lookup", "arguments": "{}"}],
+        }
+    ]
+    assert json.loads(client.attributes["gen_ai.tool.definitions"])[0]["function"]["name"] == "lookup"
+    # Content stays on the CLIENT span, the one that stands for the model call.
+    assert "gen_ai.input.messages" not in server.attributes
+    tel.shutdown()
+
+
+# ---- configuration -----------------------------------------------------------------------------------
+def test_without_an_exporter_there_are_no_spans_but_trace_context_and_metrics_still_flow(monkeypatch):
+    tel = Telemetry(settings())
+    assert tel.enabled is False
+    span = tel.start_call(api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope=scope())
+    assert not hasattr(span, "_server")
+    headers: dict[str, str] = {}
+    span.upstream_headers(headers)
+    # Nothing of ours to parent Switchyard's spans, so the caller's context is passed on unchanged.
+    assert headers == {"traceparent": CALLER_TRACEPARENT}
+    span.finish(RESPONSE)
+    bare = tel.start_call(api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope={})
+    no_headers: dict[str, str] = {}
+    bare.upstream_headers(no_headers)
+    assert no_headers == {}
+    bare.finish(RESPONSE)
+    assert "gen_ai_client_operation_duration_seconds_count{" in tel.prometheus_text()
+    assert sample(tel.prometheus_text(), "gen_ai_client_operation_duration_seconds_count") == 2
+    tel.shutdown()
+
+
+def test_sdk_disabled_turns_everything_off(monkeypatch):
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    tel = Telemetry(settings(otel_console=True), span_exporter=InMemorySpanExporter())
+    span = tel.start_call(api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope=scope())
+    assert type(span) is CallSpan
+    span.finish(RESPONSE)
+    assert tel.prometheus_text() == ""
+    tel.shutdown()
+
+
+def test_sampler_from_the_environment_still_propagates_an_unsampled_context(monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    exporter = InMemorySpanExporter()
+    tel = Telemetry(settings(), span_exporter=exporter)
+    span = tel.start_call(
+        api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope=scope(None)
+    )
+    headers: dict[str, str] = {}
+    span.upstream_headers(headers)
+    span.finish(RESPONSE)
+    assert exporter.get_finished_spans() == ()
+    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", headers["traceparent"])
+    assert int(headers["traceparent"][-2:], 16) & 1 == 0  # the sampled flag is off
+    assert sample(tel.prometheus_text(), "gen_ai_client_operation_duration_seconds_count") == 1
+    tel.shutdown()
+
+
+def test_providers_are_per_instance_and_never_global():
+    before = trace.get_tracer_provider()
+    first, second = InMemorySpanExporter(), InMemorySpanExporter()
+    tel_a = Telemetry(settings(), span_exporter=first)
+    tel_b = Telemetry(settings(), span_exporter=second)
+    tel_a.start_call(api="chat", route="a", request=REQUEST, correlation=SESSION, stream=False, scope={}).finish(
+        RESPONSE
+    )
+    assert {s.name for s in first.get_finished_spans()} == {"chat a"}
+    assert second.get_finished_spans() == ()
+    assert 'gen_ai_request_model="a"' not in tel_b.prometheus_text()
+    assert trace.get_tracer_provider() is before
+    tel_a.shutdown()
+    tel_b.shutdown()
+    tel_a.shutdown()  # idempotent
+
+
+def test_otlp_export_uses_the_standard_environment(monkeypatch):
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=test,team=rl")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        tel = Telemetry(settings())
+        assert tel.enabled
+        span = tel.start_call(
+            api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope=scope()
+        )
+        span.upstream_headers({})
+        span.finish(RESPONSE)
+        tel.shutdown()  # flushes the batch processor and the periodic metric reader
+        spans = receiver.wait_for(lambda: receiver.spans(CALLER_TRACE_ID))
+        assert {(s.kind, s.name) for s in spans} == {("SERVER", "chat demo"), ("CLIENT", "chat demo")}
+        for s in spans:
+            assert s.service_name == "switchyard-model"
+            assert s.resource["deployment.environment.name"] == "test" and s.resource["team"] == "rl"
+            assert s.attributes["session.id"] == "rollout-7"
+        (duration,) = receiver.wait_for(lambda: receiver.metrics("gen_ai.client.operation.duration"))
+        assert duration.kind == "histogram" and duration.unit == "s"
+        assert tuple(duration.points[0]["explicit_bounds"]) == DURATION_BUCKETS
+        assert all(r.content_type == "application/x-protobuf" for r in receiver.requests)
+
+
+def test_service_name_comes_from_otel_service_name(monkeypatch):
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.endpoint + "/v1/traces")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "policy-server")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        tel = Telemetry(settings())
+        tel.start_call(
+            api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope=scope()
+        ).finish(RESPONSE)
+        tel.shutdown()
+        spans = receiver.wait_for(lambda: receiver.spans(CALLER_TRACE_ID))
+        assert {s.service_name for s in spans} == {"policy-server"}
+        # Only the traces endpoint was given: metrics are not pushed anywhere.
+        assert not any(r.path == "/v1/metrics" for r in receiver.requests)
+
+        # The setting outranks the environment (which a hosted Switchyard shares with us).
+        tel = Telemetry(settings(otel_service_name="policy-front"))
+        tel.start_call(api="chat", route="named", request=REQUEST, correlation=SESSION, stream=False, scope={}).finish(
+            RESPONSE
+        )
+        tel.shutdown()
+        named = receiver.wait_for(lambda: [s for s in receiver.spans() if s.name == "chat named"])
+        assert {s.service_name for s in named} == {"policy-front"}
+
+
+def test_a_dead_collector_never_affects_calls_and_is_logged_once_per_interval(monkeypatch, caplog):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # seconds, as the Python exporter reads it
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    for name in telemetry_module._EXPORTER_LOGGERS:
+        for f in logging.getLogger(name).filters:
+            if isinstance(f, telemetry_module._OncePerInterval):
+                f.reset()
+    caplog.set_level(logging.WARNING)
+    tel = Telemetry(settings())
+    assert tel.enabled
+    for _ in range(3):
+        started = time.monotonic()
+        span = tel.start_call(
+            api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope=scope()
+        )
+        span.upstream_headers({})
+        span.finish(RESPONSE)
+        assert time.monotonic() - started < 0.9  # the call never waits on the exporter (1 s timeout)
+        tel.force_flush(timeout_s=5)
+    started = time.monotonic()
+    tel.shutdown(timeout_s=3)
+    assert time.monotonic() - started < 4
+    per_logger: dict[str, int] = {}
+    for record in caplog.records:
+        if record.name.startswith("opentelemetry"):
+            per_logger[record.name] = per_logger.get(record.name, 0) + 1
+    # Three failed span exports (and metric exports) without the filter; one line per logger with it.
+    assert per_logger.get("opentelemetry.exporter.otlp.proto.http.trace_exporter") == 1
+    assert all(count == 1 for count in per_logger.values()), per_logger
+
+
+# ---- /metrics --------------------------------------------------------------------------------------------
+def metric_points(reader: InMemoryMetricReader, name: str) -> list:
+    data = reader.get_metrics_data()
+    return [
+        point
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == name
+        for point in m.data.data_points
+    ]
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """`series{labels}` -> value, labels kept in their written order."""
+    series = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            series[key] = float(value)
+    return series
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The one series called `name` whose labels include `labels`."""
+    found = []
+    for key, value in parse_prometheus(text).items():
+        series, _, label_text = key.partition("{")
+        pairs = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', label_text))
+        if series == name and all(pairs.get(k) == v for k, v in labels.items()):
+            found.append(value)
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
+def test_metrics_route_serves_prometheus_histograms_with_the_conventions_buckets(clock):
+    tel = Telemetry(settings())
+    stats = {"written": 7, "failed": 1, "dropped": 2, "queue_depth": 3, "sessions": 4}
+    tel.capture_stats_source(lambda: stats)
+    app = Starlette(routes=[tel.metrics_route()])
+
+    for seconds, prompt_tokens in ((0.05, 10), (3.0, 3000)):
+        span = tel.start_call(
+            api="responses", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope={}
+        )
+        clock.now += seconds
+        span.finish({**RESPONSE, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 5}})
+    failed = tel.start_call(api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope={})
+    clock.now += 0.01
+    failed.finish(None, OpenAIError(504, "upstream timeout"))
+    in_flight = tel.start_call(api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=True, scope={})
+
+    with TestClient(app) as client:
+        reply = client.get("/metrics")
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = reply.text
+    assert "# TYPE gen_ai_client_operation_duration_seconds histogram" in text
+    assert "# TYPE gen_ai_client_token_usage histogram" in text
+
+    ok = {"openai_api_type": "responses", "gen_ai_response_model": "mock-model"}
+    name = "gen_ai_client_operation_duration_seconds"
+    bounds = re.findall(
+        r'gen_ai_client_operation_duration_seconds_bucket\{[^}]*openai_api_type="responses"'
+        r'[^}]*le="([^"]+)"\}',
+        text,
+    )
+    assert bounds == [repr(float(b)) for b in DURATION_BUCKETS] + ["+Inf"]
+    assert sample(text, name + "_bucket", le="0.04", **ok) == 0
+    assert sample(text, name + "_bucket", le="0.08", **ok) == 1
+    assert sample(text, name + "_bucket", le="2.56", **ok) == 1
+    assert sample(text, name + "_bucket", le="5.12", **ok) == 2
+    assert sample(text, name + "_bucket", le="+Inf", **ok) == 2
+    assert sample(text, name + "_count", **ok) == 2
+    assert sample(text, name + "_sum", **ok) == pytest.approx(3.05)
+    assert sample(text, name + "_count", error_type="504") == 1
+
+    tokens = "gen_ai_client_token_usage"
+    token_bounds = re.findall(
+        r'gen_ai_client_token_usage_bucket\{[^}]*gen_ai_token_type="input"[^}]*le="([^"]+)"\}', text
+    )
+    assert token_bounds == [repr(float(b)) for b in TOKEN_BUCKETS] + ["+Inf"]
+    assert sample(text, tokens + "_bucket", gen_ai_token_type="input", le="4.0") == 0
+    assert sample(text, tokens + "_bucket", gen_ai_token_type="input", le="16.0") == 1
+    assert sample(text, tokens + "_bucket", gen_ai_token_type="input", le="4096.0") == 2
+    assert sample(text, tokens + "_sum", gen_ai_token_type="input") == 3010
+    assert sample(text, tokens + "_count", gen_ai_token_type="output") == 2
+
+    assert sample(text, "switchyard_model_calls_active", openai_api_type="chat_completions") == 1
+    assert sample(text, "switchyard_model_calls_active", openai_api_type="responses") == 0
+    assert sample(text, "switchyard_model_capture_records_total", outcome="written") == 7
+    assert sample(text, "switchyard_model_capture_records_total", outcome="failed") == 1
+    assert sample(text, "switchyard_model_capture_records_total", outcome="dropped") == 2
+    assert sample(text, "switchyard_model_capture_queue_depth") == 3
+    stats["written"] = 9
+    assert sample(tel.prometheus_text(), "switchyard_model_capture_records_total", outcome="written") == 9
+    in_flight.finish(None, asyncio.CancelledError())
+    tel.shutdown()
+
+
+def test_a_failing_capture_stats_source_does_not_break_metrics():
+    tel = Telemetry(settings())
+
+    def broken() -> dict:
+        raise RuntimeError("store closed")
+
+    tel.capture_stats_source(broken)
+    tel.start_call(api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope={}).finish(
+        RESPONSE
+    )
+    text = tel.prometheus_text()
+    assert "switchyard_model_capture_records_total" not in text
+    assert sample(text, "gen_ai_client_operation_duration_seconds_count") == 1
+    tel.shutdown()
+
+
+def test_prometheus_names_and_label_escaping():
+    assert (
+        telemetry_module.prometheus_name("gen_ai.client.operation.duration", "s")
+        == "gen_ai_client_operation_duration_seconds"
+    )
+    assert telemetry_module.prometheus_name("gen_ai.client.token.usage", "{token}") == "gen_ai_client_token_usage"
+    assert (
+        telemetry_module.prometheus_name("switchyard_model.capture.records", "{record}", counter=True)
+        == "switchyard_model_capture_records_total"
+    )
+    assert telemetry_module._labels([("a.b", 'say "hi"\\\n')]) == '{a_b="say \\"hi\\"\\\\\\n"}'
+
+
+# ---- joined with a real Switchyard ----------------------------------------------------------------------
+_CHILD = r"""
+import json, sys
+import httpx
+from middleware.correlation import Correlation
+from server.telemetry.core import Telemetry
+from switchyard_rust.server import Server
+from types import SimpleNamespace
+
+deployment, caller_traceparent = sys.argv[1], sys.argv[2]
+tel = Telemetry(SimpleNamespace())
+assert tel.enabled, "OTLP endpoint not picked up"
+body = {"model": "otel-route", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+corr = Correlation(session_id="otel-session-1", parent_session_id="otel-parent-1")
+span = tel.start_call(api="chat", route="otel-route", request=body, correlation=corr, stream=False,
+                      scope={"headers": [(b"traceparent", caller_traceparent.encode())]})
+server = Server(deployment, port=0)
+tel.set_upstream(server.base_url)
+headers = {"x-switchyard-session-id": "otel-session-1"}
+span.upstream_headers(headers)
+reply = httpx.post(server.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=30, trust_env=False)
+span.finish(reply.json() if reply.status_code == 200 else None)
+server.close(timeout_secs=2.0)  # Switchyard flushes its spans on close
+tel.shutdown()
+print(json.dumps({"traceparent": headers["traceparent"], "status": reply.status_code}))
+"""
+
+
+@pytest.mark.integration
+def test_switchyard_spans_join_the_trace_under_our_client_span(mock_upstream, tmp_path):
+    deployment = tmp_path / "deploy.toml"
+    deployment.write_text(
+        "schema_version = 1\n"
+        '[llm_clients.mock]\nformat = "openai_chat"\n'
+        f'base_url = "{mock_upstream}/v1"\nmax_retries = 0\ntimeout_ms = 30000\n'
+        '[targets.mock]\nid = "mock-model"\nllm_client = "mock"\n'
+        '[routes.otel]\nid = "otel-route"\ntype = "passthrough"\ntarget = "mock"\n'
+    )
+    with OtlpReceiver() as receiver:
+        # Switchyard reads OTEL_* once per process, at its first Server(): a fresh process it is.
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "NO_PROXY": "127.0.0.1,localhost"}
+        # RUST_LOG filters Switchyard's spans as well as its log lines.
+        for name in (
+            "OTEL_SDK_DISABLED",
+            "OTEL_TRACES_EXPORTER",
+            "OTEL_TRACES_SAMPLER",
+            "OTEL_SERVICE_NAME",
+            "RUST_LOG",
+        ):
+            env.pop(name, None)
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(deployment), CALLER_TRACEPARENT],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        assert result["status"] == 200
+        client_span_id = result["traceparent"].split("-")[2]
+
+        def both_services():
+            spans = receiver.spans(CALLER_TRACE_ID)
+            services = {s.service_name for s in spans}
+            return spans if {"switchyard-model", "switchyard-server"} <= services else None
+
+        spans = receiver.wait_for(both_services, timeout=15)
+
+    ours = {s.kind: s for s in spans if s.service_name == "switchyard-model"}
+    theirs = [s for s in spans if s.service_name == "switchyard-server"]
+    assert ours["SERVER"].parent_span_id == CALLER_SPAN_ID
+    assert ours["CLIENT"].span_id == client_span_id
+    assert ours["CLIENT"].parent_span_id == ours["SERVER"].span_id
+    assert ours["CLIENT"].attributes["gen_ai.response.model"] == "mock-model"
+    assert ours["CLIENT"].attributes["gen_ai.usage.output_tokens"] > 0
+    # Switchyard's request span is the child of our CLIENT span; the rest hang below it.
+    theirs_by_id = {s.span_id: s for s in theirs}
+    roots = [s for s in theirs if s.parent_span_id not in theirs_by_id]
+    assert [(s.name, s.parent_span_id) for s in roots] == [("switchyard.request", client_span_id)]
+    session_values = {s.attributes.get(key) for s in theirs for key in ("session.id", "gen_ai.conversation.id")}
+    assert "otel-session-1" in session_values
