@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return run_serve(args)
     if args.command == "mock-upstream":
-        from server.dev.mock_upstream import run
+        from server.dev.mock_upstream.app import run
 
         run(host=args.host, port=args.port, model_name=args.model_name, max_model_len=args.max_model_len)
         return EXIT_OK
