@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
-# The one charset every id must fit: it becomes a header value and (hashed) a directory name.
-ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-MAX_ID_LENGTH = 200
+from server.ids import valid_id
+
 ROLLOUT_PREFIX = b"/ng-rollout/"
 
 # Header sources in precedence order, split around the `proxy_x_session_id` body field, which ranks
@@ -16,13 +14,6 @@ ROLLOUT_PREFIX = b"/ng-rollout/"
 _HEADERS_ABOVE_BODY = (b"x-switchyard-session-id", b"proxy_x_session_id")
 _HEADERS_BELOW_BODY = (b"x-session-id", b"thread-id", b"session-id")
 _PARENT_HEADERS = (b"x-parent-session-id", b"x-codex-parent-thread-id")
-
-
-def valid_id(value: str | None) -> str | None:
-    """The id if it is safe to forward and to use in a path, else None (the call goes uncorrelated)."""
-    if value and len(value) <= MAX_ID_LENGTH and ID_PATTERN.fullmatch(value):
-        return value
-    return None
 
 
 @dataclass(frozen=True, slots=True)

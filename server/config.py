@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import os
 import re
@@ -13,7 +14,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 log = logging.getLogger("switchyard_model.config")
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+def _profiles_dir() -> Path:
+    """The shipped deployments: the package `server.profiles` (the repo's top-level profiles/, mapped in
+    setup.py), found through importlib.resources so an installed wheel finds them as a checkout does."""
+    try:
+        return Path(str(importlib.resources.files("server.profiles")))
+    except ModuleNotFoundError:  # a checkout run without installing it: the repo's own folder
+        return Path(__file__).resolve().parent.parent / "profiles"
+
+
+PROFILES_DIR = _profiles_dir()
 
 # Gym's base server fields: a Gym YAML carries them, they mean nothing to a standalone server.
 _GYM_BASE_FIELDS = {"entrypoint", "name", "domain", "num_workers"}

@@ -25,6 +25,7 @@ from server.http.asgi import (
     send_error,
     send_json,
 )
+from server.ids import uncorrelated_session_id
 from server.state import AppState
 from server.translate.accumulate import ChatStreamAccumulator, chunks_from_completion
 from server.translate.convert import (
@@ -152,7 +153,7 @@ class ModelEndpoints:
         try:
             corr = call.correlation
             self.state.store.submit_call(
-                session_id=corr.session_id or f"uncorrelated-{call.request_id}",
+                session_id=corr.session_id or uncorrelated_session_id(call.request_id),
                 parent_session_id=corr.parent_session_id,
                 rollout_id=corr.rollout_id,
                 request_id=call.request_id,

@@ -12,9 +12,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from server.capture.record import SCHEMA_VERSION, is_valid_session_id
+from server.capture.record import SCHEMA_VERSION
 from server.capture.store import CaptureStore, UnknownSession
 from server.errors import OpenAIError
+from server.ids import is_valid_session_id
 
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10000

@@ -7,7 +7,7 @@ import uuid as uuid_module
 from datetime import UTC, datetime
 from typing import Any
 
-from middleware.correlation import valid_id
+from server.ids import is_valid_session_id
 
 SCHEMA_VERSION = 1
 
@@ -15,12 +15,6 @@ SCHEMA_VERSION = 1
 STATUSES = ("completed", "partial", "failed")
 
 _TOKEN_ID_PREFIX = "token_id:"
-
-
-def is_valid_session_id(value: object) -> bool:
-    """True when `value` may be used as a session id: the correlation middleware's rule. The id is
-    hashed into a directory name, but it is also echoed in URLs and logs."""
-    return isinstance(value, str) and valid_id(value) is not None
 
 
 def utc_timestamp() -> str:

@@ -19,7 +19,8 @@ from typing import Any
 
 import orjson
 
-from server.capture.record import build_record, is_valid_session_id, validate_record
+from server.capture.record import build_record, validate_record
+from server.ids import is_valid_session_id, uncorrelated_session_id
 
 log = logging.getLogger("switchyard_model.capture")
 
@@ -232,7 +233,7 @@ class CaptureStore:
             kwargs = {
                 **kwargs,
                 "record_uuid": record_uuid,
-                "session_id": f"uncorrelated-{record_uuid}",
+                "session_id": uncorrelated_session_id(record_uuid),
                 "parent_session_id": None,
             }
         elif kwargs.get("parent_session_id") is not None and not is_valid_session_id(kwargs["parent_session_id"]):

@@ -10,10 +10,9 @@ from typing import Any
 
 import httpx
 
+from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, load_settings, resolve_deployment
 from server.switchyard import profiles
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def add_profiles_parser(subparsers: Any) -> None:

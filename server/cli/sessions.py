@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -13,10 +11,12 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from server.capture.record import is_valid_session_id
 from server.capture.store import CaptureStore, UnknownSession
+from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from server.files import atomic_writer
+from server.ids import is_valid_session_id
+from server.urls import root_url
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _PAGE = 1000
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -139,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
 class _ServerSource:
     def __init__(self, url: str, timeout: float) -> None:
-        base = url.rstrip("/")
-        if base.endswith("/v1"):
-            base = base[: -len("/v1")]
+        base = root_url(url)
         parts = urlsplit(base)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise _Failed(f"--url must be an http(s) URL, got {url!r}")
@@ -269,15 +267,8 @@ def _export(source: _ServerSource | _DirectorySource, out: str | None, *, allow_
         sys.stdout.buffer.flush()
     else:
         # Written beside the target and renamed, so a trainer never reads half a file.
-        target = Path(out)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                write_all(handle)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_writer(out, mode=0o644) as handle:
+            write_all(handle)
     print(f"exported {len(roots) - failures} of {len(roots)} root sessions", file=sys.stderr)
     return EXIT_FAILED if failures else EXIT_OK
 

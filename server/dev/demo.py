@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -14,6 +15,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from server.cli.exits import EXIT_USAGE
 
 # Quiet Switchyard's per-request log lines, but keep the INFO spans it exports when OTLP is set
 # (RUST_LOG=warn alone would switch its span export off).
@@ -78,7 +81,7 @@ def _fake_weather(city: str) -> str:
 
 def run_agent(base_url: str) -> None:
     """A root agent with a tool call (Responses API), then a sub-agent it delegates to (Chat API)."""
-    import openai
+    import openai  # the `demo` extra: serving does not need it, run_demo checks it is there
 
     http = httpx.Client(trust_env=False, timeout=60)
     root = openai.OpenAI(
@@ -162,6 +165,13 @@ Press Ctrl-C to stop."""
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("openai") is None:
+        print(
+            "switchyard-model demo: the demo drives the chain with the openai SDK; "
+            "install it with: pip install 'switchyard-model[demo]'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"}
     mock_port = _free_port()
     port = args.port or _free_port()

@@ -7,7 +7,6 @@ import hashlib
 import importlib.metadata
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +16,9 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
+from server.files import write_atomic
 from server.switchyard import profiles
+from server.urls import root_url
 
 log = logging.getLogger("switchyard_model.provenance")
 
@@ -38,11 +39,6 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def _root(url: str) -> str:
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
 def _gym_mode(mode: str) -> str:
     """Gym's manifest says `hosted` or `attached`; ours has two ways of hosting."""
     return "attached" if mode in ("attach", "attached") else "hosted"
@@ -60,20 +56,7 @@ def redact_deployment(text: str, environ: dict[str, str] | None = None) -> str:
 def _write_private_json(path: Path, payload: Any) -> None:
     """Atomically replace `path` with `payload` as JSON, readable by this user only (0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # mkstemp is 0600
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
 
 
 def write_manifest(
@@ -100,7 +83,7 @@ def write_manifest(
         "route": route,
         "mode": _gym_mode(mode),
         "server_mode": mode,
-        "proxy_root_url": _root(proxy_root_url) if proxy_root_url else None,
+        "proxy_root_url": root_url(proxy_root_url) if proxy_root_url else None,
         "nemo_switchyard_version": _version("nemo-switchyard"),
         "switchyard_model_version": _version("switchyard-model"),
         "deployment_path": None if deployment_path is None else str(deployment_path),
@@ -119,14 +102,16 @@ def write_manifest(
     return path
 
 
-async def snapshot_stats(condition_dir: str | Path | None, root_url: str | None, timeout_s: float = 5.0) -> Path | None:
+async def snapshot_stats(
+    condition_dir: str | Path | None, proxy_url: str | None, timeout_s: float = 5.0
+) -> Path | None:
     """Save Switchyard's `GET {root}/v1/stats` as `switchyard-stats.json`; call it before closing Switchyard.
 
     Best-effort: an unreachable proxy, an HTTP error or an unwritable directory is a logged warning.
     """
-    if not condition_dir or not root_url:
+    if not condition_dir or not proxy_url:
         return None
-    url = _root(root_url) + "/v1/stats"
+    url = root_url(proxy_url) + "/v1/stats"
     # An HTTP_PROXY must not intercept a loopback call; a remote Switchyard may need it.
     loopback = urlsplit(url).hostname in _LOOPBACK
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from server.config import ConfigError, Settings, resolve_deployment
 from server.switchyard import profiles
+from server.urls import root_url
 
 log = logging.getLogger("switchyard_model.proxy")
 
@@ -37,12 +38,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def root_url(base_url: str) -> str:
-    """`http://h:p/v1/` → `http://h:p`: the server root that /health and /v1/... hang off."""
-    url = base_url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 class SwitchyardProxy:

@@ -12,7 +12,8 @@ import pytest
 
 from server.app import create_app
 from server.config import load_settings
-from server.switchyard.proxy import AttachedProxy, HostedProxy, LaunchedProxy, build_proxy, root_url
+from server.switchyard.proxy import AttachedProxy, HostedProxy, LaunchedProxy, build_proxy
+from server.urls import root_url
 from tests.support.procs import free_port
 
 GOOD = """schema_version = 1

@@ -1,0 +1,1 @@
+"""Switchyard deployments shipped with the server; installed as the package `server.profiles` (see pyproject.toml)."""
