@@ -13,12 +13,12 @@ import threading
 import time
 import uuid as uuid_module
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from server.capture.index import IndexView, RecordHeader, SessionIndex
 from server.capture.record import build_record, validate_record
 from server.ids import is_valid_session_id, uncorrelated_session_id
 
@@ -59,25 +59,6 @@ def _record_key(record: dict) -> tuple[str, str]:
     return (record.get("captured_at") or "", record.get("uuid") or "")
 
 
-@dataclass(slots=True)
-class _SessionEntry:
-    session_id: str
-    parent_session_id: str | None = None
-    parent_at: str = ""  # captured_at of the record the parent came from: the earliest one wins
-    record_count: int = 0
-    first_captured_at: str | None = None
-    last_captured_at: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "session_id": self.session_id,
-            "parent_session_id": self.parent_session_id,
-            "record_count": self.record_count,
-            "first_captured_at": self.first_captured_at,
-            "last_captured_at": self.last_captured_at,
-        }
-
-
 class _RateLimitedLog:
     """Logs a repeating failure at most once per interval, saying how many were suppressed."""
 
@@ -103,8 +84,10 @@ class _RateLimitedLog:
 class CaptureStore:
     """Writes capture records off the event loop and serves them back by session.
 
-    One process should own a capture directory for writing: the session index lives in memory
-    (rebuilt from disk by `start()`), while `read_completions` always reads the disk.
+    Several processes may write and read one capture directory (the workers of one server): every
+    read goes to the disk, and the session index is a cache of it, checked against the directories'
+    mtimes on each look (`shared_index=False` trusts memory instead: only for a directory one process
+    owns alone).
     """
 
     def __init__(
@@ -114,6 +97,7 @@ class CaptureStore:
         queue_size: int = 10000,
         capture_uncorrelated: bool = False,
         compress: bool = False,
+        shared_index: bool = True,
     ) -> None:
         self.capture_dir = Path(capture_dir)
         # Opt-in compact encoding: `<uuid>.json.gz` (gzip, level 1). Both kinds are always read, so
@@ -134,9 +118,14 @@ class CaptureStore:
         self._io_lock = threading.Lock()
         self._made_dirs: set[str] = set()
 
-        self._index_lock = threading.Lock()
-        self._index: dict[str, _SessionEntry] = {}
-        self._children: dict[str, set[str]] = {}
+        self._index = SessionIndex(
+            self.sessions_dir,
+            list_files=_record_files,
+            read_header=_read_header,
+            is_session_dir_name=_SESSION_DIR_NAME.fullmatch,  # type: ignore[arg-type]
+            on_skipped=lambda n: self._count("_skipped", n),
+            revalidate=shared_index,
+        )
 
         self._count_lock = threading.Lock()
         self._written = 0
@@ -156,7 +145,7 @@ class CaptureStore:
         store = cls(capture_dir, queue_size=1)
         store._read_only = True
         store._closed = True  # every submit is refused
-        store._scan()
+        store._index.refresh()
         return store
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -175,7 +164,7 @@ class CaptureStore:
         except OSError as exc:
             # Capture must not take the server down; every write will fail and be counted.
             log.error("capture directory %s is not usable: %s", self.sessions_dir, exc)
-        self._scan()
+        self._index.refresh()
         self._thread = threading.Thread(target=self._run, name="capture-writer", daemon=True)
         self._thread.start()
 
@@ -355,55 +344,15 @@ class CaptureStore:
     # ---- index -----------------------------------------------------------------------------
 
     def _note(self, record: dict) -> None:
-        session_id = record["session_id"]
-        captured_at = record["captured_at"]
-        parent = record.get("parent_session_id")
-        if parent is not None and not is_valid_session_id(parent):
-            parent = None
-        with self._index_lock:
-            entry = self._index.get(session_id)
-            if entry is None:
-                entry = self._index[session_id] = _SessionEntry(session_id)
-            entry.record_count += 1
-            if entry.first_captured_at is None or captured_at < entry.first_captured_at:
-                entry.first_captured_at = captured_at
-            if entry.last_captured_at is None or captured_at > entry.last_captured_at:
-                entry.last_captured_at = captured_at
-            if (
-                parent is not None
-                and parent != session_id
-                and (entry.parent_session_id is None or captured_at < entry.parent_at)
-            ):
-                if entry.parent_session_id is not None:
-                    self._children.get(entry.parent_session_id, set()).discard(session_id)
-                entry.parent_session_id = parent
-                entry.parent_at = captured_at
-                self._children.setdefault(parent, set()).add(session_id)
-
-    def _scan(self) -> None:
-        """Rebuild the index from disk; damaged or foreign files are skipped and counted."""
-        try:
-            session_dirs = list(os.scandir(self.sessions_dir))
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        except OSError as exc:
-            log.error("cannot read capture directory %s: %s", self.sessions_dir, exc)
-            return
-        skipped = 0
-        for session_dir in session_dirs:
-            if not (_SESSION_DIR_NAME.fullmatch(session_dir.name) and session_dir.is_dir(follow_symlinks=False)):
-                continue
-            for path in _record_files(session_dir.path):
-                record = _load_record(path)
-                if record is None or session_dir_name(record["session_id"]) != session_dir.name:
-                    skipped += 1
-                    continue
-                self._note(record)
-        if skipped:
-            self._count("_skipped", skipped)
-            log.warning("capture index skipped %d unreadable or foreign files under %s", skipped, self.sessions_dir)
+        """Tell the index about a record this process wrote, so no rescan has to parse it again."""
+        name = f"{record['uuid']}.json.gz" if self.compress else f"{record['uuid']}.json"
+        self._index.note_written(session_dir_name(record["session_id"]), name, _header(record))
 
     # ---- reads (sync; HTTP handlers call them from a worker thread) --------------------------
+
+    def index_view(self) -> IndexView:
+        """The session index as the disk has it now: one consistent snapshot for a whole request."""
+        return self._index.view()
 
     def list_sessions(
         self,
@@ -413,25 +362,13 @@ class CaptureStore:
         after: str | None = None,
     ) -> list[dict]:
         """Sessions sorted by id; `after` is the last id of the previous page."""
-        with self._index_lock:
-            entries = [
-                entry
-                for entry in self._index.values()
-                if (parent is None or entry.parent_session_id == parent)
-                and (not roots_only or entry.parent_session_id is None)
-                and (after is None or entry.session_id > after)
-            ]
-            entries.sort(key=lambda entry: entry.session_id)
-            return [entry.as_dict() for entry in entries[: max(0, limit)]]
+        return self._index.view().list_sessions(parent=parent, roots_only=roots_only, limit=limit, after=after)
 
     def session_info(self, session_id: str) -> dict | None:
-        with self._index_lock:
-            entry = self._index.get(session_id)
-            return entry.as_dict() if entry is not None else None
+        return self._index.view().session_info(session_id)
 
     def children(self, session_id: str) -> list[str]:
-        with self._index_lock:
-            return sorted(self._children.get(session_id, ()))
+        return self._index.view().children(session_id)
 
     def read_completions(self, session_id: str) -> tuple[list[dict], int]:
         """The session's records ordered by (captured_at, uuid), and how many files were skipped.
@@ -465,14 +402,7 @@ class CaptureStore:
             count = len(_record_files(str(directory)))
             shutil.rmtree(directory)
             self._made_dirs.discard(str(directory))
-            with self._index_lock:
-                entry = self._index.pop(session_id, None)
-                if entry is not None and entry.parent_session_id is not None:
-                    siblings = self._children.get(entry.parent_session_id)
-                    if siblings is not None:
-                        siblings.discard(session_id)
-                        if not siblings:
-                            del self._children[entry.parent_session_id]
+            self._index.forget(directory.name)
         return count
 
     # ---- counters ----------------------------------------------------------------------------
@@ -506,6 +436,21 @@ def _record_files(directory: str) -> list[str]:
             ]
     except OSError:
         return []
+
+
+def _header(record: dict) -> RecordHeader:
+    parent = record.get("parent_session_id")
+    if parent == record["session_id"] or not is_valid_session_id(parent):
+        parent = None
+    return RecordHeader(record["session_id"], parent, record["captured_at"], record["uuid"])
+
+
+def _read_header(path: str, dir_name: str) -> RecordHeader | None:
+    """What the index needs from one record file; None if unreadable or filed under another session."""
+    record = _load_record(path)
+    if record is None or session_dir_name(record["session_id"]) != dir_name:
+        return None
+    return _header(record)
 
 
 def _load_record(path: str) -> dict | None:

@@ -1,0 +1,294 @@
+"""The session index: which sessions a capture directory holds, with parents, counts and times, read from disk.
+
+The disk is the truth; memory is only a cache of it. Several processes (the workers of one server,
+or a server and an offline reader) can write and read one capture directory, so before answering,
+the index checks each session directory's modification time and rescans only the ones that changed.
+What a record file contributes (its session, parent and time) is read once per process and kept.
+
+A directory whose mtime is within `racy_window_ns` of when it was last scanned is rescanned on every
+look, however its mtime reads: file times come from a coarse clock, so a file added in the same tick
+as the scan could leave the mtime unchanged. Once a directory has been quiet longer than the window,
+any later change moves its mtime. (Git's "racily clean" rule, for the same reason.)
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# A directory modified this recently is rescanned every time. Covers the filesystem clock's tick
+# and modest clock differences between a network filesystem's server and this host.
+RACY_WINDOW_NS = 2_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    """What one record file tells the index."""
+
+    session_id: str
+    parent_session_id: str | None  # already checked to be a valid id other than the session's own
+    captured_at: str
+    uuid: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEntry:
+    session_id: str
+    parent_session_id: str | None
+    record_count: int
+    first_captured_at: str
+    last_captured_at: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "parent_session_id": self.parent_session_id,
+            "record_count": self.record_count,
+            "first_captured_at": self.first_captured_at,
+            "last_captured_at": self.last_captured_at,
+        }
+
+
+def summarise(headers: list[RecordHeader]) -> SessionEntry | None:
+    """A session's entry from its readable records; the parent of the earliest record that names one wins.
+
+    Ties on `captured_at` are broken by uuid, so every process derives the same parent.
+    """
+    if not headers:
+        return None
+    with_parent = [(h.captured_at, h.uuid, h.parent_session_id) for h in headers if h.parent_session_id]
+    times = [h.captured_at for h in headers]
+    return SessionEntry(
+        session_id=headers[0].session_id,
+        parent_session_id=min(with_parent)[2] if with_parent else None,
+        record_count=len(headers),
+        first_captured_at=min(times),
+        last_captured_at=max(times),
+    )
+
+
+class IndexView:
+    """One consistent snapshot of the index; never changes after it is built."""
+
+    def __init__(self, entries: list[SessionEntry]) -> None:
+        self._by_id = {entry.session_id: entry for entry in entries}
+        self._sorted = sorted(self._by_id)
+        children: dict[str, list[str]] = {}
+        for session_id in self._sorted:
+            parent = self._by_id[session_id].parent_session_id
+            if parent is not None:
+                children.setdefault(parent, []).append(session_id)
+        self._children = children
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def list_sessions(
+        self, parent: str | None = None, roots_only: bool = False, limit: int = 1000, after: str | None = None
+    ) -> list[dict]:
+        """Sessions sorted by id; `after` is the last id of the previous page."""
+        if parent is not None:
+            ids: list[str] = self._children.get(parent, [])
+        else:
+            ids = self._sorted
+        out: list[dict] = []
+        for session_id in ids:
+            if len(out) >= max(0, limit):
+                break
+            if after is not None and session_id <= after:
+                continue
+            entry = self._by_id[session_id]
+            if roots_only and entry.parent_session_id is not None:
+                continue
+            out.append(entry.as_dict())
+        return out
+
+    def session_info(self, session_id: str) -> dict | None:
+        entry = self._by_id.get(session_id)
+        return entry.as_dict() if entry is not None else None
+
+    def children(self, session_id: str) -> list[str]:
+        return list(self._children.get(session_id, ()))
+
+
+@dataclass(slots=True)
+class _DirState:
+    mtime_ns: int
+    scanned_ns: int  # wall clock just before the scan that produced `entry`
+    entry: SessionEntry | None
+
+
+class SessionIndex:
+    """Sessions under `sessions_dir`, derived from the record files and cached by directory mtime.
+
+    `list_files(dir)` gives a session directory's record files; `read_header(path, dir_name)` reads
+    one (None if unreadable or foreign). With `revalidate=False` the disk is read once, on the first
+    look, and afterwards only this process's own writes (`note_written`) are seen: correct only for a
+    directory that one process owns alone.
+    """
+
+    def __init__(
+        self,
+        sessions_dir: str | os.PathLike[str],
+        *,
+        list_files: Callable[[str], list[str]],
+        read_header: Callable[[str, str], RecordHeader | None],
+        is_session_dir_name: Callable[[str], bool],
+        on_skipped: Callable[[int], None] = lambda n: None,
+        revalidate: bool = True,
+        racy_window_ns: int = RACY_WINDOW_NS,
+    ) -> None:
+        self.sessions_dir = os.fspath(sessions_dir)
+        self.revalidate = revalidate
+        self._list_files = list_files
+        self._read_header = read_header
+        self._is_session_dir_name = is_session_dir_name
+        self._on_skipped = on_skipped
+        self._racy_window_ns = racy_window_ns
+
+        self._refresh_lock = threading.Lock()  # one refresh at a time; its file I/O runs under it
+        self._lock = threading.Lock()  # guards the maps below; held only briefly
+        self._loaded = False
+        self._top: _DirState | None = None  # the sessions/ directory itself (entry unused)
+        self._top_names: list[str] = []
+        self._dirs: dict[str, _DirState] = {}
+        # Per session directory: record file name -> header (None: unreadable). Read once per file.
+        self._headers: dict[str, dict[str, RecordHeader | None]] = {}
+        self._dirty: set[str] = set()  # directories this process wrote to since the last look
+        self._view: IndexView | None = None
+
+    # ---- what readers call -------------------------------------------------------------------
+
+    def view(self) -> IndexView:
+        """The index as the disk has it now (or, without revalidation, as this process left it)."""
+        if self.revalidate or not self._loaded:
+            self.refresh()
+        else:
+            self._apply_own_writes()
+        with self._lock:
+            if self._view is None:
+                self._view = IndexView([state.entry for state in self._dirs.values() if state.entry is not None])
+            return self._view
+
+    def __len__(self) -> int:
+        view = self._view
+        return len(view) if view is not None else sum(1 for s in self._dirs.values() if s.entry is not None)
+
+    # ---- what the writer calls ---------------------------------------------------------------
+
+    def note_written(self, dir_name: str, file_name: str, header: RecordHeader) -> None:
+        """A record this process just wrote: its header is known, so no rescan needs to parse it."""
+        with self._lock:
+            self._headers.setdefault(dir_name, {})[file_name] = header
+            self._dirty.add(dir_name)
+
+    def forget(self, dir_name: str) -> None:
+        """A session directory this process just removed."""
+        with self._lock:
+            self._headers.pop(dir_name, None)
+            self._dirty.discard(dir_name)
+            if self._dirs.pop(dir_name, None) is not None:
+                self._view = None
+            if self._top is not None:
+                self._top_names = [name for name in self._top_names if name != dir_name]
+
+    # ---- refreshing --------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Bring the cache in line with the disk, rescanning only directories whose mtime moved."""
+        with self._refresh_lock:
+            started_ns = time.time_ns()
+            names = self._session_dir_names(started_ns)
+            with self._lock:
+                old, dirty = dict(self._dirs), set(self._dirty)
+                self._dirty.clear()
+            fresh: dict[str, _DirState] = {}
+            changed = set(old) != set(names)
+            for name in names:
+                path = os.path.join(self.sessions_dir, name)
+                try:
+                    st = os.stat(path, follow_symlinks=False)
+                except OSError:
+                    changed = True
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    continue
+                state = old.get(name)
+                if state is not None and name not in dirty and self._still_valid(state, st.st_mtime_ns):
+                    fresh[name] = state
+                    continue
+                entry = self._scan_dir(name, path)
+                fresh[name] = _DirState(st.st_mtime_ns, started_ns, entry)
+                if state is None or state.entry != entry:
+                    changed = True
+            with self._lock:
+                self._dirs = fresh
+                for gone in set(self._headers) - set(fresh):
+                    if gone not in self._dirty:
+                        del self._headers[gone]
+                if changed:
+                    self._view = None
+                self._loaded = True
+
+    def _still_valid(self, state: _DirState, mtime_ns: int) -> bool:
+        return mtime_ns == state.mtime_ns and mtime_ns < state.scanned_ns - self._racy_window_ns
+
+    def _session_dir_names(self, started_ns: int) -> list[str]:
+        try:
+            mtime_ns = os.stat(self.sessions_dir).st_mtime_ns
+        except OSError:
+            self._top, self._top_names = None, []
+            return []
+        if self._top is not None and self._still_valid(self._top, mtime_ns):
+            return self._top_names
+        try:
+            with os.scandir(self.sessions_dir) as entries:
+                names = [entry.name for entry in entries if self._is_session_dir_name(entry.name)]
+        except OSError:
+            names = []
+        self._top, self._top_names = _DirState(mtime_ns, started_ns, None), names
+        return names
+
+    def _scan_dir(self, dir_name: str, path: str) -> SessionEntry | None:
+        files = self._list_files(path)
+        with self._lock:
+            known = dict(self._headers.get(dir_name, {}))
+        headers: dict[str, RecordHeader | None] = {}
+        skipped = 0
+        for file_path in files:
+            file_name = os.path.basename(file_path)
+            if file_name in known:
+                headers[file_name] = known[file_name]
+                continue
+            header = self._read_header(file_path, dir_name)
+            if header is None:
+                skipped += 1
+            headers[file_name] = header
+        with self._lock:
+            # Keep headers the writer noted meanwhile (their files were not listed yet).
+            current = self._headers.get(dir_name, {})
+            self._headers[dir_name] = {**{k: v for k, v in current.items() if k not in known}, **headers}
+        if skipped:
+            self._on_skipped(skipped)
+        return summarise([h for h in headers.values() if h is not None])
+
+    def _apply_own_writes(self) -> None:
+        """Without revalidation: fold this process's own writes into the cache, reading nothing."""
+        with self._lock:
+            if not self._dirty:
+                return
+            for name in self._dirty:
+                headers = [h for h in self._headers.get(name, {}).values() if h is not None]
+                state = self._dirs.get(name)
+                entry = summarise(headers)
+                if state is None:
+                    self._dirs[name] = _DirState(-1, 0, entry)
+                else:
+                    state.entry = entry
+            self._dirty.clear()
+            self._view = None

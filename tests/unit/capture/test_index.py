@@ -1,0 +1,179 @@
+"""The session index is a cache of the disk: two stores on one directory agree with an offline reader."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from server.capture import store as store_module
+from server.capture.index import RecordHeader, SessionIndex, summarise
+from server.capture.store import CaptureStore, session_dir_name
+from tests.unit.capture.test_store import call
+
+
+def alternate(writers: list[CaptureStore], calls: list[dict]) -> None:
+    """Each call goes to the next writer in turn, as a load balancer spreads one session's calls."""
+    for i, kwargs in enumerate(calls):
+        writer = writers[i % len(writers)]
+        assert writer.submit_call(**kwargs)
+        assert writer.flush(10)
+
+
+def session_calls() -> list[dict]:
+    # Root's calls alternate between the writers; the sub-agent's land on the second one only.
+    return [
+        call("root", captured_at="2026-01-01T00:00:01.000000+00:00"),
+        call("root", captured_at="2026-01-01T00:00:02.000000+00:00"),
+        call("root", captured_at="2026-01-01T00:00:03.000000+00:00"),
+        call("sub", parent="root", captured_at="2026-01-01T00:00:04.000000+00:00"),
+        call("other", captured_at="2026-01-01T00:00:05.000000+00:00"),
+        call("sub", parent="root", captured_at="2026-01-01T00:00:06.000000+00:00"),
+    ]
+
+
+def answers(store: CaptureStore) -> dict:
+    return {
+        "sessions": store.list_sessions(),
+        "roots": store.list_sessions(roots_only=True),
+        "children": store.children("root"),
+        "root": store.session_info("root"),
+    }
+
+
+def two_writers(tmp_path, shared: bool) -> tuple[CaptureStore, CaptureStore]:
+    first = CaptureStore(tmp_path, shared_index=shared)
+    second = CaptureStore(tmp_path, shared_index=shared)
+    first.start()
+    second.start()
+    return first, second
+
+
+def test_two_stores_on_one_directory_answer_like_an_offline_reader(tmp_path):
+    first, second = two_writers(tmp_path, shared=True)
+    try:
+        alternate([first, second], session_calls())
+        truth = answers(CaptureStore.open_read_only(tmp_path))
+        assert truth["children"] == ["sub"] and truth["root"]["record_count"] == 3
+        assert answers(first) == truth
+        assert answers(second) == truth
+    finally:
+        first.close()
+        second.close()
+
+
+def test_negative_control_an_index_kept_in_memory_disagrees(tmp_path):
+    """The same writes, with each store trusting its own memory: the failure the shared index removes."""
+    first, second = two_writers(tmp_path, shared=False)
+    try:
+        alternate([first, second], session_calls())
+        truth = answers(CaptureStore.open_read_only(tmp_path))
+        seen_by_first = answers(first)
+        assert seen_by_first != truth
+        # The first writer saw half of root's records and never heard of its sub-agent.
+        assert seen_by_first["root"]["record_count"] == 2
+        assert seen_by_first["children"] == []
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_delete_by_one_store_is_seen_by_the_other(tmp_path):
+    first, second = two_writers(tmp_path, shared=True)
+    try:
+        alternate([first, second], session_calls())
+        assert second.children("root") == ["sub"]
+        assert first.delete_session("sub") == 2
+        assert second.children("root") == []
+        assert "sub" not in [s["session_id"] for s in second.list_sessions()]
+        # And captured again through the other store, both see it come back.
+        alternate([second], [call("sub", parent="root")])
+        assert first.session_info("sub")["record_count"] == 1
+        assert first.children("root") == ["sub"]
+    finally:
+        first.close()
+        second.close()
+
+
+class CountingReader:
+    """Wraps the store's header reader, counting file reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self, path: str, dir_name: str) -> RecordHeader | None:
+        self.reads += 1
+        return store_module._read_header(path, dir_name)
+
+
+def index_on(tmp_path, reader: CountingReader, **kwargs) -> SessionIndex:
+    return SessionIndex(
+        tmp_path / "sessions",
+        list_files=store_module._record_files,
+        read_header=reader,
+        is_session_dir_name=store_module._SESSION_DIR_NAME.fullmatch,  # type: ignore[arg-type]
+        **kwargs,
+    )
+
+
+def age_directories(tmp_path, seconds: float = 60.0) -> None:
+    """Set every capture directory's mtime into the past: quiet for longer than the racy window."""
+    sessions = tmp_path / "sessions"
+    for path in [sessions, *sessions.iterdir()]:
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns - int(seconds * 1e9)))
+
+
+def test_each_record_file_is_read_once_per_process(tmp_path):
+    writer = CaptureStore(tmp_path)
+    writer.start()
+    alternate([writer], session_calls())
+    age_directories(tmp_path)
+    reader = CountingReader()
+    index = index_on(tmp_path, reader)
+    assert len(index.view()) == 3
+    assert reader.reads == 6
+    index.view()
+    assert reader.reads == 6  # nothing changed on disk: no file is read again
+    alternate([writer], [call("root")])
+    assert index.view().session_info("root")["record_count"] == 4
+    assert reader.reads == 7  # only the new file
+    writer.close()
+
+
+def test_a_directory_changed_within_the_racy_window_is_rescanned_even_if_its_mtime_did_not_move(tmp_path):
+    writer = CaptureStore(tmp_path)
+    writer.start()
+    alternate([writer], [call("root")])
+    directory = tmp_path / "sessions" / session_dir_name("root")
+
+    def add_a_record_keeping_the_mtime() -> None:
+        before = directory.stat()
+        alternate([writer], [call("root")])
+        os.utime(directory, ns=(before.st_atime_ns, before.st_mtime_ns))  # as a coarse clock tick would
+
+    index = index_on(tmp_path, CountingReader())
+    assert index.view().session_info("root")["record_count"] == 1
+    add_a_record_keeping_the_mtime()
+    assert index.view().session_info("root")["record_count"] == 2
+
+    # Negative control: with no racy window, the unchanged mtime hides the new record.
+    blind = index_on(tmp_path, CountingReader(), racy_window_ns=-(10**18))
+    assert blind.view().session_info("root")["record_count"] == 2
+    add_a_record_keeping_the_mtime()
+    assert blind.view().session_info("root")["record_count"] == 2
+    assert index.view().session_info("root")["record_count"] == 3
+    writer.close()
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_the_earliest_record_naming_a_parent_decides_it_whatever_the_read_order(order):
+    headers = [
+        RecordHeader("s", "parent-b", "2026-01-01T00:00:01+00:00", "uuid-b"),
+        RecordHeader("s", "parent-a", "2026-01-01T00:00:01+00:00", "uuid-a"),
+        RecordHeader("s", None, "2026-01-01T00:00:00+00:00", "uuid-0"),
+    ]
+    entry = summarise([headers[order[0]], headers[order[1]], headers[2]])
+    assert entry is not None
+    assert entry.parent_session_id == "parent-a"  # same time: the smaller uuid wins, in every process
+    assert entry.record_count == 3 and entry.first_captured_at == "2026-01-01T00:00:00+00:00"
