@@ -5,6 +5,8 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from server.ids import valid_id
 
 ROLLOUT_PREFIX = b"/ng-rollout/"
@@ -73,7 +75,7 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
         except UnicodeDecodeError:
             return None
 
-    # The first source present decides, as DESIGN.md orders them; if its id is malformed the call
+    # The first source present decides, in the order docs/http-api.md gives; if its id is malformed the call
     # goes on uncorrelated rather than falling through to a weaker source.
     session_id, source, outranks = None, None, False
     if path.startswith("/ng-rollout/") and new_path is not None:
@@ -92,8 +94,8 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
         source = None
     parent = None
     for name in _PARENT_HEADERS:
-        if value := header_id(name):
-            parent = value
+        if parent_id := header_id(name):
+            parent = parent_id
             break
     request_id = None
     raw_request_id = found.get(b"x-request-id")
@@ -109,10 +111,10 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
 class CorrelationMiddleware:
     """Pure ASGI: publishes the request's Correlation in a ContextVar and strips `/ng-rollout/<id>`."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

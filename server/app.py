@@ -112,6 +112,11 @@ def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | Non
 
         routes += session_routes(lambda: state.store)
 
+    exception_handlers: dict[Any, Callable[..., Any]] = {
+        HTTPException: _http_exception,
+        OpenAIError: _openai_error,
+        Exception: _unhandled,
+    }
     app = Starlette(
         routes=routes,
         # Outermost first: the Gym prefix is stripped before auth looks at the path.
@@ -121,7 +126,7 @@ def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | Non
             Middleware(ModelCallFastPath, handlers=model_handlers),
         ],
         lifespan=lambda app: lifespan(state),
-        exception_handlers={HTTPException: _http_exception, OpenAIError: _openai_error, Exception: _unhandled},
+        exception_handlers=exception_handlers,
     )
     app.state.switchyard = state
     return app

@@ -6,6 +6,7 @@ import importlib.resources
 import logging
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -172,7 +173,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
-    block = _interpolate_gym_env(_settings_block(doc, path))
+    block: dict[str, Any] = _interpolate_gym_env(_settings_block(doc, path))
     for key in _GYM_BASE_FIELDS & block.keys():
         block.pop(key)
     # Relative deployment paths in a file are relative to that file, not to the cwd.
@@ -185,10 +186,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 def load_settings(
     config_file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Settings:
     """Merge the sources, later wins: defaults < YAML < environment < explicit overrides (flags)."""
-    environ = os.environ if environ is None else environ
+    if environ is None:
+        environ = os.environ
     merged: dict[str, Any] = {}
     if config_file:
         merged.update(load_yaml(config_file))

@@ -45,10 +45,11 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 settings.switchyard_model,
             )
             default_route = None
-        state.route = settings.switchyard_model or default_route
+        state.route = settings.switchyard_model or default_route or ""
         if not state.route:
             raise RuntimeError("Switchyard exposes no route; set switchyard_model")
-        unknown = {settings.switchyard_model, *settings.model_aliases.values()} - state.routes - {None}
+        configured = {settings.switchyard_model, *settings.model_aliases.values()}
+        unknown = {route for route in configured if route} - state.routes
         if unknown and state.routes:
             log.warning("routes %s are not among Switchyard's routes %s", sorted(unknown), sorted(state.routes))
         if settings.max_concurrent_requests:

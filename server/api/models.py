@@ -24,7 +24,7 @@ def model_routes(state: AppState) -> list[Route]:
 
     async def health(request: Request) -> Response:
         up = await proxy_up(state)
-        body = {
+        body: dict[str, Any] = {
             "status": "ok" if up else "unavailable",
             "mode": state.proxy.mode,
             "route": state.route or None,
@@ -35,7 +35,7 @@ def model_routes(state: AppState) -> list[Route]:
         return json_response(200 if up else 503, body)
 
     async def models(request: Request) -> Response:
-        if not state.ready:
+        if not state.ready or state.upstream is None:
             raise OpenAIError(503, "Switchyard is not running", code="proxy_unavailable")
         try:
             upstream_models = await state.upstream.get_json("/models")

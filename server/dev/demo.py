@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -25,13 +26,13 @@ _QUIET_SWITCHYARD = "warn,switchyard_server=info,switchyard_server::request=warn
 ROOT_SESSION = "demo-root"
 CHILD_SESSION = "demo-child"
 
-WEATHER_TOOL = {
+WEATHER_TOOL: Any = {
     "type": "function",
     "name": "get_weather",
     "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
-SHELL_TOOL = {
+SHELL_TOOL: Any = {
     "type": "function",
     "function": {
         "name": "bash",
@@ -83,12 +84,12 @@ def run_agent(base_url: str) -> None:
     """A root agent with a tool call (Responses API), then a sub-agent it delegates to (Chat API)."""
     import openai  # the `demo` extra: serving does not need it, run_demo checks it is there
 
-    http = httpx.Client(trust_env=False, timeout=60)
+    http = openai.DefaultHttpxClient(trust_env=False, timeout=60)  # loopback: no proxy variables
     root = openai.OpenAI(
         base_url=base_url + "/v1", api_key="demo", http_client=http, default_headers={"x-session-id": ROOT_SESSION}
     )
     _say(f"1. root agent (session {ROOT_SESSION}), Responses API, asks for the weather with a tool:")
-    history: list = [{"role": "user", "content": 'Weather in Paris? [[mock:tool get_weather {"city": "Paris"}]]'}]
+    history: list[Any] = [{"role": "user", "content": 'Weather in Paris? [[mock:tool get_weather {"city": "Paris"}]]'}]
     first = root.responses.create(model="demo", input=history, tools=[WEATHER_TOOL])
     call = next(item for item in first.output if item.type == "function_call")
     _say(f"   model ({first.model}) called {call.name}({call.arguments})")
@@ -105,14 +106,15 @@ def run_agent(base_url: str) -> None:
         default_headers={"x-session-id": CHILD_SESSION, "x-parent-session-id": ROOT_SESSION},
     )
     _say(f"2. sub-agent (session {CHILD_SESSION}, parent {ROOT_SESSION}), streaming Chat API with a shell tool:")
-    messages: list = [{"role": "user", "content": 'List the files. [[mock:tool bash {"command": "ls"}]]'}]
+    messages: list[Any] = [{"role": "user", "content": 'List the files. [[mock:tool bash {"command": "ls"}]]'}]
     stream = child.chat.completions.create(model="demo", messages=messages, tools=[SHELL_TOOL], stream=True)
-    tool_call = {"id": None, "name": "", "arguments": ""}
+    tool_call: dict[str, Any] = {"id": None, "name": "", "arguments": ""}
     for chunk in stream:
         for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
             tool_call["id"] = delta_call.id or tool_call["id"]
-            tool_call["name"] += delta_call.function.name or ""
-            tool_call["arguments"] += delta_call.function.arguments or ""
+            if delta_call.function is not None:
+                tool_call["name"] += delta_call.function.name or ""
+                tool_call["arguments"] += delta_call.function.arguments or ""
     _say(f"   streamed tool call {tool_call['name']}({tool_call['arguments']})")
     messages.append(
         {

@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import IO, Any
 
 from server.config import ConfigError, Settings, resolve_deployment
 from server.switchyard import profiles
@@ -46,13 +47,14 @@ class SwitchyardProxy:
     mode = "attach"
 
     def __init__(self) -> None:
-        self.root_url: str | None = None
+        self.root_url = ""  # set once the proxy is up (or known, when attaching)
         self.deployment_path: Path | None = None  # the deployment as the user named it
         self._rendered_path: Path | None = None  # the private, interpolated copy Switchyard reads
         self.rendered: profiles.RenderedDeployment | None = None
 
     def _render_deployment(self) -> Path:
         """Interpolate `${VAR}` in the deployment and write it privately (0600) for Switchyard."""
+        assert self.deployment_path is not None, "only the launch modes render a deployment"
         self.rendered = profiles.render(self.deployment_path)
         self._rendered_path = profiles.write_private(self.rendered)
         return self._rendered_path
@@ -97,7 +99,7 @@ class HostedProxy(SwitchyardProxy):
         super().__init__()
         self.deployment_path = deployment
         self.port = port or 0
-        self._server = None
+        self._server: Any = None  # switchyard_rust.server.Server, imported only when hosting
 
     async def start(self) -> None:
         try:
@@ -114,6 +116,7 @@ class HostedProxy(SwitchyardProxy):
                 self._server = Server(str(config_path), port=self.port)
         except RuntimeError as exc:  # ServerConfigError is a RuntimeError too
             # Switchyard quotes TOML lines (which may hold secrets) and names the private copy.
+            assert self.rendered is not None
             message = profiles.switchyard_error(str(exc), self.rendered, config_path, str(self.deployment_path))
             self._forget_rendered()
             if "Address already in use" in message:
@@ -187,7 +190,7 @@ class LaunchedProxy(SwitchyardProxy):
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen | None = None
         self.restarts = 0
-        self._stderr_file = None
+        self._stderr_file: IO[bytes] | None = None
         self._supervisor: asyncio.Task | None = None
         self._closing = False
 
@@ -221,6 +224,7 @@ class LaunchedProxy(SwitchyardProxy):
         self._supervisor = asyncio.ensure_future(self._supervise())
 
     async def _spawn_until_ready(self) -> None:
+        assert self._rendered_path is not None, "start() renders the deployment first"
         argv = self._argv(self._rendered_path)
         try:
             self.process = subprocess.Popen(
