@@ -360,3 +360,20 @@ def test_quickstart_curl_examples_work_against_a_real_chain(chain):
                 assert any("generation_token_ids" in item for item in reply["output"]), c["url"]
             if url.endswith("/v1/responses"):
                 assert reply["status"] == "completed" and reply["output"], c["url"]
+
+
+# ---- the module map names exactly the modules that exist ------------------------------------------
+
+
+def test_module_map_names_every_module_and_no_other():
+    text = (DOCS / "architecture.md").read_text()
+    section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    mapped = set(re.findall(r"^\| `((?:server|middleware)/[\w/]+\.py)` \|", section, re.MULTILINE))
+    existing = {
+        path.relative_to(REPO).as_posix()
+        for folder in ("server", "middleware")
+        for path in (REPO / folder).rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    assert not existing - mapped, f"modules missing from docs/architecture.md's map: {sorted(existing - mapped)}"
+    assert not mapped - existing, f"the map names modules that do not exist: {sorted(mapped - existing)}"
