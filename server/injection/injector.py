@@ -1,0 +1,297 @@
+"""Decide, per correlated call, whether to inject the session's token history, and commit what happened.
+
+`prepare` runs before the upstream call: one `/tokenize` of the call's messages, the chain it
+extends (from memory, or rebuilt from the capture records), the ids attached through the
+transport, the output budget clamped. `finish` runs on the answer, before the client sees its
+end: it checks the engine's echo, advances (or seeds) the chain, and returns the record's
+`injection` object. No lock is held across the upstream call: a chain that moved meanwhile is not
+overwritten (the call forks a chain of its own instead).
+
+Every way injection can fail ends in a plain call: the client never sees an injection error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from server.injection.breaker import RouteBreaker
+from server.injection.chains import (
+    Chain,
+    ChainCache,
+    NoEndOfTurn,
+    chains_from_records,
+    end_of_turn,
+    env_suffix,
+    longest_match,
+    new_chain_id,
+    prefix_hash,
+)
+from server.injection.tokenize import Render, TokenizeClient, TokenizeError, template_options
+from server.injection.transports import Transport
+
+log = logging.getLogger("switchyard_model.injection")
+
+# Why a call went out plain (the record's `fallback_reason`; /metrics counts each).
+FIRST_CALL = "first_call"  # the session has no chain yet
+NO_MATCHING_CHAIN = "no_matching_chain"  # a side call, rewritten history, or a new conversation
+NO_EOT = "no_end_of_turn"  # the last generation hit its length limit, or the template has no end-of-turn
+ECHO_MISMATCH = "echo_mismatch"  # the engine did not use the ids (served plain by the engine itself)
+UPSTREAM_REJECTED = "upstream_rejected"  # the engine refused the field; re-sent without it
+TOKENIZE_FAILED = "tokenize_failed"
+PAUSED = "paused"  # too many fallbacks in a row on this route
+UNSUPPORTED = "unsupported"  # n > 1, or a request /tokenize cannot render
+INCOMPLETE = "incomplete"  # the call failed or was cut off: nothing to commit
+# The fallbacks that break a chain that was there to extend (reconstruction reports these as breaks).
+BREAKING_FALLBACKS = frozenset({NO_EOT, ECHO_MISMATCH, UPSTREAM_REJECTED, TOKENIZE_FAILED, PAUSED})
+
+# Margin for `max_tokens` under the context: the engine's chat render may be a few ids longer than /tokenize's.
+_CONTEXT_MARGIN = 8
+_POLL_S = 0.01
+
+
+@dataclass(slots=True)
+class Plan:
+    """One call's injection decision, carried from `prepare` to `finish`."""
+
+    session_id: str
+    route: str
+    body: dict[str, Any]  # what to send upstream
+    plain: dict[str, Any]  # the same call without the ids, for a re-issue
+    n_messages: int
+    render: Render | None = None
+    chain: Chain | None = None  # the chain this call extends or replaces
+    version: int = -1
+    sent: list[int] | None = None  # the ids attached, when injected
+    reason: str | None = None
+    record: dict[str, Any] | None = None  # the record's `injection` object, once finished
+
+    @property
+    def injected(self) -> bool:
+        return self.sent is not None
+
+
+class Injector:
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        tokenizer_for: Callable[[str], TokenizeClient | None],
+        read_records: Callable[[str], list[dict[str, Any]]] | None,
+        max_model_len_for: Callable[[str], int | None] = lambda route: None,
+        cache: ChainCache | None = None,
+        breaker: RouteBreaker | None = None,
+        rebuild_wait_s: float = 0.25,
+    ) -> None:
+        self.transport = transport
+        self._tokenizer_for = tokenizer_for
+        self._read_records = read_records
+        self._max_model_len_for = max_model_len_for
+        self.cache = cache if cache is not None else ChainCache()
+        self.breaker = breaker if breaker is not None else RouteBreaker(3, 300.0)
+        self.rebuild_wait_s = rebuild_wait_s
+        self.injected_total = 0
+        self.fallbacks: Counter[str] = Counter()
+
+    # ---- before the upstream call ----------------------------------------------------------
+
+    async def prepare(self, session_id: str, route: str, request: dict[str, Any]) -> Plan:
+        messages = request.get("messages") or []
+        plan = Plan(session_id, route, request, request, len(messages))
+        if request.get("n") not in (None, 1) or request.get("echo"):
+            plan.reason = UNSUPPORTED
+            return plan
+        tokenizer = self._tokenizer_for(route)
+        if tokenizer is None:
+            plan.reason = TOKENIZE_FAILED
+            return plan
+        try:
+            plan.render = await tokenizer.render(messages, request.get("tools"), template_options(request))
+        except TokenizeError as exc:
+            log.debug("tokenize failed: %s", exc)
+            plan.reason = TOKENIZE_FAILED
+            return plan
+        render = plan.render
+        chains, chain = await self._find_chain(session_id, messages, render.prefix)
+        plan.chain = chain
+        plan.version = chain.version if chain is not None else -1
+        if chain is None:
+            plan.reason = NO_MATCHING_CHAIN if chains else FIRST_CALL
+        elif self.breaker.paused(route):
+            plan.reason = PAUSED
+        elif chain.eot is None:
+            plan.reason = NO_EOT
+        else:
+            try:
+                suffix = env_suffix(render.prompt[chain.prefix_len :], chain.last_generation, chain.eot)
+            except NoEndOfTurn:
+                plan.reason = NO_EOT
+            else:
+                body = copy.copy(request)
+                plan.sent = self.transport.attach(body, chain.accumulated, suffix)
+                plan.body = body
+                self._clamp(plan, body, len(chain.accumulated) + len(suffix))
+        if not plan.injected:
+            self._clamp(plan, None, len(render.prompt))
+        return plan
+
+    async def _find_chain(
+        self, session_id: str, messages: list[Any], rendered: list[int]
+    ) -> tuple[list[Chain], Chain | None]:
+        """The chain this call continues: from memory, else from the records (waiting briefly for a
+        record another process is still writing when the call plainly continues a conversation)."""
+        chains = self.cache.get(session_id)
+        chain = longest_match(chains, rendered) if chains else None
+        if chain is not None and chain.continues(messages):
+            return chains or [], chain
+        if chains is not None and chain is None:
+            return chains, None  # memory is current and nothing matches: a side call or new history
+        # A miss (restart, another worker, eviction) or a stale chain (another process moved it on).
+        deadline = time.monotonic() + self.rebuild_wait_s
+        continues_a_turn = any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+        while True:
+            chains = await self._rebuild(session_id)
+            chain = longest_match(chains, rendered)
+            if chain is not None and chain.continues(messages):
+                return chains, chain
+            if not continues_a_turn or time.monotonic() >= deadline:
+                return chains, None
+            await asyncio.sleep(_POLL_S)
+
+    async def _rebuild(self, session_id: str) -> list[Chain]:
+        """Merge the records' chains into memory's: per chain, the further-advanced head wins.
+
+        Memory may be ahead of the disk (this process's records are written behind the answer),
+        and the disk ahead of memory (another process served the session meanwhile).
+        """
+        records: list[dict[str, Any]] = []
+        if self._read_records is not None:
+            try:
+                records = await asyncio.to_thread(self._read_records, session_id)
+            except Exception:  # an unknown session, or an unreadable directory: nothing to rebuild
+                records = []
+        merged = {chain.id: chain for chain in self.cache.get(session_id) or ()}
+        for chain in chains_from_records(records):
+            known = merged.get(chain.id)
+            if known is None or len(chain.accumulated) > len(known.accumulated):
+                merged[chain.id] = chain
+        return self.cache.put(session_id, list(merged.values()))
+
+    def _clamp(self, plan: Plan, body: dict[str, Any] | None, prompt_len: int) -> None:
+        """`max_tokens` ≤ max_model_len − prompt − margin, so the engine never rejects prompt + budget."""
+        limit = (plan.render.max_model_len if plan.render else None) or self._max_model_len_for(plan.route)
+        source = body if body is not None else plan.plain
+        requested = [v for k in ("max_tokens", "max_completion_tokens") if type(v := source.get(k)) is int]
+        if limit is None or not requested:
+            return
+        remaining = limit - prompt_len - _CONTEXT_MARGIN
+        if remaining <= 0 or remaining >= min(requested):
+            return
+        clamped = copy.copy(source)
+        clamped.pop("max_completion_tokens", None)
+        clamped["max_tokens"] = remaining
+        if body is not None:
+            plan.body = clamped
+        else:
+            plan.plain = plan.body = clamped
+
+    def reissue(self, plan: Plan) -> dict[str, Any]:
+        """The engine refused the injected call: the same call, plain."""
+        plan.sent = None
+        plan.reason = UPSTREAM_REJECTED
+        self.breaker.failed(plan.route, UPSTREAM_REJECTED)
+        if plan.render is not None:
+            self._clamp(plan, None, len(plan.render.prompt))
+        plan.body = plan.plain
+        return plan.plain
+
+    # ---- after the answer ------------------------------------------------------------------
+
+    def finish(self, plan: Plan, chat: dict[str, Any] | None, completed: bool = True) -> dict[str, Any]:
+        """Verify, commit, count; returns the record's `injection` object (also kept on the plan)."""
+        if plan.record is not None:
+            return plan.record
+        echo_ok: bool | None = None
+        head: Chain | None = None
+        prompt, generation, finish_reason = _token_fields(chat) if completed and chat else (None, None, None)
+        if prompt is None or generation is None:
+            if plan.injected or plan.reason is None:
+                plan.reason = INCOMPLETE
+        elif plan.injected:
+            assert plan.sent is not None
+            echo_ok = self.transport.echo_ok(plan.sent, prompt)
+            if echo_ok:
+                self.breaker.succeeded(plan.route)
+                head = self._commit(plan, prompt, generation, finish_reason)
+            else:
+                plan.reason = ECHO_MISMATCH
+                self.breaker.failed(plan.route, ECHO_MISMATCH)
+                head = self._commit(plan, prompt, generation, finish_reason)
+        elif plan.render is not None and prompt[: len(plan.render.prefix)] == plan.render.prefix:
+            # A plain answer seeds (or replaces) a chain only when the engine's render agrees with /tokenize's.
+            head = self._commit(plan, prompt, generation, finish_reason)
+        injected = plan.injected and echo_ok is True
+        if injected:
+            self.injected_total += 1
+        else:
+            self.fallbacks[plan.reason or INCOMPLETE] += 1
+        plan.record = {
+            "transport": self.transport.name,
+            "chain": head.id if head is not None else (plan.chain.id if plan.chain is not None else None),
+            "injected_len": len(plan.sent) if plan.sent is not None else 0,
+            "echo_ok": echo_ok,
+            "fallback_reason": None if injected else plan.reason,
+            "prefix_len": head.prefix_len if head is not None else None,
+            "prefix_hash": head.prefix_hash if head is not None else None,
+            "eot_token_id": head.eot if head is not None else None,
+        }
+        return plan.record
+
+    def _commit(self, plan: Plan, prompt: list[int], generation: list[int], finish_reason: Any) -> Chain:
+        """Advance the planned chain in place when it did not move meanwhile; otherwise start a new one."""
+        assert plan.render is not None
+        prefix = plan.render.prefix
+        fields = {
+            "accumulated": prompt + generation,
+            "last_generation": generation,
+            "eot": end_of_turn(generation, finish_reason),
+            "n_messages": plan.n_messages + 1,
+            "prefix_len": len(prefix),
+            "prefix_hash": prefix_hash(prefix),
+            "prefix": prefix,
+        }
+        chain = plan.chain
+        if chain is not None and chain.version == plan.version and self._cached(plan.session_id, chain):
+            for name, value in fields.items():
+                setattr(chain, name, value)
+            chain.version += 1
+            return chain
+        fresh = Chain(id=new_chain_id(), **fields)  # type: ignore[arg-type]
+        self.cache.add(plan.session_id, fresh)
+        return fresh
+
+    def _cached(self, session_id: str, chain: Chain) -> bool:
+        chains = self.cache.get(session_id)
+        return chains is not None and any(c is chain for c in chains)
+
+    def stats(self) -> dict[str, Any]:
+        return {"injected": self.injected_total, "fallbacks": dict(self.fallbacks), "sessions": len(self.cache)}
+
+
+def _token_fields(chat: dict[str, Any]) -> tuple[list[int] | None, list[int] | None, Any]:
+    choices = chat.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    prompt = chat.get("prompt_token_ids")
+    if prompt is None:
+        prompt = choice.get("prompt_token_ids")
+    generation = choice.get("token_ids")
+    ok = isinstance(prompt, list) and prompt and isinstance(generation, list) and generation
+    if not ok:
+        return None, None, None
+    return prompt, generation, choice.get("finish_reason")

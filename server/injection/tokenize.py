@@ -1,0 +1,114 @@
+"""The engine's chat-form `/tokenize`: the template render of a call's messages, one round trip per call.
+
+A call needs two renders: its messages without the generation prompt (the next call's cut point)
+and with it (to find the environment suffix). For templates whose generation prompt is a plain
+suffix, which is every common one, the generation prompt's ids are learned once per template
+configuration and appended locally, so the steady state is one round trip per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from server.upstream import http1
+
+log = logging.getLogger("switchyard_model.injection")
+
+
+class TokenizeError(Exception):
+    """The engine's /tokenize did not give a usable answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Render:
+    prefix: list[int]  # the messages' render without the generation prompt
+    prompt: list[int]  # ... with it: what the engine's own chat template would use as the prompt
+    max_model_len: int | None
+
+
+class TokenizeClient:
+    """Asks one engine's `/tokenize` (at its root: the `/v1` base URL without `/v1`)."""
+
+    def __init__(
+        self, base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0, max_connections: int = 64
+    ) -> None:
+        root = base_url.rstrip("/")
+        if root.endswith("/v1"):
+            root = root[:-3]
+        self.base_url = root
+        headers = {"content-type": "application/json"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self._pool = http1.Pool(
+            root,
+            connect_timeout=min(timeout_s, 10.0),
+            read_timeout=timeout_s,
+            max_connections=max_connections,
+            headers=headers,
+        )
+        self._timeout_s = timeout_s
+        # Per template configuration: the generation prompt's ids, or None when it is not a plain suffix.
+        self._generation_prompts: dict[bytes, list[int] | None] = {}
+
+    async def _tokenize(self, body: dict[str, Any]) -> tuple[list[int], int | None]:
+        try:
+            response = await asyncio.wait_for(self._pool.request("/tokenize", orjson.dumps(body), {}), self._timeout_s)
+            raw = await asyncio.wait_for(response.read(), self._timeout_s)
+        except (http1.HTTPError, TimeoutError) as exc:
+            raise TokenizeError(f"{self.base_url}/tokenize: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise TokenizeError(f"{self.base_url}/tokenize answered HTTP {response.status_code}: {raw[:200]!r}")
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise TokenizeError(f"{self.base_url}/tokenize answered invalid JSON") from exc
+        tokens = doc.get("tokens") if isinstance(doc, dict) else None
+        if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
+            raise TokenizeError(f"{self.base_url}/tokenize answered without a token list")
+        length = doc.get("max_model_len")
+        return tokens, length if type(length) is int and length > 0 else None
+
+    async def render(self, messages: list[Any], tools: Any, template: dict[str, Any]) -> Render:
+        """Render `messages` (with `tools` and template options such as chat_template_kwargs)."""
+        body: dict[str, Any] = {"messages": messages, **template}
+        if tools:
+            body["tools"] = tools
+        key = orjson.dumps(template, option=orjson.OPT_SORT_KEYS)
+        if key not in self._generation_prompts:
+            (prefix, length), (prompt, _) = await asyncio.gather(
+                self._tokenize({**body, "add_generation_prompt": False}),
+                self._tokenize({**body, "add_generation_prompt": True}),
+            )
+            if len(prompt) >= len(prefix) and prompt[: len(prefix)] == prefix:
+                self._generation_prompts[key] = prompt[len(prefix) :]
+            else:
+                log.warning(
+                    "this chat template's generation prompt is not a plain suffix: two /tokenize calls per call"
+                )
+                self._generation_prompts[key] = None
+            return Render(prefix, prompt, length)
+        suffix = self._generation_prompts[key]
+        if suffix is None:
+            (prefix, length), (prompt, _) = await asyncio.gather(
+                self._tokenize({**body, "add_generation_prompt": False}),
+                self._tokenize({**body, "add_generation_prompt": True}),
+            )
+            return Render(prefix, prompt, length)
+        prefix, length = await self._tokenize({**body, "add_generation_prompt": False})
+        return Render(prefix, prefix + suffix, length)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+# Request fields that change what the chat template renders; /tokenize must see the same ones.
+TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "add_special_tokens", "documents")
+
+
+def template_options(request: dict[str, Any]) -> dict[str, Any]:
+    return {name: request[name] for name in TEMPLATE_FIELDS if request.get(name) is not None}

@@ -1,0 +1,65 @@
+"""How token ids travel on the chat path for each engine, and how its echo proves it used them.
+
+- `vllm`: `kv_transfer_params.prompt_token_ids` (the field path is configurable: vLLM may add a
+  first-class field); the engine skips its template and uses the ids as the whole prompt.
+- `sglang`: `input_ids`, the same semantics.
+- `nemo_rl`: `required_prefix_token_ids` with the accumulated history only; the engine renders the
+  template and splices its own tail after the history's last end-of-turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+TRANSPORTS = ("vllm", "sglang", "nemo_rl")
+DEFAULT_VLLM_FIELD = "kv_transfer_params.prompt_token_ids"
+
+
+@dataclass(frozen=True, slots=True)
+class Transport:
+    name: str
+    field_path: tuple[str, ...]  # where the ids go in the chat body
+    sends_history_only: bool  # nemo_rl: the engine appends the suffix itself
+
+    @property
+    def field_name(self) -> str:
+        return ".".join(self.field_path)
+
+    def attach(self, body: dict[str, Any], history: list[int], suffix: list[int]) -> list[int]:
+        """Put the ids into `body` (in place; a caller's sibling keys are kept) and return what was sent."""
+        ids = list(history) if self.sends_history_only else history + suffix
+        target = body
+        for key in self.field_path[:-1]:
+            nested = target.get(key)
+            # Merged, never replaced: the caller's own kv_transfer_params stay as they were sent.
+            nested = dict(nested) if isinstance(nested, dict) else {}
+            target[key] = nested
+            target = nested
+        target[self.field_path[-1]] = ids
+        return ids
+
+    def echo_ok(self, sent: list[int], echoed: Any) -> bool:
+        """The engine's `prompt_token_ids` prove it used what was sent (a prefix, for nemo_rl's splice)."""
+        if not isinstance(echoed, list):
+            return False
+        if self.sends_history_only:
+            return len(echoed) > len(sent) and echoed[: len(sent)] == sent
+        return echoed == sent
+
+    def mentions(self, message: str) -> bool:
+        """Whether an upstream error message is about this transport's field."""
+        return any(part in message for part in self.field_path)
+
+
+def make_transport(name: str, vllm_field: str = DEFAULT_VLLM_FIELD) -> Transport:
+    if name == "vllm":
+        path = tuple(part for part in vllm_field.split(".") if part)
+        if not path:
+            raise ValueError("injection_vllm_field must name a field, e.g. kv_transfer_params.prompt_token_ids")
+        return Transport("vllm", path, False)
+    if name == "sglang":
+        return Transport("sglang", ("input_ids",), False)
+    if name == "nemo_rl":
+        return Transport("nemo_rl", ("required_prefix_token_ids",), True)
+    raise ValueError(f"unknown injection_transport {name!r}; expected one of {', '.join(TRANSPORTS)}")

@@ -1,0 +1,60 @@
+"""Transports: where the ids go for vLLM, SGLang and NeMo-RL, and what counts as the engine's proof."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.injection.transports import make_transport
+
+
+def test_vllm_merges_into_the_callers_kv_transfer_params():
+    t = make_transport("vllm")
+    body = {"messages": [], "kv_transfer_params": {"do_remote_prefill": True}}
+    sent = t.attach(body, [1, 2], [3])
+    assert sent == [1, 2, 3]
+    assert body["kv_transfer_params"] == {"do_remote_prefill": True, "prompt_token_ids": [1, 2, 3]}
+
+
+def test_vllm_does_not_touch_the_callers_dict():
+    t = make_transport("vllm")
+    theirs = {"x": 1}
+    body = {"kv_transfer_params": theirs}
+    t.attach(body, [1], [2])
+    assert theirs == {"x": 1}
+
+
+def test_vllm_field_is_configurable():
+    t = make_transport("vllm", "prompt_token_ids")
+    body: dict = {}
+    t.attach(body, [1], [2])
+    assert body == {"prompt_token_ids": [1, 2]}
+
+
+def test_sglang_uses_input_ids():
+    body: dict = {}
+    make_transport("sglang").attach(body, [1], [2])
+    assert body == {"input_ids": [1, 2]}
+
+
+def test_nemo_rl_sends_the_history_only_and_accepts_a_spliced_echo():
+    t = make_transport("nemo_rl")
+    body: dict = {}
+    sent = t.attach(body, [1, 2, 9], [20, 21])
+    assert body == {"required_prefix_token_ids": [1, 2, 9]} and sent == [1, 2, 9]
+    assert t.echo_ok(sent, [1, 2, 9, 20, 21])
+    assert not t.echo_ok(sent, [1, 3, 9, 20, 21])
+    assert not t.echo_ok(sent, [1, 2, 9])  # nothing spliced after the history
+
+
+def test_full_prompt_transports_need_an_exact_echo():
+    t = make_transport("vllm")
+    assert t.echo_ok([1, 2, 3], [1, 2, 3])
+    assert not t.echo_ok([1, 2, 3], [1, 2, 3, 4])
+    assert not t.echo_ok([1, 2, 3], None)
+
+
+def test_unknown_transport_and_empty_field_are_rejected():
+    with pytest.raises(ValueError, match="injection_transport"):
+        make_transport("grpc")
+    with pytest.raises(ValueError, match="injection_vllm_field"):
+        make_transport("vllm", "")
