@@ -23,7 +23,8 @@ from server.http.asgi import send_error
 from server.lifespan import lifespan
 from server.state import AppState
 from server.switchyard.proxy import build_proxy
-from server.telemetry.core import Telemetry
+from server.telemetry.prometheus import metrics_route
+from server.telemetry.spans import Telemetry
 
 log = logging.getLogger("switchyard_model.app")
 
@@ -105,7 +106,7 @@ def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | Non
     routes = [
         *(Route(path, handler, methods=["POST"]) for path, handler in model_handlers.items()),
         *model_routes(state),
-        state.telemetry.metrics_route(),
+        metrics_route(state.telemetry),
     ]
     if settings.capture:
         from server.api.sessions import session_routes

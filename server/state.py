@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from server.config import Settings
 from server.errors import OpenAIError
 from server.switchyard.proxy import SwitchyardProxy
-from server.telemetry.core import Telemetry
+from server.telemetry.spans import Telemetry
 from server.upstream.client import Upstream
 
 if TYPE_CHECKING:

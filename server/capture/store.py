@@ -21,6 +21,7 @@ import orjson
 from server.capture.index import IndexView, RecordHeader, SessionIndex
 from server.capture.record import build_record, validate_record
 from server.ids import is_valid_session_id, uncorrelated_session_id
+from server.logs import RateLimitedLog
 
 log = logging.getLogger("switchyard_model.capture")
 
@@ -57,28 +58,6 @@ def check_session_id(session_id: object) -> str:
 
 def _record_key(record: dict) -> tuple[str, str]:
     return (record.get("captured_at") or "", record.get("uuid") or "")
-
-
-class _RateLimitedLog:
-    """Logs a repeating failure at most once per interval, saying how many were suppressed."""
-
-    def __init__(self, interval_s: float = 30.0) -> None:
-        self._interval = interval_s
-        self._last = float("-inf")
-        self._suppressed = 0
-        self._lock = threading.Lock()
-
-    def error(self, message: str, *args: object) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._last < self._interval:
-                self._suppressed += 1
-                return
-            suppressed, self._suppressed, self._last = self._suppressed, 0, now
-        if suppressed:
-            message += " (%d similar errors suppressed)"
-            args = (*args, suppressed)
-        log.error(message, *args)
 
 
 class CaptureStore:
@@ -135,9 +114,7 @@ class CaptureStore:
         self._rejected = 0
         self._uncorrelated = 0
         # One limiter per kind of trouble, so a flood of one never hides the first of another.
-        self._write_errors = _RateLimitedLog()
-        self._drop_errors = _RateLimitedLog()
-        self._reject_errors = _RateLimitedLog()
+        self._errors = RateLimitedLog(log, 30.0)  # each kind of failure logged at most every 30 s
 
     @classmethod
     def open_read_only(cls, capture_dir: str | Path) -> CaptureStore:
@@ -236,7 +213,7 @@ class CaptureStore:
             problem = "uuid is not usable as a file name"
         if problem is not None:
             self._count("_rejected")
-            self._reject_errors.error("capture record rejected: %s", problem)
+            self._errors.error("capture record rejected: %s", problem)
             return False
         return self._enqueue(_RECORD, record)
 
@@ -249,7 +226,7 @@ class CaptureStore:
                 except queue.Full:
                     pass
         self._count("_dropped")
-        self._drop_errors.error("capture queue full or store closed; record dropped")
+        self._errors.error("capture queue full or store closed; record dropped")
         return False
 
     # ---- writer ----------------------------------------------------------------------------
@@ -285,7 +262,7 @@ class CaptureStore:
             self._count("_written")
         except Exception as exc:  # a capture failure must never escape into the server
             self._count("_failed")
-            self._write_errors.error("capture write failed: %s: %s", type(exc).__name__, exc)
+            self._errors.error("capture write failed: %s: %s", type(exc).__name__, exc)
 
     def _write(self, record: dict) -> None:
         data = orjson.dumps(record)

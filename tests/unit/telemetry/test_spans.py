@@ -1,134 +1,40 @@
-"""Telemetry: span shape and links, GenAI attributes, metrics on /metrics and OTLP, joining Switchyard's trace."""
+"""Spans of a model call (SERVER and CLIENT, attributes, errors, trace context) and the OTel configuration."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
 import re
-import subprocess
-import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from starlette.applications import Starlette
-from starlette.testclient import TestClient
 
 from middleware.correlation import Correlation
 from server.errors import OpenAIError
-from server.telemetry import core as telemetry_module
-from server.telemetry.core import DURATION_BUCKETS, TOKEN_BUCKETS, CallSpan, Telemetry
+from server.logs import OncePerInterval
+from server.telemetry import spans as spans_module
+from server.telemetry.metrics import DURATION_BUCKETS
+from server.telemetry.spans import CallSpan, Telemetry
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.procs import REPO, free_port
-
-CALLER_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
-CALLER_SPAN_ID = "b7ad6b7169203331"
-CALLER_TRACEPARENT = f"00-{CALLER_TRACE_ID}-{CALLER_SPAN_ID}-01"
-
-REQUEST = {
-    "model": "demo",
-    "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "secret question"}],
-    "temperature": 0.2,
-    "top_p": 0.9,
-    "max_tokens": 64,
-    "stop": ["\n\n"],
-    "seed": 7,
-}
-RESPONSE = {
-    "id": "chatcmpl-123",
-    "object": "chat.completion",
-    "model": "mock-model",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "secret answer"}, "finish_reason": "stop"}],
-    "usage": {
-        "prompt_tokens": 12,
-        "completion_tokens": 5,
-        "total_tokens": 17,
-        "prompt_tokens_details": {"cached_tokens": 4},
-    },
-}
-SESSION = Correlation(
-    session_id="rollout-7",
-    parent_session_id="rollout-6",
-    rollout_id="rollout-7",
-    source="path:ng-rollout",
-    request_id="req-abc",
+from tests.support.procs import free_port
+from tests.support.telemetry import (
+    CALLER_SPAN_ID,
+    CALLER_TRACE_ID,
+    CALLER_TRACEPARENT,
+    REQUEST,
+    RESPONSE,
+    SESSION,
+    hex_id,
+    metric_points,
+    sample,
+    scope,
+    settings,
+    split,
 )
-
-OTEL_VARS = (
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-    "OTEL_TRACES_EXPORTER",
-    "OTEL_METRICS_EXPORTER",
-    "OTEL_SDK_DISABLED",
-    "OTEL_SERVICE_NAME",
-    "OTEL_RESOURCE_ATTRIBUTES",
-    "OTEL_TRACES_SAMPLER",
-    "OTEL_TRACES_SAMPLER_ARG",
-    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
-    "OTEL_EXPORTER_OTLP_PROTOCOL",
-)
-
-
-@pytest.fixture(autouse=True)
-def clean_otel_env(monkeypatch):
-    """Each test decides its own OTEL_* configuration; the runner's environment must not leak in."""
-    for name in OTEL_VARS:
-        monkeypatch.delenv(name, raising=False)
-
-
-def settings(**extra) -> SimpleNamespace:
-    return SimpleNamespace(switchyard_base_url="http://127.0.0.1:4000/v1", **extra)
-
-
-def scope(traceparent: str | None = CALLER_TRACEPARENT, **extra) -> dict:
-    headers = [(b"content-type", b"application/json")]
-    if traceparent is not None:
-        headers.append((b"traceparent", traceparent.encode()))
-    return {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers, **extra}
-
-
-class Clock:
-    """Replaces the telemetry clock so durations are exact."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(telemetry_module, "_clock", fake)
-    return fake
-
-
-@pytest.fixture
-def traced():
-    exporter = InMemorySpanExporter()
-    reader = InMemoryMetricReader()
-    tel = Telemetry(settings(), span_exporter=exporter, metric_reader=reader)
-    yield tel, exporter, reader
-    tel.shutdown()
-
-
-def split(spans):
-    """(SERVER span, CLIENT span) of one call."""
-    assert len(spans) == 2, [s.name for s in spans]
-    by_kind = {s.kind: s for s in spans}
-    return by_kind[SpanKind.SERVER], by_kind[SpanKind.CLIENT]
-
-
-def hex_id(value: int, width: int) -> str:
-    return format(value, f"0{width}x")
 
 
 # ---- spans -----------------------------------------------------------------------------------------
@@ -489,9 +395,9 @@ def test_a_dead_collector_never_affects_calls_and_is_logged_once_per_interval(mo
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # seconds, as the Python exporter reads it
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    for name in telemetry_module._EXPORTER_LOGGERS:
+    for name in spans_module._EXPORTER_LOGGERS:
         for f in logging.getLogger(name).filters:
-            if isinstance(f, telemetry_module._OncePerInterval):
+            if isinstance(f, OncePerInterval):
                 f.reset()
     caplog.set_level(logging.WARNING)
     tel = Telemetry(settings())
@@ -515,217 +421,3 @@ def test_a_dead_collector_never_affects_calls_and_is_logged_once_per_interval(mo
     # Three failed span exports (and metric exports) without the filter; one line per logger with it.
     assert per_logger.get("opentelemetry.exporter.otlp.proto.http.trace_exporter") == 1
     assert all(count == 1 for count in per_logger.values()), per_logger
-
-
-# ---- /metrics --------------------------------------------------------------------------------------------
-def metric_points(reader: InMemoryMetricReader, name: str) -> list:
-    data = reader.get_metrics_data()
-    return [
-        point
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == name
-        for point in m.data.data_points
-    ]
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """`series{labels}` -> value, labels kept in their written order."""
-    series = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            series[key] = float(value)
-    return series
-
-
-def sample(text: str, name: str, **labels: str) -> float:
-    """The one series called `name` whose labels include `labels`."""
-    found = []
-    for key, value in parse_prometheus(text).items():
-        series, _, label_text = key.partition("{")
-        pairs = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', label_text))
-        if series == name and all(pairs.get(k) == v for k, v in labels.items()):
-            found.append(value)
-    assert len(found) == 1, (name, labels, found)
-    return found[0]
-
-
-def test_metrics_route_serves_prometheus_histograms_with_the_conventions_buckets(clock):
-    tel = Telemetry(settings())
-    stats = {"written": 7, "failed": 1, "dropped": 2, "queue_depth": 3, "sessions": 4}
-    tel.capture_stats_source(lambda: stats)
-    app = Starlette(routes=[tel.metrics_route()])
-
-    for seconds, prompt_tokens in ((0.05, 10), (3.0, 3000)):
-        span = tel.start_call(
-            api="responses", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope={}
-        )
-        clock.now += seconds
-        span.finish({**RESPONSE, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 5}})
-    failed = tel.start_call(api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope={})
-    clock.now += 0.01
-    failed.finish(None, OpenAIError(504, "upstream timeout"))
-    in_flight = tel.start_call(api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=True, scope={})
-
-    with TestClient(app) as client:
-        reply = client.get("/metrics")
-    assert reply.status_code == 200
-    assert reply.headers["content-type"].startswith("text/plain; version=0.0.4")
-    text = reply.text
-    assert "# TYPE gen_ai_client_operation_duration_seconds histogram" in text
-    assert "# TYPE gen_ai_client_token_usage histogram" in text
-
-    ok = {"openai_api_type": "responses", "gen_ai_response_model": "mock-model"}
-    name = "gen_ai_client_operation_duration_seconds"
-    bounds = re.findall(
-        r'gen_ai_client_operation_duration_seconds_bucket\{[^}]*openai_api_type="responses"'
-        r'[^}]*le="([^"]+)"\}',
-        text,
-    )
-    assert bounds == [repr(float(b)) for b in DURATION_BUCKETS] + ["+Inf"]
-    assert sample(text, name + "_bucket", le="0.04", **ok) == 0
-    assert sample(text, name + "_bucket", le="0.08", **ok) == 1
-    assert sample(text, name + "_bucket", le="2.56", **ok) == 1
-    assert sample(text, name + "_bucket", le="5.12", **ok) == 2
-    assert sample(text, name + "_bucket", le="+Inf", **ok) == 2
-    assert sample(text, name + "_count", **ok) == 2
-    assert sample(text, name + "_sum", **ok) == pytest.approx(3.05)
-    assert sample(text, name + "_count", error_type="504") == 1
-
-    tokens = "gen_ai_client_token_usage"
-    token_bounds = re.findall(
-        r'gen_ai_client_token_usage_bucket\{[^}]*gen_ai_token_type="input"[^}]*le="([^"]+)"\}', text
-    )
-    assert token_bounds == [repr(float(b)) for b in TOKEN_BUCKETS] + ["+Inf"]
-    assert sample(text, tokens + "_bucket", gen_ai_token_type="input", le="4.0") == 0
-    assert sample(text, tokens + "_bucket", gen_ai_token_type="input", le="16.0") == 1
-    assert sample(text, tokens + "_bucket", gen_ai_token_type="input", le="4096.0") == 2
-    assert sample(text, tokens + "_sum", gen_ai_token_type="input") == 3010
-    assert sample(text, tokens + "_count", gen_ai_token_type="output") == 2
-
-    assert sample(text, "switchyard_model_calls_active", openai_api_type="chat_completions") == 1
-    assert sample(text, "switchyard_model_calls_active", openai_api_type="responses") == 0
-    assert sample(text, "switchyard_model_capture_records_total", outcome="written") == 7
-    assert sample(text, "switchyard_model_capture_records_total", outcome="failed") == 1
-    assert sample(text, "switchyard_model_capture_records_total", outcome="dropped") == 2
-    assert sample(text, "switchyard_model_capture_queue_depth") == 3
-    stats["written"] = 9
-    assert sample(tel.prometheus_text(), "switchyard_model_capture_records_total", outcome="written") == 9
-    in_flight.finish(None, asyncio.CancelledError())
-    tel.shutdown()
-
-
-def test_a_failing_capture_stats_source_does_not_break_metrics():
-    tel = Telemetry(settings())
-
-    def broken() -> dict:
-        raise RuntimeError("store closed")
-
-    tel.capture_stats_source(broken)
-    tel.start_call(api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope={}).finish(
-        RESPONSE
-    )
-    text = tel.prometheus_text()
-    assert "switchyard_model_capture_records_total" not in text
-    assert sample(text, "gen_ai_client_operation_duration_seconds_count") == 1
-    tel.shutdown()
-
-
-def test_prometheus_names_and_label_escaping():
-    assert (
-        telemetry_module.prometheus_name("gen_ai.client.operation.duration", "s")
-        == "gen_ai_client_operation_duration_seconds"
-    )
-    assert telemetry_module.prometheus_name("gen_ai.client.token.usage", "{token}") == "gen_ai_client_token_usage"
-    assert (
-        telemetry_module.prometheus_name("switchyard_model.capture.records", "{record}", counter=True)
-        == "switchyard_model_capture_records_total"
-    )
-    assert telemetry_module._labels([("a.b", 'say "hi"\\\n')]) == '{a_b="say \\"hi\\"\\\\\\n"}'
-
-
-# ---- joined with a real Switchyard ----------------------------------------------------------------------
-_CHILD = r"""
-import json, sys
-import httpx
-from middleware.correlation import Correlation
-from server.telemetry.core import Telemetry
-from switchyard_rust.server import Server
-from types import SimpleNamespace
-
-deployment, caller_traceparent = sys.argv[1], sys.argv[2]
-tel = Telemetry(SimpleNamespace())
-assert tel.enabled, "OTLP endpoint not picked up"
-body = {"model": "otel-route", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
-corr = Correlation(session_id="otel-session-1", parent_session_id="otel-parent-1")
-span = tel.start_call(api="chat", route="otel-route", request=body, correlation=corr, stream=False,
-                      scope={"headers": [(b"traceparent", caller_traceparent.encode())]})
-server = Server(deployment, port=0)
-tel.set_upstream(server.base_url)
-headers = {"x-switchyard-session-id": "otel-session-1"}
-span.upstream_headers(headers)
-reply = httpx.post(server.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=30, trust_env=False)
-span.finish(reply.json() if reply.status_code == 200 else None)
-server.close(timeout_secs=2.0)  # Switchyard flushes its spans on close
-tel.shutdown()
-print(json.dumps({"traceparent": headers["traceparent"], "status": reply.status_code}))
-"""
-
-
-@pytest.mark.integration
-def test_switchyard_spans_join_the_trace_under_our_client_span(mock_upstream, tmp_path):
-    deployment = tmp_path / "deploy.toml"
-    deployment.write_text(
-        "schema_version = 1\n"
-        '[llm_clients.mock]\nformat = "openai_chat"\n'
-        f'base_url = "{mock_upstream}/v1"\nmax_retries = 0\ntimeout_ms = 30000\n'
-        '[targets.mock]\nid = "mock-model"\nllm_client = "mock"\n'
-        '[routes.otel]\nid = "otel-route"\ntype = "passthrough"\ntarget = "mock"\n'
-    )
-    with OtlpReceiver() as receiver:
-        # Switchyard reads OTEL_* once per process, at its first Server(): a fresh process it is.
-        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "NO_PROXY": "127.0.0.1,localhost"}
-        # RUST_LOG filters Switchyard's spans as well as its log lines.
-        for name in (
-            "OTEL_SDK_DISABLED",
-            "OTEL_TRACES_EXPORTER",
-            "OTEL_TRACES_SAMPLER",
-            "OTEL_SERVICE_NAME",
-            "RUST_LOG",
-        ):
-            env.pop(name, None)
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(deployment), CALLER_TRACEPARENT],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        assert result["status"] == 200
-        client_span_id = result["traceparent"].split("-")[2]
-
-        def both_services():
-            spans = receiver.spans(CALLER_TRACE_ID)
-            services = {s.service_name for s in spans}
-            return spans if {"switchyard-model", "switchyard-server"} <= services else None
-
-        spans = receiver.wait_for(both_services, timeout=15)
-
-    ours = {s.kind: s for s in spans if s.service_name == "switchyard-model"}
-    theirs = [s for s in spans if s.service_name == "switchyard-server"]
-    assert ours["SERVER"].parent_span_id == CALLER_SPAN_ID
-    assert ours["CLIENT"].span_id == client_span_id
-    assert ours["CLIENT"].parent_span_id == ours["SERVER"].span_id
-    assert ours["CLIENT"].attributes["gen_ai.response.model"] == "mock-model"
-    assert ours["CLIENT"].attributes["gen_ai.usage.output_tokens"] > 0
-    # Switchyard's request span is the child of our CLIENT span; the rest hang below it.
-    theirs_by_id = {s.span_id: s for s in theirs}
-    roots = [s for s in theirs if s.parent_span_id not in theirs_by_id]
-    assert [(s.name, s.parent_span_id) for s in roots] == [("switchyard.request", client_span_id)]
-    session_values = {s.attributes.get(key) for s in theirs for key in ("session.id", "gen_ai.conversation.id")}
-    assert "otel-session-1" in session_values

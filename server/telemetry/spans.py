@@ -1,0 +1,486 @@
+"""OpenTelemetry for model calls: provider setup and OTLP export, and the SERVER and CLIENT span of each call.
+
+The attributes come from attributes.py, the metrics from metrics.py, `/metrics` from prometheus.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.trace import SpanKind, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from server.logs import OncePerInterval, RateLimitedLog
+from server.telemetry.attributes import (
+    OPERATION,
+    PROVIDER_NAME,
+    api_type,
+    content_input_attributes,
+    content_output_attributes,
+    incoming_trace_headers,
+    record_error,
+    request_attributes,
+    response_attributes,
+    session_attributes,
+)
+from server.telemetry.metrics import (
+    DURATION_BUCKETS,
+    DURATION_METRIC,
+    TOKEN_BUCKETS,
+    TOKEN_METRIC,
+    TTFC_METRIC,
+    Attrs,
+    CallMetrics,
+)
+from server.telemetry.prometheus import prometheus_text
+
+log = logging.getLogger("switchyard_model.telemetry")
+
+# The GenAI semantic conventions we follow, pinned: they are still "Development" and keep changing
+# (the next release replaces gen_ai.client.token.usage with counters).
+SEMCONV_VERSION = "1.41.1"
+SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+INSTRUMENTATION_NAME = "switchyard_model"
+DEFAULT_SERVICE_NAME = "switchyard-model"
+
+# Exporter complaints (collector down) are let through once per this many seconds per logger.
+EXPORT_LOG_INTERVAL_S = 60.0
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.sdk._shared_internal",
+    "opentelemetry.sdk.trace.export",
+    "opentelemetry.sdk.metrics._internal.export",
+)
+_limited = RateLimitedLog(log, EXPORT_LOG_INTERVAL_S)  # our own repeating complaints, likewise
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_TRUE = {"1", "true", "yes", "on"}
+_clock = time.perf_counter  # call timings; tests replace it to get exact durations
+
+
+class CallSpan:
+    """The telemetry of one model call: a SERVER span and the CLIENT span of its upstream call.
+
+    This base class does nothing; it is what a call gets when telemetry is off altogether.
+    """
+
+    __slots__ = ()
+
+    def upstream_headers(self, headers: dict[str, str]) -> None:
+        """Add trace-context headers (traceparent) for the upstream call."""
+
+    def first_chunk(self) -> None:
+        """The upstream's first streamed chunk arrived."""
+
+    def finish(self, response: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
+        """The call ended (a chat.completion dict, or the error that ended it)."""
+
+
+_NOOP_SPAN = CallSpan()
+
+
+class Telemetry:
+    """Spans and metrics for one app: providers are per instance, never global, so apps can coexist.
+
+    Tracing is on only when some span exporter is configured (OTLP by `OTEL_EXPORTER_OTLP_*`, the
+    console by the `otel_console` setting or `OTEL_TRACES_EXPORTER=console`, or `span_exporter` from
+    a test); otherwise calls get a span-less CallSpan that only feeds the metrics. Metrics are always
+    collected (for GET /metrics) unless `OTEL_SDK_DISABLED=true`.
+    """
+
+    def __init__(
+        self,
+        settings: Any = None,
+        *,
+        span_exporter: SpanExporter | None = None,
+        metric_reader: MetricReader | None = None,
+    ) -> None:
+        self.settings = settings
+        self.capture_content = bool(getattr(settings, "otel_capture_content", False)) or _env_true(
+            "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+        )
+        self.disabled = _env_true("OTEL_SDK_DISABLED")
+        self.enabled = False  # spans are being made
+        self._tracer = None
+        self._tracer_provider: TracerProvider | None = None
+        self._meter_provider: MeterProvider | None = None
+        self.metrics: CallMetrics | None = None
+        self._server_attrs: dict[str, Any] = {}
+        self._metric_attrs_cache: dict[tuple[str, str], Attrs] = {}
+        self._shutdown = False
+        base_url = getattr(settings, "switchyard_base_url", None)
+        if base_url:
+            self.set_upstream(base_url)
+        if self.disabled:
+            return
+        _tame_exporter_logs()
+        resource = _resource(getattr(settings, "otel_service_name", None))
+        self._setup_tracing(settings, resource, span_exporter)
+        self._setup_metrics(resource, metric_reader)
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def _setup_tracing(self, settings: Any, resource: Resource, test_exporter: SpanExporter | None) -> None:
+        chosen = _exporter_names("OTEL_TRACES_EXPORTER")
+        processors = []
+        targets = []
+        if test_exporter is not None:
+            # Tests want finished spans at once, not after a batch delay.
+            processors.append(SimpleSpanProcessor(test_exporter))
+            targets.append(type(test_exporter).__name__)
+        if "none" not in chosen:
+            if "otlp" in chosen and _otlp_endpoint("TRACES"):
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+                _warn_if_not_http_protobuf("TRACES")
+                exporter = OTLPSpanExporter()
+                processors.append(BatchSpanProcessor(exporter))
+                targets.append(f"OTLP {getattr(exporter, '_endpoint', '')}".strip())
+            if "console" in chosen or getattr(settings, "otel_console", False):
+                from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+                processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
+                targets.append("console")
+        if not processors:
+            return
+        log.info("OpenTelemetry: spans go to %s", ", ".join(targets))
+        # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), read by the SDK.
+        provider = TracerProvider(resource=resource, shutdown_on_exit=True)
+        for processor in processors:
+            provider.add_span_processor(processor)
+        self._tracer_provider = provider
+        self._tracer = provider.get_tracer(INSTRUMENTATION_NAME, _package_version(), schema_url=SCHEMA_URL)
+        self.enabled = True
+
+    def _setup_metrics(self, resource: Resource, test_reader: MetricReader | None) -> None:
+        self.metrics = CallMetrics()
+        readers: list[MetricReader] = [] if test_reader is None else [test_reader]
+        exporting = False
+        chosen = _exporter_names("OTEL_METRICS_EXPORTER")
+        if "none" not in chosen and "otlp" in chosen and _otlp_endpoint("METRICS"):
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+            _warn_if_not_http_protobuf("METRICS")
+            # The export interval comes from OTEL_METRIC_EXPORT_INTERVAL, read by the SDK.
+            readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+            exporting = True
+        if not readers:
+            return  # /metrics only: the plain aggregator is all there is
+        views = [
+            View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(bounds))
+            for name, bounds in (
+                (DURATION_METRIC, DURATION_BUCKETS),
+                (TTFC_METRIC, DURATION_BUCKETS),
+                (TOKEN_METRIC, TOKEN_BUCKETS),
+            )
+        ]
+        provider = MeterProvider(
+            metric_readers=readers,
+            resource=resource,
+            views=views,
+            exemplar_filter=AlwaysOffExemplarFilter(),
+            shutdown_on_exit=exporting,
+        )
+        self._meter_provider = provider
+        self.metrics.mirror_to(provider.get_meter(INSTRUMENTATION_NAME, _package_version(), schema_url=SCHEMA_URL))
+
+    # ---- wiring --------------------------------------------------------------------------------
+    def set_upstream(self, base_url: str) -> None:
+        """Where Switchyard listens (server.address/server.port); call once it is known."""
+        try:
+            parts = urlsplit(base_url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return
+        if parts.hostname:
+            self._server_attrs = {"server.address": parts.hostname, "server.port": port}
+            self._metric_attrs_cache.clear()
+
+    def capture_stats_source(self, fn: Callable[[], Mapping[str, int]]) -> None:
+        """Register the capture store's counters (`written`, `failed`, `dropped`, `queue_depth`)."""
+        if self.metrics is not None:
+            self.metrics.capture_stats = fn
+
+    # ---- calls ---------------------------------------------------------------------------------
+    def start_call(
+        self, *, api: str, route: str, request: dict, correlation: Any, stream: bool, scope: dict
+    ) -> CallSpan:
+        """Begin the telemetry of one model call; never raises (telemetry must not fail a call)."""
+        if self.metrics is None:
+            return _NOOP_SPAN
+        try:
+            incoming = incoming_trace_headers(scope)
+            metric_attrs = self._metric_attrs(api, route)
+            if self._tracer is None:
+                return _MeteredCall(self, metric_attrs, incoming)
+            return _TracedCall(
+                self,
+                metric_attrs,
+                incoming,
+                api=api,
+                route=route,
+                request=request,
+                correlation=correlation,
+                stream=stream,
+                scope=scope,
+            )
+        except Exception:
+            _limited.warning("telemetry could not start a call's spans", exc_info=True)
+            return _NOOP_SPAN
+
+    def _metric_attrs(self, api: str, route: str) -> Attrs:
+        key = (api, route)
+        attrs = self._metric_attrs_cache.get(key)
+        if attrs is None:
+            attrs = (
+                ("gen_ai.operation.name", OPERATION),
+                ("gen_ai.provider.name", PROVIDER_NAME),
+                ("gen_ai.request.model", route),
+                ("openai.api.type", api_type(api)),
+                *self._server_attrs.items(),
+            )
+            self._metric_attrs_cache[key] = attrs
+        return attrs
+
+    # ---- /metrics --------------------------------------------------------------------------------
+    def prometheus_text(self) -> str:
+        """The current metrics in the Prometheus text exposition format (0.0.4)."""
+        return prometheus_text(self.metrics) if self.metrics is not None else ""
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def force_flush(self, timeout_s: float = 5.0) -> bool:
+        """Push out buffered spans and metrics now (tests, and before a planned exit)."""
+        ok = True
+        if self._tracer_provider is not None:
+            ok = self._tracer_provider.force_flush(int(timeout_s * 1000)) and ok
+        if self._meter_provider is not None:
+            ok = self._meter_provider.force_flush(int(timeout_s * 1000)) and ok
+        return ok
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Flush and stop the exporters; idempotent. Waits at most `timeout_s` (a dead collector
+        can make an OTLP export retry for its whole timeout; the app's shutdown must not)."""
+        if self._shutdown:
+            return
+        self._shutdown = True
+        tracer_provider, meter_provider = self._tracer_provider, self._meter_provider
+        self._tracer = None
+        if tracer_provider is None and meter_provider is None:
+            return
+
+        def stop() -> None:
+            for provider in (tracer_provider, meter_provider):
+                if provider is None:
+                    continue
+                try:
+                    provider.shutdown()
+                except Exception:
+                    log.warning("telemetry shutdown failed", exc_info=True)
+
+        worker = threading.Thread(target=stop, name="telemetry-shutdown", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if worker.is_alive():
+            log.warning("telemetry: exporters did not flush within %.1fs; unsent spans/metrics are dropped", timeout_s)
+
+
+class _MeteredCall(CallSpan):
+    """A call without spans: metrics only, and the caller's trace context passed on to Switchyard."""
+
+    __slots__ = ("_metrics", "_attrs", "_incoming", "_started", "_ttfc", "_done")
+
+    def __init__(self, tel: Telemetry, metric_attrs: Attrs, incoming: dict[str, str]) -> None:
+        self._metrics = tel.metrics
+        self._attrs = metric_attrs
+        self._incoming = incoming
+        self._started = _clock()
+        self._ttfc: float | None = None
+        self._done = False
+        self._metrics.call_started(metric_attrs)
+
+    def upstream_headers(self, headers: dict[str, str]) -> None:
+        # No span of ours to parent Switchyard's: forward the caller's, so its trace still joins up.
+        if self._incoming:
+            headers.update(self._incoming)
+
+    def first_chunk(self) -> None:
+        if self._ttfc is None and not self._done:
+            try:
+                self._ttfc = _clock() - self._started
+                self._metrics.first_chunk(self._attrs, self._ttfc)
+                self._on_first_chunk(self._ttfc)
+            except Exception:
+                _limited.warning("telemetry failed on a first chunk", exc_info=True)
+
+    def finish(self, response: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            duration = _clock() - self._started
+            response = response if isinstance(response, dict) else None
+            self._metrics.call_finished(self._attrs, duration, response, error)
+            self._on_finish(response, error)
+        except Exception:
+            _limited.warning("telemetry failed to finish a call", exc_info=True)
+
+    def _on_first_chunk(self, ttfc: float) -> None:
+        pass
+
+    def _on_finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
+        pass
+
+
+class _TracedCall(_MeteredCall):
+    """A call with its SERVER span (this server handling the request) and CLIENT span (the call to
+    Switchyard, whose own spans become its children through the traceparent we inject)."""
+
+    __slots__ = ("_server", "_client", "_capture_content")
+
+    def __init__(
+        self,
+        tel: Telemetry,
+        metric_attrs: Attrs,
+        incoming: dict[str, str],
+        *,
+        api: str,
+        route: str,
+        request: dict,
+        correlation: Any,
+        stream: bool,
+        scope: dict,
+    ) -> None:
+        self._capture_content = tel.capture_content
+        parent = _PROPAGATOR.extract(incoming, context=Context()) if incoming else Context()
+        name = f"{OPERATION} {route}" if route else OPERATION
+        common = {
+            "gen_ai.operation.name": OPERATION,
+            "gen_ai.provider.name": PROVIDER_NAME,
+            "gen_ai.request.model": route,
+            "openai.api.type": api_type(api),
+            **session_attributes(correlation, route),
+            **request_attributes(request, stream),
+        }
+        server_attrs = dict(common)
+        method, path = (scope.get("method"), scope.get("path")) if isinstance(scope, dict) else (None, None)
+        if isinstance(method, str):
+            server_attrs["http.request.method"] = method
+        if isinstance(path, str):
+            server_attrs["url.path"] = path
+        client_attrs = {**common, **tel._server_attrs}
+        if self._capture_content:
+            client_attrs.update(content_input_attributes(request))
+        tracer = tel._tracer
+        self._server = tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=server_attrs)
+        self._client = tracer.start_span(
+            name, context=set_span_in_context(self._server, parent), kind=SpanKind.CLIENT, attributes=client_attrs
+        )
+        # Counted in flight only once the spans exist, so a failure above leaves no stray count.
+        super().__init__(tel, metric_attrs, incoming)
+
+    def upstream_headers(self, headers: dict[str, str]) -> None:
+        try:
+            _PROPAGATOR.inject(headers, context=set_span_in_context(self._client, Context()))
+        except Exception:
+            _limited.warning("telemetry could not add trace headers", exc_info=True)
+
+    def _on_first_chunk(self, ttfc: float) -> None:
+        for span in (self._client, self._server):
+            span.set_attribute("gen_ai.response.time_to_first_chunk", ttfc)
+
+    def _on_finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
+        client, server = self._client, self._server
+        try:
+            if client.is_recording():
+                if response is not None:
+                    attrs = response_attributes(response)
+                    # Token usage goes on the CLIENT span only: backends that sum usage over a
+                    # trace (Langfuse, Phoenix) would count it twice otherwise.
+                    server.set_attributes({k: v for k, v in attrs.items() if not k.startswith("gen_ai.usage.")})
+                    if self._capture_content:
+                        attrs.update(content_output_attributes(response))
+                    client.set_attributes(attrs)
+                if error is not None:
+                    record_error(client, error)
+                    record_error(server, error)
+        finally:
+            client.end()
+            server.end()
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def _exporter_names(var: str) -> set[str]:
+    return {n.strip().lower() for n in os.environ.get(var, "otlp").split(",") if n.strip()}
+
+
+def _otlp_endpoint(signal: str) -> str | None:
+    """The OTLP endpoint for a signal, only if one is configured: we never export to a default."""
+    return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def _warn_if_not_http_protobuf(signal: str) -> None:
+    protocol = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if protocol and protocol.strip() != "http/protobuf":
+        log.warning(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; exporting %s as OTLP http/protobuf",
+            protocol,
+            signal.lower(),
+        )
+
+
+def _resource(service_name: str | None) -> Resource:
+    """The `otel_service_name` setting wins, then OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, then ours.
+
+    The setting exists because a hosted Switchyard reads the same process environment: there,
+    OTEL_SERVICE_NAME would give both services one name."""
+    resource = Resource.create({"service.version": _package_version()})
+    if service_name:
+        resource = resource.merge(Resource({"service.name": service_name}))
+    elif str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
+    return resource
+
+
+_VERSION: str | None = None
+
+
+def _package_version() -> str:
+    global _VERSION
+    if _VERSION is None:
+        try:
+            from importlib.metadata import version
+
+            _VERSION = version("switchyard-model")
+        except Exception:
+            _VERSION = "0"
+    return _VERSION
+
+
+_tame_lock = threading.Lock()
+
+
+def _tame_exporter_logs() -> None:
+    """The OTLP exporter logs every failed export (and each retry); a dead collector would flood the
+    log. Once per process, limit each exporter logger to one warning per EXPORT_LOG_INTERVAL_S."""
+    with _tame_lock:
+        for name in _EXPORTER_LOGGERS:
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, OncePerInterval) for f in logger.filters):
+                logger.addFilter(OncePerInterval(EXPORT_LOG_INTERVAL_S))
