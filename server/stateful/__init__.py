@@ -1,0 +1,1 @@
+"""The stateful Responses API: stored responses, conversations, background runs, sealed reasoning."""

@@ -1,0 +1,147 @@
+"""The state database: one SQLite file in the capture directory, shared by every worker process.
+
+SQLite (WAL journal) gives what a response store needs and hand-written files would not: atomic,
+durable transactions; several processes reading and writing one directory; a restart that finds
+everything committed. Nothing here is held in memory between calls: every read goes to the file, so
+a response stored by one worker is visible to the next call on any other at once.
+
+Connections are per thread (handlers call in from `asyncio.to_thread`), each opened on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+DB_NAME = "state.sqlite3"
+
+# Row counts and byte totals are kept by triggers in `totals`, so a bound check is one row read
+# whatever the table size, and stays right whichever process wrote.
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    session_id TEXT,
+    status TEXT NOT NULL,
+    background INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    stored_at REAL NOT NULL,
+    heartbeat REAL NOT NULL,
+    size INTEGER NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_by_age ON responses(stored_at);
+CREATE TABLE IF NOT EXISTS response_events (
+    response_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (response_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at REAL NOT NULL,
+    metadata BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS conversations_by_age ON conversations(updated_at);
+CREATE TABLE IF NOT EXISTS conversation_items (
+    conversation_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    id TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (conversation_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS conversation_item_ids ON conversation_items(conversation_id, id);
+CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, count INTEGER NOT NULL, bytes INTEGER NOT NULL);
+INSERT OR IGNORE INTO totals VALUES ('responses', 0, 0), ('conversations', 0, 0);
+CREATE TRIGGER IF NOT EXISTS responses_added AFTER INSERT ON responses BEGIN
+    UPDATE totals SET count = count + 1, bytes = bytes + NEW.size WHERE name = 'responses';
+END;
+CREATE TRIGGER IF NOT EXISTS responses_removed AFTER DELETE ON responses BEGIN
+    UPDATE totals SET count = count - 1, bytes = bytes - OLD.size WHERE name = 'responses';
+    DELETE FROM response_events WHERE response_id = OLD.id;
+END;
+CREATE TRIGGER IF NOT EXISTS responses_resized AFTER UPDATE OF size ON responses BEGIN
+    UPDATE totals SET bytes = bytes - OLD.size + NEW.size WHERE name = 'responses';
+END;
+CREATE TRIGGER IF NOT EXISTS conversations_added AFTER INSERT ON conversations BEGIN
+    UPDATE totals SET count = count + 1 WHERE name = 'conversations';
+END;
+CREATE TRIGGER IF NOT EXISTS conversations_removed AFTER DELETE ON conversations BEGIN
+    UPDATE totals SET count = count - 1 WHERE name = 'conversations';
+    DELETE FROM conversation_items WHERE conversation_id = OLD.id;
+END;
+CREATE TRIGGER IF NOT EXISTS conversation_items_added AFTER INSERT ON conversation_items BEGIN
+    UPDATE totals SET bytes = bytes + NEW.size WHERE name = 'conversations';
+END;
+CREATE TRIGGER IF NOT EXISTS conversation_items_removed AFTER DELETE ON conversation_items BEGIN
+    UPDATE totals SET bytes = bytes - OLD.size WHERE name = 'conversations';
+END;
+"""
+
+# Long enough to ride out another worker's write transaction (they are short); a failure after it
+# is an error the caller reports, never a hang.
+_BUSY_TIMEOUT_S = 10.0
+
+
+class StateDB:
+    """The SQLite file `<capture_dir>/state.sqlite3` (mode 0600), opened once per thread."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / DB_NAME
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def open(self) -> None:
+        """Create the directory, the file (0600) and the schema. Blocking: call from a thread."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Created here with 0600 before SQLite sees it: SQLite gives its -wal/-shm files the same mode.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        os.close(fd)
+        # One transaction, so two workers starting together never see half a schema.
+        self.connection().executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+
+    def connection(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise RuntimeError("the state database is closed")
+            conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            # FULL: a commit is on disk before it returns, so a stored response survives a crash.
+            conn.execute("PRAGMA synchronous=FULL")
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (taken at once, so two workers never deadlock upgrading a read)."""
+        conn = self.connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass

@@ -1,0 +1,230 @@
+"""The durable response store: responses by id with their input, bounded by count, bytes and age.
+
+Each stored response is the Responses object as the client got it, the full input it ran on (after
+`previous_response_id` or conversation expansion), its session id and the key (owner) that made it.
+A background run is stored when it starts and updated as it goes; its stream events are kept too,
+so any worker can replay or resume it. Blocking (SQLite): call from a worker thread.
+
+Bounds are enforced in the same transaction as each write: expired responses go first, then the
+oldest until the count and byte limits hold. Runs still going are never evicted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from server.stateful.db import StateDB
+
+RUNNING = ("queued", "in_progress")
+_NOT_RUNNING = "status NOT IN ('queued', 'in_progress')"
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    max_count: int
+    max_bytes: int
+    max_age_s: float
+
+
+@dataclass(slots=True)
+class StoredResponse:
+    id: str
+    owner: str
+    session_id: str | None
+    status: str
+    background: bool
+    cancel_requested: bool
+    stored_at: float
+    heartbeat: float
+    response: dict[str, Any]
+    input: list[dict[str, Any]]
+
+    @property
+    def running(self) -> bool:
+        return self.status in RUNNING
+
+
+def _body(response: dict[str, Any], input_items: list[dict[str, Any]]) -> bytes:
+    return orjson.dumps({"response": response, "input": input_items})
+
+
+class ResponseStore:
+    """Responses by id, scoped by owner; every method is one short SQLite transaction."""
+
+    def __init__(self, db: StateDB, bounds: Bounds) -> None:
+        self.db = db
+        self.bounds = bounds
+
+    # ---- writes ------------------------------------------------------------------------------
+
+    def put(
+        self,
+        response: dict[str, Any],
+        *,
+        owner: str,
+        session_id: str | None,
+        input_items: list[dict[str, Any]],
+        background: bool = False,
+    ) -> bool:
+        """Store (or replace) a response; True if it is stored once the bounds have been applied.
+
+        A response too big for `max_bytes` on its own is evicted at once and reported not stored.
+        """
+        body = _body(response, input_items)
+        now = time.time()
+        with self.db.transaction() as conn:
+            events = conn.execute(
+                "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM response_events WHERE response_id = ?", (response["id"],)
+            ).fetchone()[0]
+            # Replacing keeps the row's age and its events (a delete would drop them with it).
+            updated = conn.execute(
+                "UPDATE responses SET owner = ?, session_id = ?, status = ?, background = ?, heartbeat = ?,"
+                " size = ?, body = ? WHERE id = ?",
+                (
+                    owner,
+                    session_id,
+                    response.get("status") or "completed",
+                    int(background),
+                    now,
+                    len(body) + events,
+                    body,
+                    response["id"],
+                ),
+            )
+            if updated.rowcount == 0:
+                conn.execute(
+                    "INSERT INTO responses (id, owner, session_id, status, background, stored_at, heartbeat, size, body)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        response["id"],
+                        owner,
+                        session_id,
+                        response.get("status") or "completed",
+                        int(background),
+                        now,
+                        now,
+                        len(body) + events,
+                        body,
+                    ),
+                )
+            self._evict(conn, now)
+            return conn.execute("SELECT 1 FROM responses WHERE id = ?", (response["id"],)).fetchone() is not None
+
+    def update_running(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> bool:
+        """Replace a running (background) response's object; False if it is gone (deleted or evicted)."""
+        body = _body(response, input_items)
+        now = time.time()
+        with self.db.transaction() as conn:
+            row = conn.execute("SELECT size - LENGTH(body) FROM responses WHERE id = ?", (response["id"],)).fetchone()
+            if row is None:
+                return False
+            conn.execute(
+                "UPDATE responses SET status = ?, heartbeat = ?, size = ?, body = ? WHERE id = ?",
+                (response.get("status") or "completed", now, row[0] + len(body), body, response["id"]),
+            )
+            if response.get("status") not in RUNNING:
+                self._evict(conn, now)
+            return True
+
+    def append_events(self, response_id: str, events: list[tuple[int, bytes]]) -> None:
+        """Keep a background run's stream events (sequence number, SSE frame) for replay."""
+        if not events:
+            return
+        added = sum(len(data) for _, data in events)
+        with self.db.transaction() as conn:
+            if conn.execute("SELECT 1 FROM responses WHERE id = ?", (response_id,)).fetchone() is None:
+                return
+            conn.executemany(
+                "INSERT OR REPLACE INTO response_events (response_id, seq, data) VALUES (?, ?, ?)",
+                [(response_id, seq, data) for seq, data in events],
+            )
+            conn.execute(
+                "UPDATE responses SET size = size + ?, heartbeat = ? WHERE id = ?", (added, time.time(), response_id)
+            )
+
+    def delete(self, response_id: str, owner: str) -> bool:
+        with self.db.transaction() as conn:
+            gone = conn.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (response_id, owner))
+            return gone.rowcount > 0
+
+    def request_cancel(self, response_id: str, owner: str) -> StoredResponse | None:
+        """Flag a running response for cancellation (its runner, in whichever worker, stops it)."""
+        with self.db.transaction() as conn:
+            conn.execute(
+                f"UPDATE responses SET cancel_requested = 1 WHERE id = ? AND owner = ? AND NOT ({_NOT_RUNNING})",
+                (response_id, owner),
+            )
+        return self.get(response_id, owner)
+
+    def _evict(self, conn, now: float) -> None:
+        bounds = self.bounds
+        conn.execute(f"DELETE FROM responses WHERE stored_at < ? AND {_NOT_RUNNING}", (now - bounds.max_age_s,))
+        count, size = conn.execute("SELECT count, bytes FROM totals WHERE name = 'responses'").fetchone()
+        if count <= bounds.max_count and size <= bounds.max_bytes:
+            return
+        victims: list[tuple[str]] = []
+        cursor = conn.execute(f"SELECT id, size FROM responses WHERE {_NOT_RUNNING} ORDER BY stored_at, id")
+        while count > bounds.max_count or size > bounds.max_bytes:
+            row = cursor.fetchone()
+            if row is None:
+                break
+            victims.append((row[0],))
+            count -= 1
+            size -= row[1]
+        cursor.close()
+        conn.executemany("DELETE FROM responses WHERE id = ?", victims)
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def get(self, response_id: str, owner: str) -> StoredResponse | None:
+        row = (
+            self.db.connection()
+            .execute(
+                "SELECT id, owner, session_id, status, background, cancel_requested, stored_at, heartbeat, body"
+                " FROM responses WHERE id = ? AND owner = ?",
+                (response_id, owner),
+            )
+            .fetchone()
+        )
+        if row is None:
+            return None
+        body = orjson.loads(row[8])
+        return StoredResponse(
+            id=row[0],
+            owner=row[1],
+            session_id=row[2],
+            status=row[3],
+            background=bool(row[4]),
+            cancel_requested=bool(row[5]),
+            stored_at=row[6],
+            heartbeat=row[7],
+            response=body["response"],
+            input=body["input"],
+        )
+
+    def cancel_requested(self, response_id: str) -> bool:
+        row = (
+            self.db.connection()
+            .execute("SELECT cancel_requested FROM responses WHERE id = ?", (response_id,))
+            .fetchone()
+        )
+        return bool(row and row[0])
+
+    def events_after(self, response_id: str, after: int, limit: int = 500) -> list[tuple[int, bytes]]:
+        return list(
+            self.db.connection().execute(
+                "SELECT seq, data FROM response_events WHERE response_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (response_id, after, limit),
+            )
+        )
+
+    def totals(self) -> tuple[int, int]:
+        """(count, bytes) of the stored responses, as the bounds see them."""
+        count, size = (
+            self.db.connection().execute("SELECT count, bytes FROM totals WHERE name = 'responses'").fetchone()
+        )
+        return count, size

@@ -1,0 +1,160 @@
+"""The response store: durable, shared between processes, scoped by owner, within its bounds."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import stat
+import time
+
+import pytest
+
+from server.stateful.db import StateDB
+from server.stateful.responses import Bounds, ResponseStore
+
+BIG = Bounds(max_count=1000, max_bytes=10**9, max_age_s=3600)
+
+
+def make(tmp_path, bounds: Bounds = BIG) -> ResponseStore:
+    db = StateDB(tmp_path)
+    db.open()
+    return ResponseStore(db, bounds)
+
+
+def response(rid: str, text: str = "hi", status: str = "completed") -> dict:
+    return {"id": rid, "object": "response", "status": status, "output": [{"type": "message", "content": text}]}
+
+
+def test_put_get_delete_round_trip(tmp_path):
+    store = make(tmp_path)
+    items = [{"type": "message", "role": "user", "id": "msg_1", "content": [{"type": "input_text", "text": "q"}]}]
+    assert store.put(response("resp_a"), owner="", session_id="s1", input_items=items)
+    got = store.get("resp_a", "")
+    assert got.response == response("resp_a") and got.input == items and got.session_id == "s1"
+    assert store.delete("resp_a", "")
+    assert store.get("resp_a", "") is None
+    assert not store.delete("resp_a", "")
+
+
+def test_file_is_private(tmp_path):
+    make(tmp_path)
+    assert stat.S_IMODE(os.stat(tmp_path / "state.sqlite3").st_mode) == 0o600
+
+
+def test_owner_scoping(tmp_path):
+    store = make(tmp_path)
+    store.put(response("resp_a"), owner="alice", session_id=None, input_items=[])
+    assert store.get("resp_a", "bob") is None
+    assert not store.delete("resp_a", "bob")
+    assert store.get("resp_a", "alice") is not None
+
+
+def test_survives_reopen(tmp_path):
+    store = make(tmp_path)
+    store.put(response("resp_a"), owner="", session_id=None, input_items=[])
+    store.db.close()
+    assert make(tmp_path).get("resp_a", "").response["id"] == "resp_a"
+
+
+def _child_put(directory: str, rid: str) -> None:
+    db = StateDB(directory)
+    db.open()
+    ResponseStore(db, BIG).put(response(rid), owner="", session_id=None, input_items=[])
+
+
+def test_another_process_sees_a_write_at_once(tmp_path):
+    """No in-memory truth: what another process committed is readable the moment it returns."""
+    store = make(tmp_path)
+    assert store.get("resp_child", "") is None  # opened (and read) before the child wrote
+    child = multiprocessing.get_context("spawn").Process(target=_child_put, args=(str(tmp_path), "resp_child"))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert store.get("resp_child", "").id == "resp_child"
+
+
+def test_count_bound_evicts_oldest(tmp_path):
+    store = make(tmp_path, Bounds(max_count=3, max_bytes=10**9, max_age_s=3600))
+    for i in range(6):
+        store.put(response(f"resp_{i}"), owner="", session_id=None, input_items=[])
+    assert store.totals()[0] == 3
+    assert [store.get(f"resp_{i}", "") is not None for i in range(6)] == [False] * 3 + [True] * 3
+
+
+def test_byte_bound_holds_and_an_oversized_response_is_not_stored(tmp_path):
+    store = make(tmp_path, Bounds(max_count=1000, max_bytes=2000, max_age_s=3600))
+    for i in range(20):
+        assert store.put(response(f"resp_{i}", "x" * 300), owner="", session_id=None, input_items=[])
+        assert store.totals()[1] <= 2000
+    assert not store.put(response("resp_huge", "x" * 5000), owner="", session_id=None, input_items=[])
+    assert store.get("resp_huge", "") is None
+
+
+def test_unbounded_store_grows_past_the_limit(tmp_path):
+    """Negative control for the bound tests: the same load without a low bound keeps everything."""
+    store = make(tmp_path)
+    for i in range(20):
+        store.put(response(f"resp_{i}", "x" * 300), owner="", session_id=None, input_items=[])
+    assert store.totals()[0] == 20 and store.totals()[1] > 2000
+
+
+def test_age_bound_expires(tmp_path):
+    store = make(tmp_path, Bounds(max_count=1000, max_bytes=10**9, max_age_s=0.2))
+    store.put(response("resp_old"), owner="", session_id=None, input_items=[])
+    time.sleep(0.3)
+    store.put(response("resp_new"), owner="", session_id=None, input_items=[])
+    assert store.get("resp_old", "") is None and store.get("resp_new", "") is not None
+
+
+def test_running_responses_are_never_evicted(tmp_path):
+    store = make(tmp_path, Bounds(max_count=2, max_bytes=10**9, max_age_s=3600))
+    store.put(response("resp_run", status="in_progress"), owner="", session_id=None, input_items=[], background=True)
+    for i in range(4):
+        store.put(response(f"resp_{i}"), owner="", session_id=None, input_items=[])
+    assert store.get("resp_run", "").running
+
+
+def test_events_are_kept_counted_and_dropped_with_the_response(tmp_path):
+    store = make(tmp_path)
+    store.put(response("resp_bg", status="in_progress"), owner="", session_id=None, input_items=[], background=True)
+    before = store.totals()[1]
+    store.append_events("resp_bg", [(0, b"event: a\n\n"), (1, b"event: b\n\n"), (2, b"event: c\n\n")])
+    assert store.totals()[1] == before + 30
+    assert [seq for seq, _ in store.events_after("resp_bg", 0)] == [1, 2]
+    assert store.put(response("resp_bg"), owner="", session_id=None, input_items=[], background=True)
+    assert len(store.events_after("resp_bg", -1)) == 3  # replacing the object keeps its events
+    store.delete("resp_bg", "")
+    assert store.events_after("resp_bg", -1) == [] and store.totals() == (0, 0)
+
+
+def test_cancel_flag_only_on_running_responses(tmp_path):
+    store = make(tmp_path)
+    store.put(response("resp_done"), owner="", session_id=None, input_items=[], background=True)
+    store.put(response("resp_run", status="queued"), owner="", session_id=None, input_items=[], background=True)
+    store.request_cancel("resp_done", "")
+    store.request_cancel("resp_run", "")
+    assert not store.cancel_requested("resp_done") and store.cancel_requested("resp_run")
+
+
+@pytest.mark.parametrize("count", [200])
+def test_bounds_hold_under_concurrent_writers(tmp_path, count):
+    """Two processes writing at once: the totals the bound reads stay exact, and the bound holds."""
+    bounds = Bounds(max_count=25, max_bytes=10**9, max_age_s=3600)
+    store = make(tmp_path, bounds)
+    ctx = multiprocessing.get_context("spawn")
+    children = [ctx.Process(target=_many_puts, args=(str(tmp_path), f"p{n}", count)) for n in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(120)
+        assert child.exitcode == 0
+    rows = store.db.connection().execute("SELECT COUNT(*), SUM(size) FROM responses").fetchone()
+    assert store.totals() == (rows[0], rows[1]) and rows[0] == 25
+
+
+def _many_puts(directory: str, prefix: str, count: int) -> None:
+    db = StateDB(directory)
+    db.open()
+    store = ResponseStore(db, Bounds(max_count=25, max_bytes=10**9, max_age_s=3600))
+    for i in range(count):
+        store.put(response(f"resp_{prefix}_{i}"), owner="", session_id=None, input_items=[])
