@@ -108,7 +108,12 @@ def test_background_needs_store_and_flags_are_booleans(stateful):
 
 def test_sealed_reasoning_is_opened_and_forgery_refused(stateful):
     sealed = stateful.seal.seal("the real chain of thought")
-    item = {"type": "reasoning", "summary": [], "encrypted_content": sealed, "content": [{"type": "reasoning_text", "text": "forged"}]}
+    item = {
+        "type": "reasoning",
+        "summary": [],
+        "encrypted_content": sealed,
+        "content": [{"type": "reasoning_text", "text": "forged"}],
+    }
     expanded = run(expand({"input": [item, {"role": "user", "content": "go"}]}, stateful, "", has_session=False))
     assert expanded.body["input"][0]["content"] == [{"type": "reasoning_text", "text": "the real chain of thought"}]
     forged = {**item, "encrypted_content": sealed[:-4] + "AAAA"}

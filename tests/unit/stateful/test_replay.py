@@ -73,7 +73,7 @@ def test_follow_tracks_a_live_background_run(tmp_path):
         await asyncio.to_thread(store.put, running, owner="", session_id=None, input_items=[], background=True)
         stored = await asyncio.to_thread(store.get, "resp_1", "")
         log = EventLog(store, "resp_1")
-        frames = [b"event: e\ndata: {\"n\": %d}\n\n" % n for n in range(6)]
+        frames = [b'event: e\ndata: {"n": %d}\n\n' % n for n in range(6)]
 
         async def runner():
             for frame_ in frames[:3]:
