@@ -1,8 +1,7 @@
-"""The /v1/sessions HTTP API: list captured sessions, their records, trees and reconstructed rollouts."""
+"""The /v1/sessions HTTP API (routes only): list captured sessions, their records, trees and reconstructed rollouts."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +12,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from server.capture.record import SCHEMA_VERSION
+from server.capture.rollout import RolloutError
+from server.capture.sessions import build_rollout, build_tree
 from server.capture.store import CaptureStore, UnknownSession
 from server.errors import OpenAIError
 from server.ids import is_valid_session_id
@@ -25,60 +26,6 @@ READ_SETTLE_TIMEOUT_S = 5.0
 
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
-
-
-def import_rollout() -> Any:
-    # Imported on use: reconstruction is a separate module and this API must work without it.
-    return importlib.import_module("server.capture.rollout")
-
-
-def build_tree(store: CaptureStore, session_id: str) -> dict:
-    """The session and its descendants as nested `{session_id, parent_session_id, record_count, children}`."""
-    info = store.session_info(session_id)
-    if info is None:
-        raise UnknownSession(session_id)
-
-    def node(entry: dict) -> dict:
-        return {
-            "session_id": entry["session_id"],
-            "parent_session_id": entry["parent_session_id"],
-            "record_count": entry["record_count"],
-            "children": [],
-        }
-
-    root = node(info)
-    seen = {session_id}
-    pending = [root]
-    # Iterative, with a visited set: crafted parent ids could otherwise form a cycle or a deep chain.
-    while pending:
-        current = pending.pop()
-        for child_id in store.children(current["session_id"]):
-            child_info = store.session_info(child_id)
-            if child_id in seen or child_info is None:
-                continue
-            seen.add(child_id)
-            child = node(child_info)
-            current["children"].append(child)
-            pending.append(child)
-    return root
-
-
-def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool = True) -> dict:
-    """Reconstruct the session's rollout with its sub-agent sessions (raises RolloutError, UnknownSession)."""
-    root_records, _ = store.read_completions(session_id)
-    if not root_records:
-        raise UnknownSession(session_id)
-    rollout = import_rollout()
-
-    def load_records(sid: str) -> list[dict]:
-        if sid == session_id:
-            return root_records
-        try:
-            return store.read_completions(sid)[0]
-        except UnknownSession:
-            return []  # a child without records: reconstruction reports it
-
-    return rollout.reconstruct_tree(session_id, load_records, store.children, allow_partial=allow_partial)
 
 
 def session_routes(get_store: Callable[[], CaptureStore | None]) -> list[Route]:
@@ -162,12 +109,6 @@ def session_routes(get_store: Callable[[], CaptureStore | None]) -> list[Route]:
         store = store_or_error()
         session_id = path_session_id(request)
         allow_partial = _bool_param(request.query_params.get("allow_partial"), "allow_partial", default=True)
-        try:
-            rollout_module = import_rollout()
-        except ModuleNotFoundError as exc:
-            if exc.name != "server.capture.rollout":
-                raise
-            raise OpenAIError(501, "rollout reconstruction is not available", code="not_implemented") from None
 
         def build() -> bytes:
             store.flush(READ_SETTLE_TIMEOUT_S)
@@ -175,7 +116,7 @@ def session_routes(get_store: Callable[[], CaptureStore | None]) -> list[Route]:
                 return orjson.dumps(build_rollout(store, session_id, allow_partial=allow_partial))
             except UnknownSession:
                 raise _unknown(session_id) from None
-            except rollout_module.RolloutError as exc:
+            except RolloutError as exc:
                 raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
 
         return _json_bytes(await run_in_threadpool(build))

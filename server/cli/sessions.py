@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
+from server.capture.rollout import RolloutError
+from server.capture.sessions import build_rollout, build_tree
 from server.capture.store import CaptureStore, UnknownSession
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.files import atomic_writer
@@ -207,8 +209,6 @@ class _DirectorySource:
         )
 
     def tree(self, session_id: str) -> dict:
-        from server.api.sessions import build_tree
-
         try:
             return build_tree(self._store, session_id)
         except UnknownSession:
@@ -224,19 +224,11 @@ class _DirectorySource:
         return {"schema_version": 1, "session_id": session_id, "completions": records, "skipped": skipped}
 
     def rollout(self, session_id: str, *, allow_partial: bool) -> dict:
-        from server.api.sessions import build_rollout, import_rollout
-
-        try:
-            rollout_module = import_rollout()
-        except ModuleNotFoundError as exc:
-            if exc.name != "server.capture.rollout":
-                raise
-            raise _Failed("rollout reconstruction is not available (server.capture.rollout is missing)") from None
         try:
             return build_rollout(self._store, session_id, allow_partial=allow_partial)
         except UnknownSession:
             raise _NotFound(f"unknown session: {session_id!r}") from None
-        except rollout_module.RolloutError as exc:
+        except RolloutError as exc:
             raise _Failed(f"session {session_id}: {exc}") from None
 
 

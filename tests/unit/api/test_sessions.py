@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import sys
 import time
-import types
 
 import orjson
 import pytest
@@ -14,6 +11,8 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from server.api.sessions import session_routes
+from server.capture import sessions as capture_sessions
+from server.capture.rollout import RolloutError
 from server.capture.store import CaptureStore
 
 
@@ -313,21 +312,15 @@ def test_capture_disabled_is_503():
 # ---- rollout endpoint -------------------------------------------------------------------------
 
 
-class FakeRolloutError(ValueError):
-    pass
-
-
 @pytest.fixture
 def fake_rollout(monkeypatch):
-    """Stands in for server.capture.rollout: records how the endpoint calls it."""
+    """Stands in for the reconstruction: records how the endpoint calls it."""
     calls = []
-    module = types.ModuleType("server.capture.rollout")
-    module.RolloutError = FakeRolloutError
 
     def reconstruct_tree(session_id, load_records, children_of, *, allow_partial=True):
         calls.append({"session_id": session_id, "allow_partial": allow_partial})
         if session_id == "broken":
-            raise FakeRolloutError("record 0 prompt does not extend the reconstructed history")
+            raise RolloutError("record 0 prompt does not extend the reconstructed history")
         subagents = []
         stack = list(children_of(session_id))
         while stack:
@@ -340,8 +333,7 @@ def fake_rollout(monkeypatch):
             "subagents": subagents,
         }
 
-    module.reconstruct_tree = reconstruct_tree
-    monkeypatch.setitem(sys.modules, "server.capture.rollout", module)
+    monkeypatch.setattr(capture_sessions, "reconstruct_tree", reconstruct_tree)
     return calls
 
 
@@ -364,19 +356,6 @@ def test_rollout_reconstruction_error_is_422(client, store, fake_rollout):
     assert "does not extend" in error["message"]
 
 
-def test_rollout_without_the_module_is_501(client, store, monkeypatch):
-    populate(store)
-    monkeypatch.setitem(sys.modules, "server.capture.rollout", None)  # import fails like a missing file
-    assert_openai_error(client.get("/v1/sessions/root-1/rollout"), 501)
-
-
-needs_rollout = pytest.mark.skipif(
-    importlib.util.find_spec("server.capture.rollout") is None,
-    reason="server/capture/rollout.py (reconstruction) is not in this tree yet",
-)
-
-
-@needs_rollout
 def test_real_rollout_of_a_two_call_session_with_a_subagent(client, store):
     tool_call = {"id": "call_1", "type": "function", "function": {"name": "edit", "arguments": "{}"}}
     system = {"role": "system", "content": "You are helpful."}
@@ -411,7 +390,6 @@ def test_real_rollout_of_a_two_call_session_with_a_subagent(client, store):
     assert rollout["subagents"][0]["parent_session_id"] == "root-r"
 
 
-@needs_rollout
 def test_real_rollout_rejects_a_broken_chain_when_strict(client, store):
     add(
         store,

@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import orjson
 import pytest
 
+from server.capture import sessions as capture_sessions
+from server.capture.rollout import RolloutError
 from server.capture.store import CaptureStore
 from server.cli.sessions import add_sessions_parser, main, run_sessions
 from tests.support.procs import Proc, free_port
 
 REPO = Path(__file__).resolve().parents[3]
-
-needs_rollout = pytest.mark.skipif(
-    importlib.util.find_spec("server.capture.rollout") is None,
-    reason="server/capture/rollout.py (reconstruction) is not in this tree yet",
-)
 
 
 def chat_response(prompt, generation, content="ok"):
@@ -193,28 +188,21 @@ def test_parser_plugs_into_a_cli(capture_dir, capsys):
     capsys.readouterr()
 
 
-class FakeRolloutError(ValueError):
-    pass
-
-
 @pytest.fixture
 def fake_rollout(monkeypatch):
-    module = types.ModuleType("server.capture.rollout")
-    module.RolloutError = FakeRolloutError
     seen = []
 
     def reconstruct_tree(session_id, load_records, children_of, *, allow_partial=True):
         seen.append((session_id, allow_partial))
         if session_id == "root-2":
-            raise FakeRolloutError("record 0 has no usable tokens")
+            raise RolloutError("record 0 has no usable tokens")
         return {
             "session_id": session_id,
             "n": len(load_records(session_id)),
             "subagents": [{"session_id": c} for c in children_of(session_id)],
         }
 
-    module.reconstruct_tree = reconstruct_tree
-    monkeypatch.setitem(sys.modules, "server.capture.rollout", module)
+    monkeypatch.setattr(capture_sessions, "reconstruct_tree", reconstruct_tree)
     return seen
 
 
@@ -229,7 +217,6 @@ def test_export_writes_one_line_per_root_and_reports_failures(capture_dir, tmp_p
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
 
 
-@needs_rollout
 def test_rollout_and_export_with_the_real_reconstruction(capture_dir, tmp_path, capsys):
     assert run("rollout", "root-1", "--capture-dir", str(capture_dir), "--strict") == 0
     rollout = orjson.loads(capsys.readouterr().out)
@@ -298,7 +285,6 @@ def test_server_not_found_and_v1_suffix(live_server, capsys):
     assert [s["session_id"] for s in orjson.loads(capsys.readouterr().out)["sessions"]] == ["root-1", "root-2"]
 
 
-@needs_rollout
 def test_server_rollout_and_export(live_server, capture_dir, tmp_path, capsys):
     assert run("rollout", "root-1", "--url", live_server, "--strict") == 0
     from_server = orjson.loads(capsys.readouterr().out)
@@ -310,7 +296,6 @@ def test_server_rollout_and_export(live_server, capture_dir, tmp_path, capsys):
     capsys.readouterr()
 
 
-@needs_rollout
 def test_export_to_stdout_from_a_cli_process(live_server):
     # A real process writing to a pipe, the way a trainer would read it.
     done = subprocess.run(

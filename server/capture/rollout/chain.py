@@ -1,38 +1,21 @@
-"""Rebuild token-exact Gym rollouts (Responses items + token triples) from a session's capture records."""
+"""The reconstruction: the longest trustworthy chain of a session's calls (contiguous tokens, consistent history), as Gym items.
+
+Long because it is one algorithm: validation, placement of each call, retries and side calls all
+share the chain state held by `_Reconstruction`.
+"""
 
 from __future__ import annotations
 
-import json
 import math
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "RolloutError",
-    "map_tools",
-    "reconstruct_envelope",
-    "reconstruct_session",
-    "reconstruct_tree",
-]
+from server.capture.record import SCHEMA_VERSION
+from server.capture.rollout.items import map_tools, message_items
+from server.capture.rollout.messages import ENVIRONMENT_ROLES, RolloutError, canonical, normalize
 
-SCHEMA_VERSION = 1
-
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-_ENVIRONMENT_ROLES = frozenset({"user", "tool"})
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _INT_ONLY = frozenset({int})
 _NUMBER_TYPES = frozenset({int, float})
-
-
-class RolloutError(ValueError):
-    """A session's records cannot be turned into a (longer) trustworthy rollout."""
-
-
-# --------------------------------------------------------------------------------------------
-# Public entry points
-# --------------------------------------------------------------------------------------------
 
 
 def reconstruct_envelope(envelope: object, session_id: str, *, allow_partial: bool = True) -> dict:
@@ -65,105 +48,6 @@ def reconstruct_session(session_id: str, records: list[dict], *, allow_partial: 
     if not isinstance(records, list) or not records:
         raise RolloutError("envelope has no completions")
     return _Reconstruction(session_id, records, allow_partial).run()
-
-
-def reconstruct_tree(
-    session_id: str,
-    load_records: Callable[[str], list[dict]],
-    children_of: Callable[[str], list[str]],
-    *,
-    allow_partial: bool = True,
-) -> dict:
-    """The session's rollout plus `subagents`: every descendant session's rollout, flat, depth first.
-
-    A descendant that cannot be reconstructed at all appears with empty items, its error as
-    `partial_reason`, and `mask_sample` true (with `allow_partial=False` it raises instead).
-    A rollout is masked when it, or any session below it, is partial.
-    """
-    root = reconstruct_session(session_id, load_records(session_id), allow_partial=allow_partial)
-    root["subagents"] = subagents = []
-    parent_of: dict[str, str] = {}
-    by_id: dict[str, dict] = {session_id: root}
-    # An explicit stack instead of recursion: a bad store could make the tree arbitrarily deep,
-    # and `by_id` stops a cycle (a session listed as its own descendant) from looping forever.
-    stack = [(child, session_id) for child in reversed(children_of(session_id))]
-    while stack:
-        child, parent = stack.pop()
-        if child in by_id:
-            continue
-        try:
-            rollout = reconstruct_session(child, load_records(child), allow_partial=allow_partial)
-        except RolloutError as exc:
-            if not allow_partial:
-                raise RolloutError(f"session {child!r}: {exc}") from exc
-            rollout = _failed_rollout(child, parent, str(exc))
-        if not rollout["parent_session_id"]:
-            rollout["parent_session_id"] = parent
-        parent_of[child] = parent
-        by_id[child] = rollout
-        subagents.append(rollout)
-        stack.extend((grandchild, child) for grandchild in reversed(children_of(child)))
-
-    for rollout in subagents:
-        if rollout["partial_reason"] is None:
-            continue
-        reason = f"subagent session {rollout['session_id']!r} is partial"
-        ancestor = parent_of.get(rollout["session_id"])
-        while ancestor is not None:
-            above = by_id[ancestor]
-            above["mask_sample"] = True
-            if above["degraded_reason"] is None:
-                above["degraded_reason"] = reason
-            ancestor = parent_of.get(ancestor)
-    return root
-
-
-def map_tools(raw_tools: object) -> list[dict]:
-    """Record tools (Switchyard, Chat or Responses shape) as Gym `FunctionTool` dicts.
-
-    Codex's `namespace` tools are flattened into their member functions. Hosted tools (any other
-    `type`, e.g. `web_search`) are not function tools a policy is trained to call, so they are left out.
-    """
-    if raw_tools is None:
-        return []
-    if not isinstance(raw_tools, list):
-        raise RolloutError(f"tools is not a list: {type(raw_tools).__name__}")
-    out: list[dict] = []
-    for i, tool in enumerate(raw_tools):
-        if not isinstance(tool, dict):
-            raise RolloutError(f"tool {i} has no usable id")
-        kind = tool.get("type")
-        function = tool.get("function")
-        if isinstance(function, dict):  # Chat: {type: function, function: {name, ...}}
-            spec, name = function, function.get("name")
-        elif kind == "namespace" and isinstance(tool.get("tools"), list):
-            out.extend(map_tools(tool["tools"]))
-            continue
-        elif kind == "function":  # Responses: {type: function, name, ...}
-            spec, name = tool, tool.get("name")
-        elif kind is None:  # Switchyard: {id, description, inputSchema: {jsonSchema}}
-            schema_holder = tool.get("inputSchema")
-            schema = schema_holder.get("jsonSchema") if isinstance(schema_holder, dict) else None
-            spec, name = {"description": tool.get("description"), "parameters": schema}, tool.get("id")
-        else:
-            continue
-        if not isinstance(name, str) or not name:
-            raise RolloutError(f"tool {i} has no usable id")
-        out.append(
-            {
-                "type": "function",
-                "name": name,
-                "description": spec.get("description") or None,
-                "parameters": spec.get("parameters"),
-                "strict": spec.get("strict"),
-            }
-        )
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# The chain
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True, eq=False)
@@ -453,7 +337,7 @@ class _Reconstruction:
         for j in range(start, len(raw)):
             if j < limit and raw[j] == theirs[j]:
                 continue
-            normalized[j] = _normalize(i, raw[j])
+            normalized[j] = normalize(i, raw[j])
         reply = normalized[last]
         assert reply is not None
         if reply["role"] != "assistant":
@@ -467,17 +351,17 @@ class _Reconstruction:
                 raise RolloutError(f"record {i} prompt does not extend the reconstructed history")
             for j in range(len(base)):
                 message = normalized[j]
-                if message is not None and _canonical(message) != base[j]:
+                if message is not None and canonical(message) != base[j]:
                     raise RolloutError(f"record {i} prompt does not extend the reconstructed history")
             if first_new == last:
                 raise RolloutError(f"record {i} prompt adds no environment messages")
-            odd = {normalized[j]["role"] for j in range(first_new, last)} - _ENVIRONMENT_ROLES  # type: ignore[index]
+            odd = {normalized[j]["role"] for j in range(first_new, last)} - ENVIRONMENT_ROLES  # type: ignore[index]
             if odd:
                 raise RolloutError(f"record {i} suffix contains non-environment roles: {sorted(odd)}")
         call.context = [(j, normalized[j], raw[j]) for j in range(first_new, last)]
-        call.context_canon = [_canonical(message) for _, message, _ in call.context]
+        call.context_canon = [canonical(message) for _, message, _ in call.context]
         call.reply = reply
-        call.reply_canon = _canonical(reply)
+        call.reply_canon = canonical(reply)
 
     # -- output -----------------------------------------------------------------------------
 
@@ -485,8 +369,8 @@ class _Reconstruction:
         items: list[dict] = []
         for step in self.steps:
             for j, message, raw in step.context:
-                items.extend(_message_items(message, raw, f"{step.uuid}_{j}", None))
-            items.extend(_message_items(step.reply, step.raw[-1], step.uuid, step))  # type: ignore[arg-type]
+                items.extend(message_items(message, raw, f"{step.uuid}_{j}", None))
+            items.extend(message_items(step.reply, step.raw[-1], step.uuid, step))  # type: ignore[arg-type]
         return items
 
     def _parent_session_id(self) -> str | None:
@@ -496,11 +380,6 @@ class _Reconstruction:
                 if isinstance(parent, str) and parent:
                     return parent
         return None
-
-
-# --------------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------------
 
 
 def _order_key(record: object) -> tuple[int, str, str]:
@@ -583,159 +462,3 @@ def _is_finite_list(value: object) -> bool:
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
             return False
     return all(map(math.isfinite, value))
-
-
-def _normalize(i: int, message: object) -> dict:
-    """A message reduced to what the history comparison looks at (Gym's normalization)."""
-    if not isinstance(message, dict):
-        raise RolloutError(f"record {i} contains a non-object message")
-    role = message.get("role")
-    if not isinstance(role, str) or role not in _ROLES:
-        raise RolloutError(f"record {i} contains a message with unsupported role {role!r}")
-    content = message.get("content")
-    if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
-    elif isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or not isinstance(part.get("text"), str):
-                raise RolloutError(f"record {i} contains an unsupported content part")
-            parts.append(part["text"])
-        text = "".join(parts)
-    else:
-        raise RolloutError(f"record {i} contains unsupported content of type {type(content).__name__}")
-    out: dict[str, Any] = {"role": role, "content": text}
-    if role == "assistant":
-        tool_calls = message.get("tool_calls")
-        if tool_calls:
-            if not isinstance(tool_calls, list):
-                raise RolloutError(f"record {i} contains non-list tool_calls")
-            out["tool_calls"] = [_normalize_tool_call(i, call) for call in tool_calls]
-    elif role == "tool":
-        call_id = message.get("tool_call_id")
-        if not isinstance(call_id, str) or not call_id:
-            raise RolloutError(f"record {i} contains a tool message without tool_call_id")
-        out["tool_call_id"] = call_id
-    return out
-
-
-def _normalize_tool_call(i: int, call: object) -> dict:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict):
-        raise RolloutError(f"record {i} contains a malformed tool call")
-    call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
-    if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name and isinstance(arguments, str)):
-        raise RolloutError(f"record {i} contains a malformed tool call")
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def _canonical(message: dict) -> dict:
-    """The message with tool-call arguments in one JSON spelling, for comparison only.
-
-    Clients re-serialize the arguments they echo back (opencode compacts them), which is not a
-    change to the conversation. Messages without tool calls are returned as they are.
-    """
-    tool_calls = message.get("tool_calls")
-    if not tool_calls:
-        return message
-    return {
-        **message,
-        "tool_calls": [
-            {**call, "function": {**call["function"], "arguments": _canonical_arguments(call["function"]["arguments"])}}
-            for call in tool_calls
-        ],
-    }
-
-
-def _canonical_arguments(arguments: str) -> str:
-    # The stdlib json on purpose: what counts as "the same arguments" must match Gym's rule
-    # exactly (NaN literals, huge ints, lone surrogates), and this runs on a few strings per call.
-    try:
-        return json.dumps(json.loads(arguments), sort_keys=True)
-    except (ValueError, TypeError, RecursionError):
-        return arguments
-
-
-def _message_items(message: dict, raw: object, item_id: str, call: _Call | None) -> list[dict]:
-    """Gym Responses items for one normalized message; `call` puts its token triple on the last item."""
-    role = message["role"]
-    if role == "tool":
-        return [
-            {
-                "type": "function_call_output",
-                "call_id": message["tool_call_id"],
-                "output": message["content"],
-                "status": "completed",
-            }
-        ]
-    if role != "assistant":
-        return [{"type": "message", "role": role, "content": message["content"]}]
-
-    summaries: list[str] = []
-    if isinstance(raw, dict):
-        reasoning = raw.get("reasoning_content")
-        if reasoning is None:
-            reasoning = raw.get("reasoning")
-        if isinstance(reasoning, str) and reasoning:
-            summaries.append(reasoning)
-    text = message["content"]
-    if "<think>" in text:
-        summaries.extend(_THINK.findall(text))
-        text = _THINK.sub("", text)
-    tool_calls = message.get("tool_calls") or []
-
-    items: list[dict] = []
-    if summaries:
-        items.append(
-            {
-                "type": "reasoning",
-                "id": f"rs_{item_id}",
-                "summary": [{"type": "summary_text", "text": s} for s in summaries],
-            }
-        )
-    if text or not (items or tool_calls):
-        items.append(
-            {
-                "type": "message",
-                "id": f"msg_{item_id}",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        )
-    for tool_call in tool_calls:
-        items.append(
-            {
-                "type": "function_call",
-                "id": tool_call["id"],
-                "call_id": tool_call["id"],
-                "name": tool_call["function"]["name"],
-                "arguments": tool_call["function"]["arguments"],
-                "status": "completed",
-            }
-        )
-    if call is not None:
-        # The lists are shared with the record, not copied: rollouts of long sessions stay cheap.
-        items[-1]["prompt_token_ids"] = call.prompt_ids
-        items[-1]["generation_token_ids"] = call.generation_ids
-        items[-1]["generation_log_probs"] = call.log_probs
-    return items
-
-
-def _failed_rollout(session_id: str, parent_session_id: str | None, reason: str) -> dict:
-    return {
-        "session_id": session_id,
-        "parent_session_id": parent_session_id,
-        "model": None,
-        "tools": [],
-        "input": [],
-        "output": [],
-        "record_uuids": [],
-        "partial_reason": reason,
-        "mask_sample": True,
-        "degraded_reason": None,
-        "side_calls": [],
-        "discarded_record_uuids": [],
-    }

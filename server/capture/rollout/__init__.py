@@ -1,0 +1,20 @@
+"""Rebuild token-exact Gym rollouts (Responses items + token triples) from a session's capture records.
+
+`chain` is the reconstruction of one session, `tree` adds its sub-agent sessions, `items` maps
+messages and tools to Gym's shapes, `messages` normalises chat messages for the history comparison.
+"""
+
+from __future__ import annotations
+
+from server.capture.rollout.chain import reconstruct_envelope, reconstruct_session
+from server.capture.rollout.items import map_tools
+from server.capture.rollout.messages import RolloutError
+from server.capture.rollout.tree import reconstruct_tree
+
+__all__ = [
+    "RolloutError",
+    "map_tools",
+    "reconstruct_envelope",
+    "reconstruct_session",
+    "reconstruct_tree",
+]

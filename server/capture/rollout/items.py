@@ -1,0 +1,139 @@
+"""Gym's shapes: a normalised message as Responses items (token triple on a generated turn's last item), tools as FunctionTools."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from server.capture.rollout.messages import RolloutError
+
+if TYPE_CHECKING:
+    from server.capture.rollout.chain import _Call
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def map_tools(raw_tools: object) -> list[dict]:
+    """Record tools (Switchyard, Chat or Responses shape) as Gym `FunctionTool` dicts.
+
+    Codex's `namespace` tools are flattened into their member functions. Hosted tools (any other
+    `type`, e.g. `web_search`) are not function tools a policy is trained to call, so they are left out.
+    """
+    if raw_tools is None:
+        return []
+    if not isinstance(raw_tools, list):
+        raise RolloutError(f"tools is not a list: {type(raw_tools).__name__}")
+    out: list[dict] = []
+    for i, tool in enumerate(raw_tools):
+        if not isinstance(tool, dict):
+            raise RolloutError(f"tool {i} has no usable id")
+        kind = tool.get("type")
+        function = tool.get("function")
+        if isinstance(function, dict):  # Chat: {type: function, function: {name, ...}}
+            spec, name = function, function.get("name")
+        elif kind == "namespace" and isinstance(tool.get("tools"), list):
+            out.extend(map_tools(tool["tools"]))
+            continue
+        elif kind == "function":  # Responses: {type: function, name, ...}
+            spec, name = tool, tool.get("name")
+        elif kind is None:  # Switchyard: {id, description, inputSchema: {jsonSchema}}
+            schema_holder = tool.get("inputSchema")
+            schema = schema_holder.get("jsonSchema") if isinstance(schema_holder, dict) else None
+            spec, name = {"description": tool.get("description"), "parameters": schema}, tool.get("id")
+        else:
+            continue
+        if not isinstance(name, str) or not name:
+            raise RolloutError(f"tool {i} has no usable id")
+        out.append(
+            {
+                "type": "function",
+                "name": name,
+                "description": spec.get("description") or None,
+                "parameters": spec.get("parameters"),
+                "strict": spec.get("strict"),
+            }
+        )
+    return out
+
+
+def message_items(message: dict, raw: object, item_id: str, call: _Call | None) -> list[dict]:
+    """Gym Responses items for one normalized message; `call` puts its token triple on the last item."""
+    role = message["role"]
+    if role == "tool":
+        return [
+            {
+                "type": "function_call_output",
+                "call_id": message["tool_call_id"],
+                "output": message["content"],
+                "status": "completed",
+            }
+        ]
+    if role != "assistant":
+        return [{"type": "message", "role": role, "content": message["content"]}]
+
+    summaries: list[str] = []
+    if isinstance(raw, dict):
+        reasoning = raw.get("reasoning_content")
+        if reasoning is None:
+            reasoning = raw.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            summaries.append(reasoning)
+    text = message["content"]
+    if "<think>" in text:
+        summaries.extend(_THINK.findall(text))
+        text = _THINK.sub("", text)
+    tool_calls = message.get("tool_calls") or []
+
+    items: list[dict] = []
+    if summaries:
+        items.append(
+            {
+                "type": "reasoning",
+                "id": f"rs_{item_id}",
+                "summary": [{"type": "summary_text", "text": s} for s in summaries],
+            }
+        )
+    if text or not (items or tool_calls):
+        items.append(
+            {
+                "type": "message",
+                "id": f"msg_{item_id}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
+    for tool_call in tool_calls:
+        items.append(
+            {
+                "type": "function_call",
+                "id": tool_call["id"],
+                "call_id": tool_call["id"],
+                "name": tool_call["function"]["name"],
+                "arguments": tool_call["function"]["arguments"],
+                "status": "completed",
+            }
+        )
+    if call is not None:
+        # The lists are shared with the record, not copied: rollouts of long sessions stay cheap.
+        items[-1]["prompt_token_ids"] = call.prompt_ids
+        items[-1]["generation_token_ids"] = call.generation_ids
+        items[-1]["generation_log_probs"] = call.log_probs
+    return items
+
+
+def failed_rollout(session_id: str, parent_session_id: str | None, reason: str) -> dict:
+    return {
+        "session_id": session_id,
+        "parent_session_id": parent_session_id,
+        "model": None,
+        "tools": [],
+        "input": [],
+        "output": [],
+        "record_uuids": [],
+        "partial_reason": reason,
+        "mask_sample": True,
+        "degraded_reason": None,
+        "side_calls": [],
+        "discarded_record_uuids": [],
+    }

@@ -1,0 +1,54 @@
+"""A session as a whole: its tree of sub-agent sessions, and its rollout with theirs, assembled from the capture store."""
+
+from __future__ import annotations
+
+from server.capture.rollout import reconstruct_tree
+from server.capture.store import CaptureStore, UnknownSession
+
+
+def build_tree(store: CaptureStore, session_id: str) -> dict:
+    """The session and its descendants as nested `{session_id, parent_session_id, record_count, children}`."""
+    info = store.session_info(session_id)
+    if info is None:
+        raise UnknownSession(session_id)
+
+    def node(entry: dict) -> dict:
+        return {
+            "session_id": entry["session_id"],
+            "parent_session_id": entry["parent_session_id"],
+            "record_count": entry["record_count"],
+            "children": [],
+        }
+
+    root = node(info)
+    seen = {session_id}
+    pending = [root]
+    # Iterative, with a visited set: crafted parent ids could otherwise form a cycle or a deep chain.
+    while pending:
+        current = pending.pop()
+        for child_id in store.children(current["session_id"]):
+            child_info = store.session_info(child_id)
+            if child_id in seen or child_info is None:
+                continue
+            seen.add(child_id)
+            child = node(child_info)
+            current["children"].append(child)
+            pending.append(child)
+    return root
+
+
+def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool = True) -> dict:
+    """Reconstruct the session's rollout with its sub-agent sessions (raises RolloutError, UnknownSession)."""
+    root_records, _ = store.read_completions(session_id)
+    if not root_records:
+        raise UnknownSession(session_id)
+
+    def load_records(sid: str) -> list[dict]:
+        if sid == session_id:
+            return root_records
+        try:
+            return store.read_completions(sid)[0]
+        except UnknownSession:
+            return []  # a child without records: reconstruction reports it
+
+    return reconstruct_tree(session_id, load_records, store.children, allow_partial=allow_partial)
