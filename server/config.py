@@ -87,6 +87,22 @@ class Settings(BaseModel):
     capture_queue_size: int = Field(default=10000, ge=1)
     # Write records gzip-compressed (`<uuid>.json.gz`, 2-3x smaller on real text); served the same.
     capture_compress: bool = False
+    # Token-continuity injection (docs/injection.md): send the engine each session's token history.
+    token_injection: bool = False
+    injection_transport: Literal["vllm", "sglang", "nemo_rl"] = "vllm"
+    injection_vllm_field: str = Field(default="kv_transfer_params.prompt_token_ids", min_length=1)
+    # Where the engine's /tokenize is (its root). Launch mode derives it from the deployment's target.
+    injection_tokenize_base_url: str | None = None
+    injection_tokenize_timeout_s: float = Field(default=10.0, gt=0)
+    # `renderers`: render templates locally with the [tito] extra instead of asking /tokenize.
+    injection_bridge: Literal["tokenize", "renderers"] = "tokenize"
+    injection_renderer_model: str | None = None  # the tokenizer/model name the renderers bridge loads
+    injection_cache_sessions: int = Field(default=10000, ge=1)
+    injection_cache_ttl_s: float = Field(default=3600.0, gt=0)
+    injection_mismatch_limit: int = Field(default=3, ge=1)  # K fallbacks in a row pause a route
+    injection_pause_s: float = Field(default=300.0, ge=0)
+    # How long a call waits for a record another process is still writing (cache misses only).
+    injection_rebuild_wait_s: float = Field(default=0.25, ge=0)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     log_level: str = "info"
     # Request `model` → Switchyard route. Unlisted names go to switchyard_model unless strict_models.
@@ -118,6 +134,22 @@ class Settings(BaseModel):
                 "switchyard_model needs either deployment (this server hosts Switchyard from a TOML "
                 "deployment) or switchyard_base_url (attach to a Switchyard you run yourself)"
             )
+        if self.token_injection:
+            if not self.capture or not self.request_token_ids:
+                raise ValueError(
+                    "token_injection needs capture and request_token_ids on: the records are the chains' source of truth"
+                )
+            if (
+                self.switchyard_base_url
+                and not self.injection_tokenize_base_url
+                and self.injection_bridge == "tokenize"
+            ):
+                raise ValueError(
+                    "token_injection in attach mode needs injection_tokenize_base_url (the engine's root URL, "
+                    "where its /tokenize is), or injection_bridge: renderers"
+                )
+            if self.injection_bridge == "renderers" and not self.injection_renderer_model:
+                raise ValueError("injection_bridge: renderers needs injection_renderer_model (e.g. Qwen/Qwen3-8B)")
         return self
 
     @property

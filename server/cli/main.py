@@ -41,6 +41,11 @@ def _add_serve(sub) -> None:
     p.add_argument("--port", type=int, help="port to bind (default 8080; 0 picks a free one)")
     p.add_argument("--capture-dir", help="where captured records are written (default ./switchyard-captures)")
     p.add_argument("--no-capture", action="store_true", help="do not record calls")
+    p.add_argument(
+        "--token-injection",
+        action="store_true",
+        help="send the engine each session's token history (reasoning models; see docs/injection.md)",
+    )
     p.add_argument("--log-level", help="debug, info, warning, error")
     p.add_argument("--otel-console", action="store_true", help="print OpenTelemetry spans to stdout")
 
@@ -61,6 +66,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["capture"] = False
     if args.otel_console:
         overrides["otel_console"] = True
+    if args.token_injection:
+        overrides["token_injection"] = True
     return overrides
 
 

@@ -103,3 +103,34 @@ def test_profile_names_resolve_to_shipped_files(tmp_path):
     assert resolve_deployment(str(own)) == own.resolve()
     with pytest.raises(ConfigError, match="not found"):
         resolve_deployment("no-such-profile")
+
+
+# ---- token injection -------------------------------------------------------------------------
+
+
+def test_token_injection_in_attach_mode_names_the_missing_tokenize_url():
+    with pytest.raises(ConfigError, match="injection_tokenize_base_url"):
+        load_settings(overrides={"switchyard_base_url": "http://127.0.0.1:9/v1", "token_injection": True}, environ={})
+    settings = load_settings(
+        overrides={
+            "switchyard_base_url": "http://127.0.0.1:9/v1",
+            "token_injection": True,
+            "injection_tokenize_base_url": "http://127.0.0.1:8000",
+        },
+        environ={},
+    )
+    assert settings.token_injection and settings.injection_transport == "vllm"
+
+
+def test_token_injection_in_launch_mode_needs_no_tokenize_url():
+    assert load_settings(overrides={"deployment": "demo", "token_injection": True}, environ={}).token_injection
+
+
+def test_token_injection_needs_capture():
+    with pytest.raises(ConfigError, match="capture"):
+        load_settings(overrides={"deployment": "demo", "token_injection": True, "capture": False}, environ={})
+
+
+def test_unknown_injection_transport_is_refused():
+    with pytest.raises(ConfigError, match="injection_transport"):
+        load_settings(overrides={"deployment": "demo", "injection_transport": "grpc"}, environ={})
