@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+from server.errors import OpenAIError
 from server.state import AppState
 from server.switchyard import profiles, provenance
 from server.upstream.client import Upstream
@@ -34,7 +35,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
         )
         try:
             default_route, state.routes = await discover_routes(state.upstream)
-        except (httpx.HTTPError, ValueError) as exc:
+        except OpenAIError as exc:
             if not settings.switchyard_model:
                 raise RuntimeError(f"cannot list Switchyard's routes at {state.proxy.root_url}: {exc}") from exc
             # An attached Switchyard may come up later; calls fail with 502/503 until it does.

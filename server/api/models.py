@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,8 +38,8 @@ def model_routes(state: AppState) -> list[Route]:
             raise OpenAIError(503, "Switchyard is not running", code="proxy_unavailable")
         try:
             upstream_models = await state.upstream.get_json("/models")
-        except (httpx.HTTPError, ValueError) as exc:
-            raise OpenAIError(502, f"cannot list Switchyard's routes: {exc}", code="upstream_error") from exc
+        except OpenAIError as exc:
+            raise OpenAIError(502, f"cannot list Switchyard's routes: {exc.message}", code="upstream_error") from exc
         data = []
         for entry in upstream_models.get("data") or []:
             caps = entry.get("capabilities") or {}

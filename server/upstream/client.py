@@ -1,4 +1,4 @@
-"""The httpx clients to Switchyard, and the mapping of every upstream failure to an OpenAI error."""
+"""The clients to Switchyard: the pooled HTTP/1.1 client for model calls, httpx for the occasional GET; failures raise OpenAIError."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import orjson
 
 from server.errors import OpenAIError
 from server.upstream import http1
+from server.upstream.errors import error_from_exception, error_from_httpx, error_from_reply
 
 log = logging.getLogger("switchyard_model.upstream")
 
@@ -33,50 +34,6 @@ def relayed_headers(headers) -> list[tuple[bytes, bytes]]:
         if value is not None:
             out.append((name.encode(), value.encode("latin-1")))
     return out
-
-
-def error_from_reply(status: int, body: bytes, headers) -> OpenAIError:
-    """Keep the upstream status and message; put them in the OpenAI shape."""
-    message = None
-    err_type = code = param = None
-    try:
-        doc = orjson.loads(body)
-        err = doc.get("error") if isinstance(doc, dict) else None
-        if isinstance(err, dict):
-            message = err.get("message")
-            err_type, code, param = err.get("type"), err.get("code"), err.get("param")
-        elif isinstance(err, str):
-            message = err
-        elif isinstance(doc, dict) and isinstance(doc.get("message"), str):
-            message = doc["message"]
-    except (orjson.JSONDecodeError, AttributeError):
-        pass
-    if not isinstance(message, str) or not message:
-        text = body[:500].decode("utf-8", "replace").strip()
-        message = f"upstream returned HTTP {status}" + (f": {text}" if text else "")
-    extra = {}
-    if status == 429:
-        # Switchyard 0.3.0 honours Retry-After itself, then relays the 429 without it; a client
-        # still needs some back-off hint, so a missing one becomes a conservative 1 s.
-        extra["retry-after"] = headers.get("retry-after", "1")
-    return OpenAIError(
-        status,
-        message,
-        type=err_type if isinstance(err_type, str) else None,
-        code=code if isinstance(code, str) else "upstream_error",
-        param=param if isinstance(param, str) else None,
-        headers=extra,
-    )
-
-
-def error_from_exception(exc: http1.HTTPError, target: str) -> OpenAIError:
-    if isinstance(exc, http1.TimeoutError_):
-        return OpenAIError(504, f"the upstream ({target}) did not answer in time: {exc}", code="upstream_timeout")
-    if isinstance(exc, http1.ConnectError):
-        return OpenAIError(502, f"cannot connect to the upstream ({target}): {exc}", code="upstream_unreachable")
-    if isinstance(exc, http1.ProtocolError):
-        return OpenAIError(502, f"the upstream ({target}) broke off: {exc}", code="upstream_disconnected")
-    return OpenAIError(502, f"upstream call failed: {type(exc).__name__}: {exc}", code="upstream_error")
 
 
 class UpstreamStream:
@@ -193,9 +150,22 @@ class Upstream:
         return UpstreamStream(response, self.base_url)
 
     async def get_json(self, path: str, timeout_s: float = 5.0) -> dict:
-        response = await self._client.get(self.base_url + path, timeout=timeout_s)
-        response.raise_for_status()
-        return response.json()
+        """GET a JSON object from Switchyard's /v1; every failure is an OpenAIError, as for `post`."""
+        try:
+            response = await self._client.get(self.base_url + path, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise error_from_httpx(exc, self.base_url) from exc
+        if response.status_code >= 400:
+            raise error_from_reply(response.status_code, response.content, response.headers)
+        try:
+            body = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            body = None
+        if not isinstance(body, dict):
+            raise OpenAIError(
+                502, f"the upstream ({self.base_url}) answered {path} without a JSON object", code="upstream_error"
+            )
+        return body
 
     async def healthy(self, root_url: str) -> bool:
         try:

@@ -7,58 +7,7 @@ import asyncio
 import pytest
 
 from server.upstream import http1
-
-
-class RawServer:
-    """A loopback TCP server answering each request with `reply(request_bytes) -> bytes | None`."""
-
-    def __init__(self, reply) -> None:
-        self.reply = reply
-        self.connections = 0
-        self.requests: list[bytes] = []
-
-    async def __aenter__(self) -> RawServer:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
-        await self.server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(
-                    next(
-                        line.split(b":")[1]
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length")
-                    )
-                )
-                request = head + await reader.readexactly(length)
-                self.requests.append(request)
-                answer = await self.reply(request)
-                if answer is None:  # hang up without answering
-                    writer.close()
-                    return
-                writer.write(answer)
-                await writer.drain()
-                if b"connection: close" in request.lower():
-                    writer.close()
-                    return
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
-
-def fixed(body: bytes, status: int = 200) -> bytes:
-    return b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
-        status,
-        len(body),
-        body,
-    )
+from tests.support.raw_http import RawServer, fixed
 
 
 def pool(port: int, **kw) -> http1.Pool:
@@ -66,7 +15,7 @@ def pool(port: int, **kw) -> http1.Pool:
         f"http://127.0.0.1:{port}/v1",
         connect_timeout=kw.pop("connect_timeout", 2.0),
         read_timeout=kw.pop("read_timeout", 2.0),
-        max_connections=8,
+        max_connections=kw.pop("max_connections", 8),
         headers={"authorization": "Bearer k"},
         **kw,
     )
@@ -185,3 +134,169 @@ def test_header_injection_is_refused():
         )
     with pytest.raises(ValueError, match="plain http"):
         http1.Pool("https://example.invalid", connect_timeout=1, read_timeout=1, max_connections=1, headers={})
+
+
+async def within(awaitable, seconds: float = 10.0):
+    """A generous bound, so a regression fails the test instead of hanging the suite."""
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+class HeldServer:
+    """Replies to the first request only when `release` is set; every later one at once."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.arrived = asyncio.Condition()
+        self.count = 0
+
+    async def reply(self, request: bytes) -> bytes:
+        async with self.arrived:
+            self.count += 1
+            self.arrived.notify_all()
+        if self.count == 1:
+            await self.release.wait()
+        return fixed(b"{}")
+
+    async def wait_for_requests(self, n: int) -> None:
+        async with self.arrived:
+            await self.arrived.wait_for(lambda: self.count >= n)
+
+
+@pytest.mark.parametrize("max_connections", [1, 2])
+def test_calls_beyond_max_connections_wait_for_a_free_slot(max_connections):
+    async def scenario():
+        held = HeldServer()
+        async with RawServer(held.reply) as server:
+            client = pool(server.port, max_connections=max_connections)
+            first = asyncio.ensure_future(client.request("/x", b"{}", {}))
+            await within(held.wait_for_requests(1))
+            second = asyncio.ensure_future(client.request("/x", b"{}", {}))
+            if max_connections == 2:
+                # The negative control: with a free slot the second call reaches the server at once.
+                await within(held.wait_for_requests(2))
+            else:
+                # With one slot, the second call must not be sent while the first holds it.
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(held.wait_for_requests(2)), 0.3)
+                assert not second.done() and server.connections == 1
+            held.release.set()
+            assert await within((await first).read()) == b"{}"
+            assert await within((await second).read()) == b"{}"
+            # Queued behind the first call, the second reused its connection.
+            assert server.connections == (1 if max_connections == 1 else 2)
+            client.close()
+
+    run(scenario())
+
+
+def test_a_queued_caller_that_is_cancelled_takes_no_slot():
+    async def scenario():
+        held = HeldServer()
+        async with RawServer(held.reply) as server:
+            client = pool(server.port, max_connections=1)
+            first = asyncio.ensure_future(client.request("/x", b"{}", {}))
+            await within(held.wait_for_requests(1))
+            queued = asyncio.ensure_future(client.request("/x", b"{}", {}))
+            for _ in range(3):  # let it run up to the slot it waits for
+                await asyncio.sleep(0)
+            queued.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await queued
+            held.release.set()
+            await within((await first).read())
+            # The one slot is free again: a new call goes through (it would hang if the slot leaked).
+            assert await within((await client.request("/x", b"{}", {})).read()) == b"{}"
+            assert held.count == 2
+            client.close()
+
+    run(scenario())
+
+
+def test_a_caller_cancelled_while_waiting_for_its_answer_releases_its_slot_and_connection():
+    async def scenario():
+        held = HeldServer()  # the first request is never answered
+        async with RawServer(held.reply) as server:
+            client = pool(server.port, max_connections=1)
+            waiting = asyncio.ensure_future(client.request("/x", b"{}", {}))
+            await within(held.wait_for_requests(1))
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert await within((await client.request("/x", b"{}", {})).read()) == b"{}"
+            # The half-used connection was closed, not put back in the pool.
+            assert server.connections == 2
+            held.release.set()
+            client.close()
+
+    run(scenario())
+
+
+def test_a_pooled_connection_the_server_closes_is_not_reused():
+    async def scenario():
+        async def reply(request):
+            return b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+
+        async with RawServer(reply) as server:
+            client = pool(server.port)
+            for _ in range(3):
+                assert await within((await client.request("/x", b"{}", {})).read()) == b"{}"
+            # One connection per call: each answer said `connection: close`, so none went back to the pool.
+            assert server.connections == 3 and len(server.requests) == 3
+            client.close()
+
+    run(scenario())
+
+
+def test_silence_between_body_chunks_is_a_timeout():
+    async def scenario():
+        async def streaming(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+            await writer.drain()
+            await asyncio.sleep(30)  # then nothing
+
+        server = await asyncio.start_server(streaming, "127.0.0.1", 0)
+        client = pool(server.sockets[0].getsockname()[1], read_timeout=0.3)
+        response = await client.request("/x", b"{}", {}, fresh=True)
+        chunks = response.iter_raw()
+        assert await within(chunks.__anext__()) == b"first"
+        with pytest.raises(http1.TimeoutError_):
+            await within(chunks.__anext__())
+        server.close()
+
+    run(scenario())
+
+
+def test_a_4xx_answer_is_returned_with_its_body_and_the_connection_kept():
+    async def scenario():
+        async def reply(request):
+            return fixed(b'{"error": {"message": "no such route"}}', status=404)
+
+        async with RawServer(reply) as server:
+            client = pool(server.port)
+            for _ in range(2):
+                response = await client.request("/x", b"{}", {})
+                assert response.status_code == 404
+                assert await response.read() == b'{"error": {"message": "no such route"}}'
+            assert server.connections == 1
+            client.close()
+
+    run(scenario())
+
+
+def test_a_per_call_header_overrides_a_fixed_one():
+    async def scenario():
+        async def reply(request):
+            return fixed(b"{}")
+
+        async with RawServer(reply) as server:
+            client = pool(server.port)
+            await (await client.request("/x", b"{}", {"authorization": "Bearer per-call"})).read()
+            await (await client.request("/x", b"{}", {})).read()
+            overridden, plain = server.requests
+            assert b"authorization: Bearer per-call\r\n" in overridden and b"Bearer k" not in overridden
+            assert overridden.lower().count(b"authorization:") == 1
+            assert b"authorization: Bearer k\r\n" in plain  # the fixed header is back for the next call
+            client.close()
+
+    run(scenario())
