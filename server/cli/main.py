@@ -136,6 +136,18 @@ def _add_mock(sub) -> None:
     p.add_argument("--port", type=int, default=8001)
     p.add_argument("--model-name", default="mock-model", help="the model id it reports")
     p.add_argument("--max-model-len", type=int, default=32768, help="the context length it reports and enforces")
+    p.add_argument(
+        "--template",
+        choices=["keep-reasoning", "drop-reasoning"],
+        default="keep-reasoning",
+        help="drop-reasoning: past assistant turns render without their reasoning (Qwen3-like)",
+    )
+    p.add_argument(
+        "--token-in",
+        choices=["honor", "ignore"],
+        default="honor",
+        help="honor or ignore prompt ids sent in the request",
+    )
 
 
 def _add_demo(sub) -> None:
@@ -177,7 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "mock-upstream":
         from server.dev.mock_upstream.app import run
 
-        run(host=args.host, port=args.port, model_name=args.model_name, max_model_len=args.max_model_len)
+        run(
+            host=args.host,
+            port=args.port,
+            model_name=args.model_name,
+            max_model_len=args.max_model_len,
+            template=args.template,
+            token_in=args.token_in,
+        )
         return EXIT_OK
     if args.command == "demo":
         from server.dev.demo import run_demo

@@ -16,8 +16,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model-name", default="mock-model")
     parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument(
+        "--template",
+        choices=["keep-reasoning", "drop-reasoning"],
+        default="keep-reasoning",
+        help="drop-reasoning: past assistant turns render without their reasoning (Qwen3-like)",
+    )
+    parser.add_argument(
+        "--token-in",
+        choices=["honor", "ignore"],
+        default="honor",
+        help="honor or ignore prompt ids sent in kv_transfer_params / input_ids / required_prefix_token_ids",
+    )
     args = parser.parse_args(argv)
-    run(args.host, args.port, model_name=args.model_name, max_model_len=args.max_model_len)
+    run(
+        args.host,
+        args.port,
+        model_name=args.model_name,
+        max_model_len=args.max_model_len,
+        template=args.template,
+        token_in=args.token_in,
+    )
 
 
 if __name__ == "__main__":

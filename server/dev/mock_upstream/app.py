@@ -188,9 +188,15 @@ async def _client_gone(watcher: asyncio.Task[None] | None, seconds: float) -> bo
     return bool(done)
 
 
-def create_app(*, model_name: str = "mock-model", max_model_len: int = 32768) -> Starlette:
-    """The mock upstream as a Starlette app (see docs/mock-upstream.md for the directives)."""
-    state = MockState(model_name, max_model_len)
+def create_app(
+    *,
+    model_name: str = "mock-model",
+    max_model_len: int = 32768,
+    template: str = "keep-reasoning",
+    token_in: str = "honor",
+) -> Starlette:
+    """The mock upstream as a Starlette app (see docs/mock-upstream.md for the directives and modes)."""
+    state = MockState(model_name, max_model_len, template=template, token_in=token_in)
     models_body = orjson.dumps(
         {
             "object": "list",
@@ -233,7 +239,8 @@ def create_app(*, model_name: str = "mock-model", max_model_len: int = 32768) ->
                 tools = body.get("tools") if isinstance(body.get("tools"), list) else None
                 add_prompt = body.get("add_generation_prompt", True) is not False
                 tokens = state.prompt_ids(messages, tools, add_prompt)
-                text = render_prompt(messages, tools, add_prompt) if body.get("return_token_strs") else ""
+                drop = state.template == "drop-reasoning"
+                text = render_prompt(messages, tools, add_prompt, drop) if body.get("return_token_strs") else ""
             elif isinstance(body.get("prompt"), str):
                 text = body["prompt"]
                 tokens = state.tokenizer.encode(text)
@@ -258,6 +265,19 @@ def create_app(*, model_name: str = "mock-model", max_model_len: int = 32768) ->
 
     async def mock_stats(request: Request) -> Response:
         return Response(orjson.dumps(state.stats.as_dict()), media_type="application/json")
+
+    async def mock_config(request: Request) -> Response:
+        """GET: the template and token-in modes; POST {"template"?, "token_in"?}: change them."""
+        if request.method == "POST":
+            try:
+                body = orjson.loads(await request.body())
+                state.configure(template=body.get("template"), token_in=body.get("token_in"))
+            except (orjson.JSONDecodeError, AttributeError, ValueError) as exc:
+                error = OpenAIError(400, f"bad mock config: {exc}", code="invalid_value")
+                return Response(error.to_json(), status_code=400, media_type="application/json")
+        return Response(
+            orjson.dumps({"template": state.template, "token_in": state.token_in}), media_type="application/json"
+        )
 
     async def mock_reset(request: Request) -> Response:
         state.reset()
@@ -284,6 +304,7 @@ def create_app(*, model_name: str = "mock-model", max_model_len: int = 32768) ->
             Route("/mock/requests", mock_requests, methods=["GET"]),
             Route("/mock/stats", mock_stats, methods=["GET"]),
             Route("/mock/reset", mock_reset, methods=["POST"]),
+            Route("/mock/config", mock_config, methods=["GET", "POST"]),
         ],
         lifespan=lifespan,
     )
@@ -295,7 +316,7 @@ def run(host: str = "127.0.0.1", port: int = 8000, **kw: Any) -> None:
     """Serve the mock upstream with uvicorn until interrupted (`model_name`/`max_model_len` go to the app)."""
     import uvicorn
 
-    app_kw = {name: kw.pop(name) for name in ("model_name", "max_model_len") if name in kw}
+    app_kw = {name: kw.pop(name) for name in ("model_name", "max_model_len", "template", "token_in") if name in kw}
     settings: dict[str, Any] = {"log_level": "warning", "access_log": False}
     try:
         import uvloop  # noqa: F401

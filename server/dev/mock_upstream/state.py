@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from server.dev.mock_upstream import token_in as token_in_module
 from server.dev.mock_upstream.directives import DIRECTIVE_OPEN, Directives, parse_directives
 from server.dev.mock_upstream.generation import last_user_text, plan_reply
 from server.dev.mock_upstream.replies import ChatJob, ChoiceCache, LogprobEntries, Options
@@ -16,6 +17,7 @@ from server.dev.mock_upstream.tokenizer import Tokenizer
 from server.errors import OpenAIError
 
 Scope = dict[str, Any]
+TEMPLATES = ("keep-reasoning", "drop-reasoning")
 
 
 @dataclass(slots=True)
@@ -56,9 +58,12 @@ def _int_field(body: dict[str, Any], name: str) -> int | None:
 class MockState:
     """Everything the mock keeps between requests: tokenizer caches, counters, the request log."""
 
-    def __init__(self, model_name: str, max_model_len: int) -> None:
+    def __init__(
+        self, model_name: str, max_model_len: int, template: str = "keep-reasoning", token_in: str = "honor"
+    ) -> None:
         self.model_name = model_name
         self.max_model_len = max_model_len
+        self.configure(template=template, token_in=token_in)
         self.tokenizer = Tokenizer()
         self.entries = LogprobEntries()
         self.choice_cache = ChoiceCache()
@@ -69,6 +74,17 @@ class MockState:
         self._responses = 0
         self._id_prefix = os.urandom(4).hex()
         self._generation_prompt = tuple(self.tokenizer.encode(GENERATION_PROMPT))
+
+    def configure(self, template: str | None = None, token_in: str | None = None) -> None:
+        """`template`: keep-reasoning | drop-reasoning (Qwen3-like); `token_in`: honor | ignore the token-in fields."""
+        if template is not None:
+            if template not in TEMPLATES:
+                raise ValueError(f"template must be one of {TEMPLATES}")
+            self.template = template
+        if token_in is not None:
+            if token_in not in token_in_module.MODES:
+                raise ValueError(f"token_in must be one of {token_in_module.MODES}")
+            self.token_in = token_in
 
     def reset(self) -> None:
         in_flight = self.stats.in_flight
@@ -100,7 +116,7 @@ class MockState:
     ) -> list[int]:
         ids: list[int] = []
         encode_block = self.tokenizer.encode_block
-        for block in render_blocks(messages, tools):
+        for block in render_blocks(messages, tools, self.template == "drop-reasoning"):
             ids += encode_block(block)
         if add_generation_prompt:
             ids += self._generation_prompt
@@ -160,6 +176,11 @@ class MockState:
                 headers["retry-after"] = format_seconds(1.0 if retry_after is None else retry_after)
             error = OpenAIError(status, f"mock upstream error {status} (scripted)", code="mock_error", headers=headers)
         prompt_ids = self.prompt_ids(messages, tools)
+        # An engine without the fields (token_in "ignore") neither checks nor uses them.
+        sent = token_in_module.requested_prompt(body) if self.token_in == "honor" else None
+        if sent is not None:
+            _, ids, splices = sent
+            prompt_ids = token_in_module.splice(ids, prompt_ids) if splices else list(ids)
         if len(prompt_ids) >= self.max_model_len:
             raise OpenAIError(
                 400,

@@ -87,8 +87,8 @@ def render_assistant(content: str, reasoning: str | None, tool_calls: list[tuple
     return AssistantLayout(text, reasoning_span, content_span, spans)
 
 
-def _history_assistant_text(message: dict[str, Any]) -> str:
-    reasoning = message.get("reasoning_content") or message.get("reasoning")
+def _history_assistant_text(message: dict[str, Any], drop_reasoning: bool = False) -> str:
+    reasoning = None if drop_reasoning else message.get("reasoning_content") or message.get("reasoning")
     calls = []
     for call in message.get("tool_calls") or ():
         function = call.get("function") if isinstance(call, dict) else None
@@ -103,8 +103,12 @@ def _tools_text(tools: list[Any]) -> str:
     return _TOOLS_PREAMBLE + "".join(orjson.dumps(tool).decode() + "\n" for tool in tools)
 
 
-def render_blocks(messages: list[dict[str, Any]], tools: list[Any] | None) -> list[str]:
-    """The prompt as one string per message block (each ends with `<|im_end|>\\n`), tools in the first system block."""
+def render_blocks(messages: list[dict[str, Any]], tools: list[Any] | None, drop_reasoning: bool = False) -> list[str]:
+    """The prompt as one string per message block (each ends with `<|im_end|>\\n`), tools in the first system block.
+
+    `drop_reasoning`: past assistant turns render without their reasoning, as Qwen3-class templates
+    do, so a reasoning reply's generated ids do not reappear in the next prompt.
+    """
     blocks = []
     rest = messages
     if tools:
@@ -117,13 +121,19 @@ def render_blocks(messages: list[dict[str, Any]], tools: list[Any] | None) -> li
     for message in rest:
         role = message.get("role")
         if role == "assistant":
-            body = _history_assistant_text(message)
+            body = _history_assistant_text(message, drop_reasoning)
         else:
             body = content_text(message.get("content"))
         blocks.append(f"<|im_start|>{role}\n{body}<|im_end|>\n")
     return blocks
 
 
-def render_prompt(messages: list[dict[str, Any]], tools: list[Any] | None, add_generation_prompt: bool = True) -> str:
+def render_prompt(
+    messages: list[dict[str, Any]],
+    tools: list[Any] | None,
+    add_generation_prompt: bool = True,
+    drop_reasoning: bool = False,
+) -> str:
     """The whole prompt as one string (tokenising it gives the same ids as `prompt_token_ids`)."""
-    return "".join(render_blocks(messages, tools)) + (GENERATION_PROMPT if add_generation_prompt else "")
+    text = "".join(render_blocks(messages, tools, drop_reasoning))
+    return text + (GENERATION_PROMPT if add_generation_prompt else "")

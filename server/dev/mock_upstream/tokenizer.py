@@ -24,6 +24,8 @@ _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + 
 _PIECE_RE = re.compile(r" ?\w+| ?[^\w\s]+|\s+")
 _PIECE_ID_BASE = 1000
 _PIECE_ID_SPAN = 100_000
+# Every id the tokenizer can produce is below this (vLLM rejects prompt ids outside its vocabulary).
+VOCAB_SIZE = _PIECE_ID_BASE + _PIECE_ID_SPAN
 
 
 def piece_id(piece: str) -> int:
