@@ -16,6 +16,12 @@ STATUSES = ("completed", "partial", "failed")
 
 _TOKEN_ID_PREFIX = "token_id:"
 
+# A record's `injection.fallback_reason` values that mean a chain that was there to extend was not
+# extended (docs/injection.md): reconstruction never presents such a call as contiguous.
+INJECTION_BREAKING_FALLBACKS = frozenset(
+    {"no_end_of_turn", "echo_mismatch", "upstream_rejected", "tokenize_failed", "paused"}
+)
+
 
 def utc_timestamp() -> str:
     """ISO 8601 UTC with a fixed-width microsecond field, so string order is time order."""
@@ -37,6 +43,7 @@ def build_record(
     status: str = "completed",
     captured_at: str | None = None,
     record_uuid: str | None = None,
+    injection: dict | None = None,
 ) -> dict:
     """Build the record for one call. Never raises on odd upstream output: it marks the record invalid.
 
@@ -101,6 +108,7 @@ def build_record(
         "prompt_token_ids": prompt_ids,
         "generation_token_ids": generation_ids,
         "generation_log_probs": log_probs,
+        **({"injection": injection} if injection is not None else {}),
     }
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from server.capture.record import INJECTION_BREAKING_FALLBACKS
 from server.injection.breaker import RouteBreaker
 from server.injection.chains import (
     Chain,
@@ -48,8 +49,9 @@ TOKENIZE_FAILED = "tokenize_failed"
 PAUSED = "paused"  # too many fallbacks in a row on this route
 UNSUPPORTED = "unsupported"  # n > 1, or a request /tokenize cannot render
 INCOMPLETE = "incomplete"  # the call failed or was cut off: nothing to commit
-# The fallbacks that break a chain that was there to extend (reconstruction reports these as breaks).
-BREAKING_FALLBACKS = frozenset({NO_EOT, ECHO_MISMATCH, UPSTREAM_REJECTED, TOKENIZE_FAILED, PAUSED})
+# The fallbacks that break a chain that was there to extend: reconstruction reports these as breaks.
+BREAKING_FALLBACKS = INJECTION_BREAKING_FALLBACKS
+assert BREAKING_FALLBACKS == {NO_EOT, ECHO_MISMATCH, UPSTREAM_REJECTED, TOKENIZE_FAILED, PAUSED}
 
 # Margin for `max_tokens` under the context: the engine's chat render may be a few ids longer than /tokenize's.
 _CONTEXT_MARGIN = 8

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.capture.record import SCHEMA_VERSION
+from server.capture.record import INJECTION_BREAKING_FALLBACKS, SCHEMA_VERSION
 from server.capture.rollout.items import map_tools, message_items
 from server.capture.rollout.messages import ENVIRONMENT_ROLES, RolloutError, canonical, normalize
 
@@ -192,11 +192,20 @@ class _Reconstruction:
 
         # Latest attempt first: with several that fit, the last one is the one we would keep anyway.
         continued = [c for c in reversed(self.pending) if _extends(prompt, c.prompt_ids, c.generation_ids)]
+        fallback = _injection_break(call.record)
         if not continued:
             if self._is_side_call(call, position):
                 return
             self._commit(self.pending[-1])
-            raise RolloutError(f"record {call.index} prompt_token_ids do not extend the prior prompt+generation tokens")
+            why = f" (token injection fell back: {fallback})" if fallback else ""
+            raise RolloutError(
+                f"record {call.index} prompt_token_ids do not extend the prior prompt+generation tokens{why}"
+            )
+        if fallback:
+            # The engine rendered this prompt itself: even if its ids happen to line up, the
+            # chain the session was built on was not extended, so the rollout ends here.
+            self._commit(continued[0])
+            raise RolloutError(f"record {call.index} was served without token injection ({fallback})")
         first_error: RolloutError | None = None
         for candidate in continued:
             try:
@@ -462,3 +471,10 @@ def _is_finite_list(value: object) -> bool:
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
             return False
     return all(map(math.isfinite, value))
+
+
+def _injection_break(record: dict) -> str | None:
+    """The record's injection fallback reason when it broke a chain that was there to extend."""
+    info = record.get("injection")
+    reason = info.get("fallback_reason") if isinstance(info, dict) else None
+    return reason if reason in INJECTION_BREAKING_FALLBACKS else None

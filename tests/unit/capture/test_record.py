@@ -398,3 +398,23 @@ def test_validate_record_accepts_a_former_switchyard_record():
 )
 def test_session_id_charset(value, ok):
     assert is_valid_session_id(value) is ok
+
+
+def test_the_injection_object_is_kept_only_when_given():
+    from server.capture.record import build_record as build
+
+    kwargs = dict(
+        session_id="s",
+        parent_session_id=None,
+        rollout_id=None,
+        request_id="r",
+        chat_request={"messages": []},
+        chat_response={},
+        route="demo",
+        api="chat",
+        stream=False,
+        latency_ms=1.0,
+    )
+    assert "injection" not in build(**kwargs)
+    info = {"transport": "vllm", "chain": "c", "injected_len": 3, "echo_ok": True, "fallback_reason": None}
+    assert build(**kwargs, injection=info)["injection"] == info

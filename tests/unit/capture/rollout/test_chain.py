@@ -620,3 +620,41 @@ def test_identical_retries_resolve_to_the_latest():
     rollout = reconstruct_session(SESSION_ID, [*records, twin])
     assert rollout["record_uuids"] == [records[0]["uuid"], "twin-1", records[2]["uuid"]]
     assert rollout["discarded_record_uuids"] == [records[1]["uuid"]]
+
+
+# ---- token injection fallbacks ---------------------------------------------------------------
+
+
+def _with_injection(record: dict, reason: str | None) -> dict:
+    record["injection"] = {
+        "transport": "vllm",
+        "chain": "chain_1",
+        "injected_len": 0 if reason else len(record["prompt_token_ids"]),
+        "echo_ok": None if reason else True,
+        "fallback_reason": reason,
+    }
+    return record
+
+
+def test_injected_calls_reconstruct_unchanged():
+    records = [_with_injection(r, None) for r in two_call_records()]
+    rollout = reconstruct_session(SESSION_ID, records)
+    assert rollout["partial_reason"] is None and rollout["record_uuids"] == ["uuid-0", "uuid-1"]
+
+
+def test_a_fallback_call_is_never_presented_as_contiguous():
+    """Its ids line up (the control above), yet the engine rendered it itself: the rollout ends before it."""
+    first, second = two_call_records()
+    _with_injection(first, "first_call")  # a session's first call is no break
+    _with_injection(second, "echo_mismatch")
+    rollout = reconstruct_session(SESSION_ID, [first, second])
+    assert rollout["record_uuids"] == ["uuid-0"] and rollout["mask_sample"] is True
+    assert "without token injection (echo_mismatch)" in rollout["partial_reason"]
+
+
+def test_a_break_says_when_injection_fell_back():
+    first, second = two_call_records()
+    second["prompt_token_ids"] = [9, 9, 9] + second["prompt_token_ids"]
+    _with_injection(second, "upstream_rejected")
+    rollout = reconstruct_session(SESSION_ID, [first, second])
+    assert "do not extend" in rollout["partial_reason"] and "upstream_rejected" in rollout["partial_reason"]
