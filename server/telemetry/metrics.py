@@ -1,4 +1,4 @@
-"""The call metrics (duration, time to first chunk, tokens, calls in flight, capture counters), kept in plain Python and mirrored to OTel."""
+"""The call metrics (duration, time to first chunk, tokens, calls in flight, capture and injection counters), kept in plain Python and mirrored to OTel."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ TTFC_METRIC = "gen_ai.client.operation.time_to_first_chunk"
 ACTIVE_METRIC = "switchyard_model.calls.active"
 CAPTURE_RECORDS_METRIC = "switchyard_model.capture.records"
 CAPTURE_QUEUE_METRIC = "switchyard_model.capture.queue.depth"
+INJECTION_METRIC = "switchyard_model.injection.calls"
 
 Attrs = tuple[tuple[str, Any], ...]  # metric attributes, hashable and in a fixed order
 
@@ -35,6 +36,7 @@ DESCRIPTIONS = {
     ACTIVE_METRIC: "Model calls in flight",
     CAPTURE_RECORDS_METRIC: "Capture records by outcome: written, failed (write error), dropped (queue full)",
     CAPTURE_QUEUE_METRIC: "Capture records waiting to be written",
+    INJECTION_METRIC: "Correlated calls under token injection by outcome: injected, or the fallback reason",
 }
 CAPTURE_OUTCOMES = ("written", "failed", "dropped")
 
@@ -68,6 +70,7 @@ class CallMetrics:
         self.ttfc = Histogram(DURATION_BUCKETS)
         self.tokens = Histogram(TOKEN_BUCKETS)
         self.active: dict[Attrs, int] = {}
+        self.injection: dict[Attrs, int] = {}  # (route, outcome) -> calls
         self.capture_stats: Callable[[], Mapping[str, int]] | None = None
         self._sdk: tuple[Any, Any, Any] | None = None  # duration, ttfc, tokens SDK histograms
 
@@ -84,6 +87,12 @@ class CallMetrics:
             callbacks=[self._observe_capture_records],
             unit="{record}",
             description=DESCRIPTIONS[CAPTURE_RECORDS_METRIC],
+        )
+        meter.create_observable_counter(
+            INJECTION_METRIC,
+            callbacks=[self._observe_injection],
+            unit="{call}",
+            description=DESCRIPTIONS[INJECTION_METRIC],
         )
         meter.create_observable_gauge(
             CAPTURE_QUEUE_METRIC,
@@ -128,6 +137,10 @@ class CallMetrics:
                 if sdk is not None:
                     sdk[2].record(count, dict(token_attrs))
 
+    def injection_outcome(self, route: str, outcome: str) -> None:
+        key = (("gen_ai.request.model", route), ("outcome", outcome))
+        self.injection[key] = self.injection.get(key, 0) + 1
+
     # ---- reading --------------------------------------------------------------------------------
     def read_capture_stats(self) -> Mapping[str, int] | None:
         if self.capture_stats is None:
@@ -145,6 +158,9 @@ class CallMetrics:
     def _observe_capture_records(self, options: CallbackOptions) -> Iterable[Observation]:
         stats = self.read_capture_stats()
         return [Observation(int(stats.get(o, 0)), {"outcome": o}) for o in CAPTURE_OUTCOMES] if stats else []
+
+    def _observe_injection(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(count, dict(attrs)) for attrs, count in list(self.injection.items())]
 
     def _observe_capture_queue(self, options: CallbackOptions) -> Iterable[Observation]:
         stats = self.read_capture_stats()

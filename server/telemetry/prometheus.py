@@ -18,6 +18,7 @@ from server.telemetry.metrics import (
     CAPTURE_RECORDS_METRIC,
     DESCRIPTIONS,
     DURATION_METRIC,
+    INJECTION_METRIC,
     TOKEN_METRIC,
     TTFC_METRIC,
     Attrs,
@@ -50,6 +51,8 @@ def prometheus_text(metrics: CallMetrics) -> str:
         (TOKEN_METRIC, "{token}", metrics.tokens),
     ):
         _histogram_family(out, name, unit, histogram)
+    if metrics.injection:
+        _value_family(out, INJECTION_METRIC, "{call}", "counter", sorted(metrics.injection.items()))
     stats = metrics.read_capture_stats()
     if stats:
         _value_family(

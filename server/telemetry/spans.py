@@ -90,6 +90,9 @@ class CallSpan:
     def finish(self, response: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
         """The call ended (a chat.completion dict, or the error that ended it)."""
 
+    def injection(self, info: dict[str, Any]) -> None:
+        """The call's token-injection outcome (the record's `injection` object)."""
+
 
 _NOOP_SPAN = CallSpan()
 
@@ -338,6 +341,18 @@ class _MeteredCall(CallSpan):
         except Exception:
             _limited.warning("telemetry failed to finish a call", exc_info=True)
 
+    def injection(self, info: dict[str, Any]) -> None:
+        try:
+            outcome = info.get("fallback_reason") or "injected"
+            route = dict(self._attrs).get("gen_ai.request.model", "")
+            self._metrics.injection_outcome(route, outcome)
+            self._on_injection(outcome, info)
+        except Exception:
+            _limited.warning("telemetry failed to count an injection outcome", exc_info=True)
+
+    def _on_injection(self, outcome: str, info: dict[str, Any]) -> None:
+        pass
+
     def _on_first_chunk(self, ttfc: float) -> None:
         pass
 
@@ -397,6 +412,17 @@ class _TracedCall(_MeteredCall):
             _PROPAGATOR.inject(headers, context=set_span_in_context(self._client, Context()))
         except Exception:
             _limited.warning("telemetry could not add trace headers", exc_info=True)
+
+    def _on_injection(self, outcome: str, info: dict[str, Any]) -> None:
+        attrs = {
+            "switchyard_model.injection.outcome": outcome,
+            "switchyard_model.injection.transport": info.get("transport") or "",
+            "switchyard_model.injection.injected_len": int(info.get("injected_len") or 0),
+        }
+        if isinstance(info.get("chain"), str):
+            attrs["switchyard_model.injection.chain"] = info["chain"]
+        self._client.set_attributes(attrs)
+        self._server.set_attributes(attrs)
 
     def _on_first_chunk(self, ttfc: float) -> None:
         for span in (self._client, self._server):

@@ -112,3 +112,16 @@ def test_prometheus_names_and_label_escaping():
     metrics.call_started((("a.b", awkward),))
     [active] = [s for s in samples(prometheus_text(metrics)) if s.name == "switchyard_model_calls_active"]
     assert active.labels == {"a_b": awkward} and active.value == 1
+
+
+def test_injection_outcomes_are_counted_by_route_and_reason():
+    tel = Telemetry(settings())
+    assert "injection" not in tel.prometheus_text()  # nothing until a call is injected or falls back
+    for reason in (None, None, "echo_mismatch"):
+        span = tel.start_call(api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope={})
+        span.injection({"transport": "vllm", "fallback_reason": reason})
+        span.finish(RESPONSE)
+    text = tel.prometheus_text()
+    assert sample(text, "switchyard_model_injection_calls_total", outcome="injected", gen_ai_request_model="demo") == 2
+    assert sample(text, "switchyard_model_injection_calls_total", outcome="echo_mismatch") == 1
+    tel.shutdown()

@@ -421,3 +421,27 @@ def test_a_dead_collector_never_affects_calls_and_is_logged_once_per_interval(mo
     # Three failed span exports (and metric exports) without the filter; one line per logger with it.
     assert per_logger.get("opentelemetry.exporter.otlp.proto.http.trace_exporter") == 1
     assert all(count == 1 for count in per_logger.values()), per_logger
+
+
+def test_injection_outcome_goes_on_both_spans_and_into_the_counter(traced):
+    tel, exporter, _ = traced
+    for info in (
+        {"transport": "vllm", "chain": "chain_1", "injected_len": 42, "fallback_reason": None},
+        {"transport": "vllm", "chain": None, "injected_len": 0, "fallback_reason": "echo_mismatch"},
+    ):
+        span = tel.start_call(
+            api="chat", route="demo", request=REQUEST, correlation=Correlation(), stream=False, scope=scope()
+        )
+        span.injection(info)
+        span.finish(RESPONSE)
+    spans = exporter.get_finished_spans()
+    first_server, first_client = split(spans[:2])
+    for s in (first_server, first_client):
+        assert s.attributes["switchyard_model.injection.outcome"] == "injected"
+        assert s.attributes["switchyard_model.injection.injected_len"] == 42
+        assert s.attributes["switchyard_model.injection.chain"] == "chain_1"
+    assert split(spans[2:])[0].attributes["switchyard_model.injection.outcome"] == "echo_mismatch"
+    assert tel.metrics.injection == {
+        (("gen_ai.request.model", "demo"), ("outcome", "injected")): 1,
+        (("gen_ai.request.model", "demo"), ("outcome", "echo_mismatch")): 1,
+    }
