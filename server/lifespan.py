@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator
-
-import httpx
 
 from server.errors import OpenAIError
 from server.state import AppState
-from server.switchyard import profiles, provenance
+from server.switchyard import provenance
+from server.switchyard.discovery import discover_context_lengths
 from server.upstream.client import Upstream
 
 log = logging.getLogger("switchyard_model.app")
@@ -66,7 +64,8 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
             )
             await asyncio.to_thread(state.store.start)  # indexes what earlier runs recorded
             state.telemetry.capture_stats_source(state.store.stats)
-        await discover_context_lengths(state)
+        if state.proxy.rendered is not None:
+            state.max_model_lens.update(await discover_context_lengths(state.proxy.rendered.text))
         state.ready = True
         log.info("serving route %r through Switchyard at %s (%s)", state.route, state.proxy.root_url, state.proxy.mode)
         if settings.condition_dir:
@@ -99,21 +98,6 @@ async def discover_routes(upstream: Upstream) -> tuple[str | None, frozenset[str
     models = await upstream.get_json("/models")
     ids = frozenset(m["id"] for m in models.get("data") or [] if isinstance(m.get("id"), str))
     return models.get("default_model") or (min(ids) if ids else None), ids
-
-
-async def discover_context_lengths(state: AppState) -> None:
-    """For routes without a context_window, ask their vLLM upstream for max_model_len (best-effort)."""
-    if state.proxy.rendered is None:
-        return
-    for upstream in profiles.route_upstreams(state.proxy.rendered.text):
-        if upstream.context_window is not None:
-            continue
-        key = os.environ.get(upstream.api_key_env or "")
-        headers = {"authorization": f"Bearer {key}"} if key else {}
-        async with httpx.AsyncClient(headers=headers, trust_env=False, timeout=5.0) as client:
-            length = await profiles.discover_max_model_len(upstream.base_url, upstream.model, client)
-        if length is not None:
-            state.max_model_lens[upstream.route_id] = length
 
 
 async def shutdown(state: AppState) -> None:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import settings
 
 from tests.support.chain import launch_chain
+from tests.support.deployments import ALL_PROFILE_VARS
 from tests.support.procs import start_mock_upstream
 
 # In CI every property and fuzz test runs a fixed set of examples, so a run is reproducible; locally
@@ -29,3 +30,11 @@ def chain(mock_upstream, tmp_path_factory):
     chain = launch_chain(mock_upstream, tmp_path_factory.mktemp("captures"))
     yield chain
     chain.proc.stop()
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No deployment-profile variable set, whatever the shell running the tests has."""
+    for name in ALL_PROFILE_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch

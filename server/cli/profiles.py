@@ -13,6 +13,8 @@ import httpx
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, load_settings, resolve_deployment
 from server.switchyard import profiles
+from server.switchyard.interpolation import Variable, references, yaml_references
+from server.switchyard.redaction import is_secret_name, redact_assignments
 
 
 def add_profiles_parser(subparsers: Any) -> None:
@@ -99,7 +101,7 @@ def _current(name: str) -> str:
     value = os.environ.get(name)
     if value is None:
         return "unset"
-    if profiles.is_secret_name(name):
+    if is_secret_name(name):
         return "set" if value else "set, empty"
     return f"set: {value}" if value else "set, empty"
 
@@ -111,10 +113,10 @@ def _show(path: Path) -> int:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     is_yaml = path.suffix in (".yaml", ".yml")
     print(f"# {_display(path)}")
-    print(profiles.redact_assignments(text, yaml=is_yaml), end="" if text.endswith("\n") else "\n")
-    variables = profiles.yaml_references(text) if is_yaml else profiles.references(text, path)
+    print(redact_assignments(text, yaml=is_yaml), end="" if text.endswith("\n") else "\n")
+    variables = yaml_references(text) if is_yaml else references(text, path)
     # One row per name: the first reference's default is what a reader needs (they rarely differ).
-    seen: dict[str, profiles.Variable] = {}
+    seen: dict[str, Variable] = {}
     for var in variables:
         seen.setdefault(var.name, var)
     print()

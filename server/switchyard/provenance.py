@@ -17,7 +17,7 @@ import httpx
 import orjson
 
 from server.files import write_atomic
-from server.switchyard import profiles
+from server.switchyard.redaction import is_secret_name, redact_assignments, scrub
 from server.urls import root_url
 
 log = logging.getLogger("switchyard_model.provenance")
@@ -46,11 +46,9 @@ def _gym_mode(mode: str) -> str:
 
 def redact_deployment(text: str, environ: dict[str, str] | None = None) -> str:
     """A deployment as it may be stored: credential assignments and secret variables' values hidden."""
-    text = profiles.redact_assignments(text)
+    text = redact_assignments(text)
     environ = dict(os.environ) if environ is None else environ
-    return profiles.scrub(
-        text, (v for k, v in environ.items() if profiles.is_secret_name(k) and len(v) >= _MIN_SCRUBBED_LEN)
-    )
+    return scrub(text, (v for k, v in environ.items() if is_secret_name(k) and len(v) >= _MIN_SCRUBBED_LEN))
 
 
 def _write_private_json(path: Path, payload: Any) -> None:
