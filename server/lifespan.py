@@ -66,6 +66,18 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
             state.telemetry.capture_stats_source(state.store.stats)
         if state.proxy.rendered is not None:
             state.max_model_lens.update(await discover_context_lengths(state.proxy.rendered.text))
+        if settings.token_injection and state.store is not None:
+            from server.injection.setup import build_injector
+
+            store = state.store
+            state.injector, close = build_injector(
+                settings,
+                default_route=state.route,
+                deployment_text=state.proxy.rendered.text if state.proxy.rendered else None,
+                read_records=lambda session_id: store.read_completions(session_id)[0],
+                max_model_len_for=state.max_model_lens.get,
+            )
+            state.closers.append(close)
         state.ready = True
         log.info("serving route %r through Switchyard at %s (%s)", state.route, state.proxy.root_url, state.proxy.mode)
         if settings.condition_dir:
@@ -104,6 +116,8 @@ async def shutdown(state: AppState) -> None:
     """Undo whatever the lifespan got to; safe to call twice. The proxy is closed last."""
     state.ready = False
     try:
+        while state.closers:
+            state.closers.pop()()
         if state.store is not None:
             store, state.store = state.store, None
             await asyncio.to_thread(store.close)

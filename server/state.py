@@ -15,6 +15,7 @@ from server.upstream.client import Upstream
 
 if TYPE_CHECKING:
     from server.capture.store import CaptureStore
+    from server.injection.injector import Injector
 
 
 @dataclass
@@ -30,6 +31,8 @@ class AppState:
     route: str = ""  # the default route (switchyard_model, or Switchyard's default)
     routes: frozenset[str] = frozenset()  # every route Switchyard exposes
     max_model_lens: dict[str, int] = field(default_factory=dict)  # discovered from vLLM upstreams
+    injector: Injector | None = None  # when token_injection is on
+    closers: list[Callable[[], None]] = field(default_factory=list)  # released at shutdown
     ready: bool = False
     on_ready: Callable[[AppState], None] | None = None  # called once the server can take calls
     startup_error: BaseException | None = None  # why the lifespan failed, for the CLI's exit message
