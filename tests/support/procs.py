@@ -71,9 +71,10 @@ class Proc:
         return self.popen.returncode
 
 
-def start_mock_upstream(port: int | None = None) -> tuple[Proc, str]:
+def start_mock_upstream(port: int | None = None, *args: str) -> tuple[Proc, str]:
+    """The mock upstream on a free port; `args` are its flags (e.g. `--template drop-reasoning`)."""
     port = port or free_port()
-    proc = Proc([sys.executable, "-m", "server.dev.mock_upstream", "--host", "127.0.0.1", "--port", str(port)])
+    proc = Proc([sys.executable, "-m", "server.dev.mock_upstream", "--host", "127.0.0.1", "--port", str(port), *args])
     proc.wait_http(f"http://127.0.0.1:{port}/health")
     return proc, f"http://127.0.0.1:{port}"
 

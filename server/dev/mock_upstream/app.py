@@ -97,7 +97,7 @@ class ChatCompletionsEndpoint:
                 stats.errors += 1
                 await _send_error(send, OpenAIError(400, "request body must be valid JSON", code="invalid_body"))
                 return
-            state.record(scope, body)
+            entry = state.record(scope, body)
             try:
                 job = state.plan(body)
             except OpenAIError as error:
@@ -105,6 +105,9 @@ class ChatCompletionsEndpoint:
                 stats.errors += 1
                 await _send_error(send, error)
                 return
+            # The ids the engine really used and produced, as an engine's own log would show them.
+            entry["prompt_token_ids"] = job.prompt_ids
+            entry["generation_token_ids"] = job.gen.ids
             outcome = await self._answer(job, receive, send)
         except StreamCut:
             outcome = "cut"

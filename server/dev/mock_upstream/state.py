@@ -92,24 +92,24 @@ class MockState:
         self.log.clear()
         self.error_hits.clear()
 
-    def record(self, scope: Scope, body: Any) -> None:
+    def record(self, scope: Scope, body: Any) -> dict[str, Any]:
         self._seq += 1
         headers: dict[str, str] = {}
         for name, value in scope.get("headers", ()):
             key = name.decode("latin-1")
             text = value.decode("latin-1")
             headers[key] = headers[key] + ", " + text if key in headers else text
-        self.log.append(
-            {
-                "seq": self._seq,
-                "time": time.time(),
-                "method": scope.get("method"),
-                "path": scope.get("path"),
-                "query": scope.get("query_string", b"").decode("latin-1"),
-                "headers": headers,
-                "body": body,
-            }
-        )
+        entry = {
+            "seq": self._seq,
+            "time": time.time(),
+            "method": scope.get("method"),
+            "path": scope.get("path"),
+            "query": scope.get("query_string", b"").decode("latin-1"),
+            "headers": headers,
+            "body": body,
+        }
+        self.log.append(entry)
+        return entry
 
     def prompt_ids(
         self, messages: list[dict[str, Any]], tools: list[Any] | None, add_generation_prompt: bool = True
