@@ -1,7 +1,7 @@
 """`make bench`: the same load sent straight to Switchyard and through this server, interleaved, in one table.
 
 Usage: python bench/run.py [--quick] [--only a,b] [--json PATH] [--profile DIR]
-Sections: ceiling, sequential, concurrency, streams, capture, telemetry, reconstruction, disk, hold.
+Sections: ceiling, sequential, concurrency, streams, capture, telemetry, injection, reconstruction, disk, hold.
 See bench/README.md for what each figure means and how the load generator was checked.
 """
 
@@ -32,10 +32,21 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 import psutil  # noqa: E402
 
-from bench import recon  # noqa: E402
+from bench import injection, recon  # noqa: E402
 from bench.chain import Floor, LoadGen, Mock, Proc, Server, Stub, make_log_dir  # noqa: E402
 
-SECTIONS = ("ceiling", "sequential", "concurrency", "streams", "capture", "telemetry", "reconstruction", "disk", "hold")
+SECTIONS = (
+    "ceiling",
+    "sequential",
+    "concurrency",
+    "streams",
+    "capture",
+    "telemetry",
+    "injection",
+    "reconstruction",
+    "disk",
+    "hold",
+)
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 CHAT_TOKEN_MARK = '"delta":{"content":'  # the first chat chunk carrying generated text
@@ -639,6 +650,9 @@ class Bench:
             "(reported)",
             f"dropped {health.get('dropped', 0)}, failed {health.get('failed', 0)}",
         )
+
+    def injection(self) -> None:
+        injection.run(self)
 
     def telemetry(self) -> None:
         self.log("telemetry exporter on vs off")

@@ -57,8 +57,9 @@ class TokenizeClient:
 
     async def _tokenize(self, body: dict[str, Any]) -> tuple[list[int], int | None]:
         try:
-            response = await asyncio.wait_for(self._pool.request("/tokenize", orjson.dumps(body), {}), self._timeout_s)
-            raw = await asyncio.wait_for(response.read(), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):  # one deadline for the round trip, no extra task
+                response = await self._pool.request("/tokenize", orjson.dumps(body), {})
+                raw = await response.read()
         except (http1.HTTPError, TimeoutError) as exc:
             raise TokenizeError(f"{self.base_url}/tokenize: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
