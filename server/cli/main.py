@@ -39,6 +39,14 @@ def _add_serve(sub) -> None:
     p.add_argument("--proxy-port", type=int, help="port for the hosted or launched Switchyard (default: a free one)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to bind (default 8080; 0 picks a free one)")
+    p.add_argument(
+        "--port-file", help="once ready, write the bound port to this file (atomically): how a parent learns port 0"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="worker processes on one port, sharing the capture directory and one Switchyard (default 1)",
+    )
     p.add_argument("--capture-dir", help="where captured records are written (default ./switchyard-captures)")
     p.add_argument("--no-capture", action="store_true", help="do not record calls")
     p.add_argument(
@@ -80,6 +88,9 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    # Listen now: uvicorn only starts accepting after the lifespan, and a client told the port at
+    # the end of the lifespan must queue in the backlog, not be refused.
+    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
@@ -88,23 +99,43 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
+    from server.process import die_with_parent_from_env
     from server.state import AppState
 
+    die_with_parent_from_env()  # a LocalServer's child never outlives its parent
     try:
         settings = load_settings(args.config, _serve_overrides(args))
+        workers = args.workers if args.workers is not None else 1
+        if workers < 1:
+            raise ConfigError("--workers must be at least 1")
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
         sock = _bind(settings.host, settings.port)
         host, port = sock.getsockname()[:2]
 
-        def announce(state: AppState) -> None:
+        def announce(mode: str, switchyard_url: str | None, route: str, extra: str = "") -> None:
             print(
-                f"switchyard-model listening on http://{host}:{port} (mode {state.proxy.mode}, "
-                f"Switchyard {state.proxy.root_url}, route {state.route!r})",
+                f"switchyard-model listening on http://{host}:{port} (mode {mode}, "
+                f"Switchyard {switchyard_url}, route {route!r}{extra})",
                 flush=True,
             )
+            if args.port_file:
+                from server.files import write_atomic
 
-        app = create_app(settings, on_ready=announce)
+                write_atomic(args.port_file, f"{port}\n".encode(), fsync=False)
+
+        if workers > 1:
+            from server.cli.workers import run_workers
+
+            def workers_ready(note: dict) -> None:
+                announce(settings.mode, note["switchyard"], note["route"], f", {workers} workers sharing it")
+
+            return run_workers(settings, sock, workers, workers_ready)
+
+        def ready(state: AppState) -> None:
+            announce(state.proxy.mode, state.proxy.root_url, state.route)
+
+        app = create_app(settings, on_ready=ready)
     except ConfigError as exc:
         print(f"switchyard-model: {exc}", file=sys.stderr)
         return EXIT_USAGE

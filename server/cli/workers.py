@@ -1,0 +1,199 @@
+"""`serve --workers N`: N uvicorn worker processes on one socket, one capture directory and one Switchyard.
+
+The parent binds the socket, runs Switchyard once (launch mode: in a dedicated process it supervises,
+`python -m server.switchyard.host` or the configured `switchyard_command`; attach mode: the given
+one), and hands both to uvicorn's multi-process supervisor, which starts the workers, restarts one
+that dies, and stops them all on SIGTERM/SIGINT. Each worker is an ordinary server attached to that
+Switchyard. They agree on sessions because the capture store's index is read from the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from server.config import ConfigError, Settings, resolve_deployment
+from server.process import die_with_parent
+
+log = logging.getLogger("switchyard_model.workers")
+
+SETTINGS_ENV = "SWITCHYARD_MODEL_WORKER_SETTINGS"  # the worker's settings, as JSON
+READY_DIR_ENV = "SWITCHYARD_MODEL_WORKER_READY_DIR"  # each ready worker writes <pid> here
+# Which worker answered: on every response, so a client or a test can see how calls were spread.
+WORKER_HEADER = b"x-switchyard-model-worker"
+
+
+# ---- in each worker --------------------------------------------------------------------------
+
+
+class _NameTheWorker:
+    """Pure ASGI: adds the worker's pid to every response's headers."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.header = (WORKER_HEADER, str(os.getpid()).encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def named_send(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, named_send)
+
+
+def worker_app() -> Any:
+    """uvicorn's app factory in a worker process: settings from the parent, then the ordinary app."""
+    from server.app import create_app
+
+    die_with_parent(os.getppid())  # a killed supervisor takes its workers with it
+    settings = Settings.model_validate_json(os.environ[SETTINGS_ENV])
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    ready_dir = os.environ.get(READY_DIR_ENV)
+
+    def ready(state) -> None:
+        if ready_dir:
+            note = {"pid": os.getpid(), "switchyard": state.proxy.root_url, "route": state.route}
+            path = Path(ready_dir) / str(os.getpid())
+            path.with_suffix(".tmp").write_bytes(orjson.dumps(note))
+            os.replace(path.with_suffix(".tmp"), path)
+
+    return _NameTheWorker(create_app(settings, on_ready=ready))
+
+
+def settings_for_workers(settings: Settings, switchyard_root_url: str | None) -> Settings:
+    """What every worker runs with: attached to the one Switchyard the parent runs (if it runs one)."""
+    if switchyard_root_url is None:
+        return settings
+    return settings.model_copy(
+        update={
+            "switchyard_base_url": switchyard_root_url + "/v1",
+            "deployment": None,
+            "switchyard_command": None,
+            "proxy_port": None,
+        }
+    )
+
+
+# ---- in the parent ---------------------------------------------------------------------------
+
+
+class _SwitchyardThread:
+    """Runs a launched Switchyard's start, supervision (restarts) and close on an event loop of its own."""
+
+    def __init__(self, settings: Settings) -> None:
+        from server.switchyard.proxy import LaunchedProxy
+
+        command = settings.switchyard_command or (
+            f"{shlex.quote(sys.executable)} -m server.switchyard.host --config {{deployment}} --port {{port}}"
+        )
+        self.proxy = LaunchedProxy(
+            command,
+            resolve_deployment(settings.deployment or ""),
+            settings.proxy_port,
+            settings.proxy_startup_timeout_s,
+            tuple(settings.proxy_restart_backoff_s),
+        )
+        self._loop = asyncio.new_event_loop()
+        # Its child is tied to this thread's life (PR_SET_PDEATHSIG): it runs until close().
+        self._thread = threading.Thread(target=self._loop.run_forever, name="switchyard", daemon=True)
+
+    def start(self) -> str:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.proxy.start(), self._loop).result()
+        assert self.proxy.root_url is not None
+        return self.proxy.root_url
+
+    def close(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.proxy.close(), self._loop).result(60)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+
+def _await_workers(
+    ready_dir: str, workers: int, stop: threading.Event, on_ready: Callable[[dict], None], seen: list[dict]
+) -> None:
+    """Calls `on_ready(note)` once every worker has reported ready (never if the supervisor stops first)."""
+    while not stop.wait(0.05):
+        notes = []
+        for name in os.listdir(ready_dir):
+            if name.isdigit():
+                try:
+                    notes.append(orjson.loads(Path(ready_dir, name).read_bytes()))
+                except (OSError, orjson.JSONDecodeError):
+                    pass
+        if len(notes) >= workers:
+            seen.extend(notes)
+            on_ready(notes[0])
+            return
+
+
+def run_workers(settings: Settings, sock: Any, workers: int, on_ready: Callable[[dict], None]) -> int:
+    """Serve with `workers` processes on the bound `sock` until SIGTERM/SIGINT; the exit code."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    switchyard = None
+    try:
+        switchyard = _SwitchyardThread(settings) if settings.launches_proxy else None
+        root_url = switchyard.start() if switchyard is not None else None
+    except (ConfigError, RuntimeError, OSError) as exc:
+        print(f"switchyard-model: startup failed: {exc}", file=sys.stderr)
+        if switchyard is not None:
+            switchyard.close()
+        return EXIT_USAGE
+    ready_dir = tempfile.mkdtemp(prefix="switchyard-model-workers-")
+    os.environ[SETTINGS_ENV] = settings_for_workers(settings, root_url).model_dump_json()
+    os.environ[READY_DIR_ENV] = ready_dir
+    stop = threading.Event()
+    ready: list[dict] = []
+    try:
+        config = uvicorn.Config(
+            "server.cli.workers:worker_app",
+            factory=True,
+            workers=workers,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=30,
+        )
+        supervisor = Multiprocess(config, sockets=[sock])
+        watcher = threading.Thread(
+            target=_await_workers, args=(ready_dir, workers, stop, on_ready, ready), name="ready", daemon=True
+        )
+        watcher.start()
+        started = time.monotonic()
+        supervisor.run()
+    finally:
+        stop.set()
+        if switchyard is not None:
+            switchyard.close()
+        shutil.rmtree(ready_dir, ignore_errors=True)
+    if not ready:
+        print(
+            f"switchyard-model: startup failed: the workers did not all start "
+            f"(stopped after {time.monotonic() - started:.1f}s; see their errors above)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    return EXIT_OK

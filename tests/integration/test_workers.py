@@ -1,0 +1,142 @@
+"""`serve --workers 2`: every worker answers about every session as the offline reader does.
+
+Each call of the scripted agent opens a new connection, so the kernel hands consecutive calls of one
+session to either worker; the `x-switchyard-model-worker` header says which. The negative control
+(two writers that trust their memory disagree with the reader) is in tests/unit/capture/test_index.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import orjson
+import psutil
+import pytest
+
+from server.capture.store import CaptureStore
+from tests.support import scripted_agent
+from tests.support.procs import Proc
+
+pytestmark = pytest.mark.integration
+
+WORKER = scripted_agent.WORKER_HEADER
+
+
+def start_workers(tmp_path, mock_upstream, workers: int = 2) -> tuple[Proc, str]:
+    port_file = tmp_path / "port"
+    proc = Proc(
+        [sys.executable, "-m", "server.cli", "serve", "--deployment", "demo", "--port", "0"]
+        + ["--port-file", str(port_file), "--workers", str(workers), "--capture-dir", str(tmp_path / "capture")],
+        env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
+    )
+    deadline = time.monotonic() + 180
+    while not port_file.exists():
+        assert proc.popen.poll() is None, proc.output()[-3000:]
+        assert time.monotonic() < deadline, proc.output()[-3000:]
+        time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
+
+
+def from_each_worker(method: str, url: str, workers: int = 2, tries: int = 400) -> dict[str, httpx.Response]:
+    """Repeat a request on fresh connections until every worker has answered it once."""
+    answers: dict[str, httpx.Response] = {}
+    for _ in range(tries):
+        response = httpx.request(method, url, headers={"connection": "close"}, trust_env=False, timeout=60)
+        answers.setdefault(response.headers[WORKER], response)
+        if len(answers) == workers:
+            return answers
+    raise AssertionError(f"only workers {sorted(answers)} answered {url} in {tries} tries")
+
+
+def offline(*args: str, capture_dir) -> dict:
+    """`switchyard-model sessions ... --capture-dir`: the reader that only knows the disk."""
+    out = subprocess.run(
+        [sys.executable, "-m", "server.cli", "sessions", *args, "--capture-dir", str(capture_dir)],
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    return orjson.loads(out.stdout)
+
+
+def wait_for_records(capture_dir, count: int, timeout: float = 60.0) -> None:
+    """Records are written after the answer; wait until all `count` are on disk."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reader = CaptureStore.open_read_only(capture_dir)
+        total = sum(s["record_count"] for s in reader.list_sessions(limit=100000))
+        if total >= count or time.monotonic() > deadline:
+            assert total == count
+            return
+        time.sleep(0.1)
+
+
+def test_every_worker_answers_like_the_offline_reader(tmp_path, mock_upstream):
+    proc, url = start_workers(tmp_path, mock_upstream)
+    capture = tmp_path / "capture"
+    try:
+        children_pids = {p.pid for p in psutil.Process(proc.pid).children()}
+        spread, runs = [], 0
+        while len(spread) < 2 and runs < 20:
+            result = scripted_agent.run(url + "/v1", f"spread-{runs}")
+            runs += 1
+            if len(set(result["served_by"])) == 2:  # this rollout's calls went to both workers
+                spread.append(result["rollout_id"])
+        assert spread, "the kernel never spread one rollout's calls over both workers"
+        wait_for_records(capture, runs * scripted_agent.CALLS_PER_ROLLOUT)
+
+        listing = offline("list", "--json", capture_dir=capture)["sessions"]
+        assert len(listing) == 2 * runs
+        answers = from_each_worker("GET", url + "/v1/sessions?limit=10000")
+        assert {int(pid) for pid in answers} <= children_pids  # two distinct worker processes answered
+        for response in answers.values():
+            assert response.json()["sessions"] == listing
+
+        for session_id in spread:
+            tree = offline("tree", session_id, "--json", capture_dir=capture)
+            assert [child["session_id"] for child in tree["children"]] == [f"{session_id}-sub"]
+            rollout = offline("rollout", session_id, capture_dir=capture)
+            assert len(rollout["subagents"]) == 1 and rollout["mask_sample"] is False
+            completions = offline("show", session_id, capture_dir=capture)
+            children = offline("list", "--json", "--parent", session_id, capture_dir=capture)["sessions"]
+            for response in from_each_worker("GET", f"{url}/v1/sessions/{session_id}/tree").values():
+                assert response.json() == tree
+            for response in from_each_worker("GET", f"{url}/v1/sessions/{session_id}/rollout").values():
+                assert response.json() == rollout
+            for response in from_each_worker("GET", f"{url}/v1/sessions/{session_id}/completions").values():
+                assert response.json()["completions"] == completions["completions"]
+            for response in from_each_worker("GET", f"{url}/v1/sessions?parent={session_id}").values():
+                assert response.json()["sessions"] == children
+
+        # A DELETE through one worker is seen by every worker at once.
+        doomed = f"{spread[0]}-sub"
+        deleted = httpx.delete(f"{url}/v1/sessions/{doomed}", trust_env=False, timeout=60)
+        assert deleted.status_code == 200 and deleted.json()["records"] == 2
+        listing = offline("list", "--json", capture_dir=capture)["sessions"]
+        assert doomed not in [s["session_id"] for s in listing]
+        for response in from_each_worker("GET", url + "/v1/sessions?limit=10000").values():
+            assert response.json()["sessions"] == listing
+        for response in from_each_worker("GET", f"{url}/v1/sessions/{doomed}/completions").values():
+            assert response.status_code == 404
+        for response in from_each_worker("GET", f"{url}/v1/sessions/{spread[0]}/tree").values():
+            assert response.json()["children"] == []
+    finally:
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert proc.stop() == 0, proc.output()[-3000:]
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == [], f"left running after the server stopped: {alive}"
+
+
+def test_a_killed_supervisor_takes_its_workers_and_switchyard_with_it(tmp_path, mock_upstream):
+    proc, url = start_workers(tmp_path, mock_upstream)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 3  # two workers and the Switchyard process (and the resource tracker)
+    os.kill(proc.pid, 9)
+    proc.popen.wait(10)
+    _, alive = psutil.wait_procs(children, timeout=60)
+    assert alive == [], f"outlived their parent: {[p.cmdline() for p in alive]}"
+    proc.stop()
