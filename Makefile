@@ -42,6 +42,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/scale.py
 
 # Bounded soak: 3 min of mixed, faulty load; exits 1 if an invariant fails. SOAK_ARGS=--quick for 30 s.
 soak: $(STAMP)

@@ -63,6 +63,10 @@ class Settings(BaseModel):
     # --- ours ---
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)  # vLLM itself defaults to 8000
+    # Once ready, the bound port is written here (atomically): how a parent learns what port 0 gave.
+    port_file: str | None = None
+    # Worker processes on one port, sharing one capture directory and one Switchyard (docs/scale-out.md).
+    workers: int = Field(default=1, ge=1)
     # Launch a separately installed Switchyard instead of hosting it in-process, e.g.
     # "switchyard-server --config {deployment} --port {port}".
     switchyard_command: str | None = None

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -90,7 +90,7 @@ class LocalServer:
         self.process: subprocess.Popen | None = None
         self.errors: list[str] = []
         self._workdir: Path | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None
 
     @property
     def base_url(self) -> str:
@@ -228,11 +228,12 @@ class LocalServer:
 
 def collect_rollouts(capture_dir: str | os.PathLike[str], errors: list[str]) -> list[dict]:
     """Rebuild every top session's rollout from a capture directory, read-only; problems go to `errors`."""
-    from server.api.sessions import build_rollout, import_rollout
+    from server.capture.rollout import RolloutError
+    from server.capture.rollout.items import failed_rollout
+    from server.capture.sessions import build_rollout
     from server.capture.store import CaptureStore, UnknownSession
 
-    rollout_module = import_rollout()
-    store = CaptureStore.open_read_only(capture_dir)
+    store = CaptureStore.open_read_only(Path(capture_dir))
     view = store.index_view()
     sessions = view.list_sessions(limit=sys.maxsize)
     known = {s["session_id"] for s in sessions}
@@ -244,9 +245,9 @@ def collect_rollouts(capture_dir: str | os.PathLike[str], errors: list[str]) -> 
         session_id = session["session_id"]
         try:
             rollouts.append(build_rollout(store, session_id, allow_partial=True))
-        except (rollout_module.RolloutError, UnknownSession) as exc:
+        except (RolloutError, UnknownSession) as exc:
             errors.append(f"session {session_id!r}: {exc}")
-            rollouts.append(rollout_module._failed_rollout(session_id, parent, str(exc)))
+            rollouts.append(failed_rollout(session_id, parent, str(exc)))
     skipped = store.stats()["skipped"]
     if skipped:
         errors.append(f"{skipped} record files under {capture_dir} were unreadable and left out")

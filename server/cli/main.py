@@ -67,6 +67,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "proxy_port": args.proxy_port,
         "host": args.host,
         "port": args.port,
+        "port_file": args.port_file,
+        "workers": args.workers,
         "capture_dir": args.capture_dir,
         "log_level": args.log_level,
     }
@@ -105,9 +107,7 @@ def run_serve(args: argparse.Namespace) -> int:
     die_with_parent_from_env()  # a LocalServer's child never outlives its parent
     try:
         settings = load_settings(args.config, _serve_overrides(args))
-        workers = args.workers if args.workers is not None else 1
-        if workers < 1:
-            raise ConfigError("--workers must be at least 1")
+        workers = settings.workers
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
         sock = _bind(settings.host, settings.port)
@@ -119,10 +119,10 @@ def run_serve(args: argparse.Namespace) -> int:
                 f"Switchyard {switchyard_url}, route {route!r}{extra})",
                 flush=True,
             )
-            if args.port_file:
+            if settings.port_file:
                 from server.files import write_atomic
 
-                write_atomic(args.port_file, f"{port}\n".encode(), fsync=False)
+                write_atomic(settings.port_file, f"{port}\n".encode(), fsync=False)
 
         if workers > 1:
             from server.cli.workers import run_workers

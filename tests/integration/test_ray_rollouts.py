@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from server.api.sessions import build_rollout
+from server.capture.sessions import build_rollout
 from server.capture.store import CaptureStore
 from tests.support import scripted_agent
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
-ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (make test installs it)")
+import ray  # noqa: E402  (the [ray] extra; `make test` installs it)
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
