@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import math
 import uuid as uuid_module
 from datetime import UTC, datetime
 from typing import Any
 
+from server.capture.tokens import generation_tokens, prompt_token_ids, reasoning_of, triple_problem
 from server.ids import is_valid_session_id
 
 SCHEMA_VERSION = 1
 
 # How a call ended: whole; cut short because the client went away; ended by an upstream failure.
 STATUSES = ("completed", "partial", "failed")
-
-_TOKEN_ID_PREFIX = "token_id:"
 
 # A record's `injection.fallback_reason` values that mean a chain that was there to extend was not
 # extended (docs/injection.md): reconstruction never presents such a call as contiguous.
@@ -61,10 +59,8 @@ def build_record(
         request_id = response_id if isinstance(response_id, str) else None
     model = chat_response.get("model")
 
-    prompt_ids = chat_response.get("prompt_token_ids")
-    if prompt_ids is None:
-        prompt_ids = choice.get("prompt_token_ids")
-    generation_ids, log_probs = _generation_tokens(choice)
+    prompt_ids = prompt_token_ids(chat_response, choice)
+    generation_ids, log_probs = generation_tokens(choice)
 
     usage = chat_response.get("usage") if isinstance(chat_response.get("usage"), dict) else None
     request_messages = chat_request.get("messages")
@@ -112,36 +108,6 @@ def build_record(
     }
 
 
-def _generation_tokens(choice: dict) -> tuple[Any, list | None]:
-    """The generated ids and their log probs, as vLLM returned them (validity is judged later)."""
-    content = None
-    logprobs = choice.get("logprobs")
-    if isinstance(logprobs, dict):
-        content = logprobs.get("content")
-    log_probs = None
-    if isinstance(content, list):
-        log_probs = [entry.get("logprob") if isinstance(entry, dict) else None for entry in content]
-
-    generation_ids = choice.get("token_ids")
-    if generation_ids is None and isinstance(content, list) and content:
-        # vLLM's return_tokens_as_token_ids mode: ids only live in each entry's "token_id:<n>".
-        generation_ids = _ids_from_token_strings(content)
-    return generation_ids, log_probs
-
-
-def _ids_from_token_strings(content: list) -> list[int] | None:
-    ids = []
-    for entry in content:
-        token = entry.get("token") if isinstance(entry, dict) else None
-        if not (isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX)):
-            return None
-        try:
-            ids.append(int(token[len(_TOKEN_ID_PREFIX) :]))
-        except ValueError:
-            return None
-    return ids
-
-
 def _assistant_message(message: object) -> dict:
     """The generated turn in chat format; reasoning is kept (the former format dropped it)."""
     out: dict[str, Any] = {"role": "assistant"}
@@ -149,9 +115,7 @@ def _assistant_message(message: object) -> dict:
         return out
     if message.get("content") is not None:
         out["content"] = message["content"]
-    reasoning = message.get("reasoning_content")
-    if reasoning is None:
-        reasoning = message.get("reasoning")  # vLLM renamed the field around 0.24
+    reasoning = reasoning_of(message)
     if reasoning is not None:
         out["reasoning_content"] = reasoning
     tool_calls = message.get("tool_calls")
@@ -221,29 +185,7 @@ def _first_problem(
         return "request_id is missing"
     if not (isinstance(model, str) and model):
         return "model is missing (token ids are meaningless without the tokenizer)"
-    if not _is_id_list(prompt_ids):
-        return "prompt_token_ids is not a non-empty list of ints"
-    if not _is_id_list(generation_ids):
-        return "generation_token_ids is not a non-empty list of ints"
-    if not _is_finite_list(log_probs):
-        return "generation_log_probs is not a list of finite numbers"
-    n_ids, n_log_probs = len(generation_ids), len(log_probs)  # type: ignore[arg-type]  # lists, checked above
-    if n_ids != n_log_probs:
-        return f"generation_token_ids ({n_ids}) and generation_log_probs ({n_log_probs}) have different lengths"
-    return None
-
-
-def _is_id_list(value: object) -> bool:
-    # set(map(type, ...)) runs in C: cheap even for long prompts, and `type is int` excludes bool.
-    return isinstance(value, list) and bool(value) and set(map(type, value)) == {int}
-
-
-def _is_finite_list(value: object) -> bool:
-    if not isinstance(value, list):
-        return False
-    if not set(map(type, value)) <= {float, int}:
-        return False
-    return all(map(math.isfinite, value))
+    return triple_problem(prompt_ids, generation_ids, log_probs)
 
 
 def validate_record(obj: object) -> str | None:

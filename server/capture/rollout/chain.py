@@ -6,16 +6,13 @@ share the chain state held by `_Reconstruction`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from server.capture.record import INJECTION_BREAKING_FALLBACKS, SCHEMA_VERSION
 from server.capture.rollout.items import map_tools, message_items
 from server.capture.rollout.messages import ENVIRONMENT_ROLES, RolloutError, canonical, normalize
-
-_INT_ONLY = frozenset({int})
-_NUMBER_TYPES = frozenset({int, float})
+from server.capture.tokens import is_finite_numbers, is_token_ids
 
 
 def reconstruct_envelope(envelope: object, session_id: str, *, allow_partial: bool = True) -> dict:
@@ -273,10 +270,10 @@ class _Reconstruction:
             if not isinstance(value, str) or not value:
                 raise RolloutError(f"record {uuid} has empty {name}")
         for name in ("prompt_token_ids", "generation_token_ids"):
-            if not _is_token_list(record.get(name)):
+            if not is_token_ids(record.get(name)):
                 raise RolloutError(f"record {uuid} {name} is not a non-empty list of ints")
         log_probs = record.get("generation_log_probs")
-        if not _is_finite_list(log_probs):
+        if not is_finite_numbers(log_probs):
             raise RolloutError(f"record {uuid} generation_log_probs is not a list of finite floats")
         if len(log_probs) != len(record["generation_token_ids"]):
             raise RolloutError(f"record {uuid} generation token ids and log probs have different lengths")
@@ -452,25 +449,6 @@ def _same_prompt(record: dict, other: dict) -> bool:
         and len(messages) > 1
         and messages[:-1] == other_messages[:-1]
     )
-
-
-def _is_token_list(value: object) -> bool:
-    if not isinstance(value, list) or not value:
-        return False
-    # Collecting the element types runs at C speed; the exact per-element test is only a fallback
-    # for the rare list that holds something other than plain ints (bools are rejected).
-    if set(map(type, value)) <= _INT_ONLY:
-        return True
-    return all(isinstance(x, int) and not isinstance(x, bool) for x in value)
-
-
-def _is_finite_list(value: object) -> bool:
-    if not isinstance(value, list):
-        return False
-    if not set(map(type, value)) <= _NUMBER_TYPES:
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
-            return False
-    return all(map(math.isfinite, value))
 
 
 def _injection_break(record: dict) -> str | None:

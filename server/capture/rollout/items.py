@@ -6,6 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 from server.capture.rollout.messages import RolloutError
+from server.capture.tokens import reasoning_of
 
 if TYPE_CHECKING:
     from server.capture.rollout.chain import _Call
@@ -73,10 +74,8 @@ def message_items(message: dict, raw: object, item_id: str, call: _Call | None) 
 
     summaries: list[str] = []
     if isinstance(raw, dict):
-        reasoning = raw.get("reasoning_content")
-        if reasoning is None:
-            reasoning = raw.get("reasoning")
-        if isinstance(reasoning, str) and reasoning:
+        reasoning = reasoning_of(raw)
+        if reasoning is not None:
             summaries.append(reasoning)
     text = message["content"]
     if "<think>" in text:
