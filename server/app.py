@@ -15,8 +15,9 @@ from starlette.routing import Route
 
 from middleware.auth import AuthMiddleware
 from middleware.correlation import CorrelationMiddleware
-from server.api.calls import ModelEndpoints
+from server.api.chat import ChatCompletions
 from server.api.models import json_response, model_routes
+from server.api.responses import Responses
 from server.config import Settings
 from server.errors import OpenAIError
 from server.http.asgi import send_error
@@ -97,11 +98,10 @@ def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | Non
     the lifespan, on the event-loop thread (the hosted server is thread-affine). `on_ready(state)` is
     called once the server can take calls."""
     state = AppState(settings=settings, proxy=build_proxy(settings), telemetry=Telemetry(settings), on_ready=on_ready)
-    endpoints = ModelEndpoints(state)
 
     model_handlers = {
-        "/v1/chat/completions": _RequiresReady(state, endpoints.chat_completions),
-        "/v1/responses": _RequiresReady(state, endpoints.responses),
+        "/v1/chat/completions": _RequiresReady(state, ChatCompletions(state)),
+        "/v1/responses": _RequiresReady(state, Responses(state)),
     }
     routes = [
         *(Route(path, handler, methods=["POST"]) for path, handler in model_handlers.items()),

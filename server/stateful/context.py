@@ -82,7 +82,7 @@ def open_sealed_reasoning(items: Any, stateful: Stateful | None, param: str = "i
 
 def check_items(items: list[dict[str, Any]], param: str) -> None:
     """400 naming the item if the translator could not send these items upstream (checked before storing them)."""
-    from server.translate.convert import responses_to_chat
+    from server.translate.request import responses_to_chat
 
     try:
         responses_to_chat({"input": items} if items else {"input": "-"})

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 from opentelemetry.trace import Status, StatusCode
 
+from server.capture.tokens import reasoning_of
 from server.errors import OpenAIError
 
 # We call Switchyard, which picks the real backend per route; the backend shows as gen_ai.response.model.
@@ -194,8 +195,8 @@ def _message_parts(message: dict[str, Any]) -> dict[str, Any]:
                 parts.append({"type": "text", "content": part["text"]})
             elif isinstance(part, dict):
                 parts.append({"type": str(part.get("type", "unknown"))})
-    reasoning = message.get("reasoning_content") or message.get("reasoning")
-    if isinstance(reasoning, str) and reasoning:
+    reasoning = reasoning_of(message)
+    if reasoning is not None:
         parts.insert(0, {"type": "reasoning", "content": reasoning})
     for call in message.get("tool_calls") or ():
         if isinstance(call, dict):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from server.capture.tokens import logprob_entries, reasoning_of
+
 
 class _ToolCallParts:
     """One streamed tool call, keyed by its delta `index`; strings are joined once, at the end."""
@@ -24,8 +26,8 @@ class ChatStreamAccumulator:
     distinct choice indices were seen, so a caller can flag a record as not token-exact.
     Strings arrive in pieces and are kept as lists, joined once in `result()`, so a long stream
     costs linear time. vLLM extras are kept: top-level `prompt_token_ids`, per-choice `token_ids`
-    and `logprobs.content`. Newer vLLM names the reasoning delta `reasoning` instead of
-    `reasoning_content`; both land in `reasoning_content`.
+    and `logprobs.content`. The reasoning delta is read under either of vLLM's names
+    (server.capture.tokens.reasoning_of) and lands in `reasoning_content`.
     """
 
     def __init__(self) -> None:
@@ -85,9 +87,7 @@ class ChatStreamAccumulator:
                     self._content = []
                 if content:
                     self._content.append(content)
-            reasoning = delta.get("reasoning_content")
-            if reasoning is None:
-                reasoning = delta.get("reasoning")
+            reasoning = reasoning_of(delta)
             if reasoning:
                 self._reasoning.append(reasoning)
             refusal = delta.get("refusal")
@@ -105,13 +105,11 @@ class ChatStreamAccumulator:
             if self._token_ids is None:
                 self._token_ids = []
             self._token_ids.extend(token_ids)
-        logprobs = choice.get("logprobs")
-        if logprobs:
-            content_logprobs = logprobs.get("content")
-            if content_logprobs is not None:
-                if self._logprobs is None:
-                    self._logprobs = []
-                self._logprobs.extend(content_logprobs)
+        entries = logprob_entries(choice)
+        if entries is not None:
+            if self._logprobs is None:
+                self._logprobs = []
+            self._logprobs.extend(entries)
 
     def _feed_tool_calls(self, tool_calls: list[dict[str, Any]]) -> None:
         for position, delta in enumerate(tool_calls):

@@ -11,6 +11,7 @@ import httpx
 import orjson
 
 from server.errors import OpenAIError
+from server.http import sse
 from server.upstream import http1
 from server.upstream.errors import error_from_exception, error_from_httpx, error_from_reply
 
@@ -37,38 +38,30 @@ def relayed_headers(headers) -> list[tuple[bytes, bytes]]:
 
 
 class UpstreamStream:
-    """An open streamed answer: yields each SSE event's raw bytes (`data: ...` lines) as it arrives."""
+    """An open streamed answer: yields each SSE event (server.http.sse.Event) as it arrives."""
 
     def __init__(self, response: http1.Response, target: str) -> None:
         self.response = response
         self.target = target
         self.headers = response.headers
-        self._events: AsyncIterator[bytes] | None = None
+        self._events: AsyncIterator[sse.Event] | None = None
 
-    def events(self) -> AsyncIterator[bytes]:
-        """Whole SSE events (without the blank-line terminator), split across network chunks as needed."""
+    def events(self) -> AsyncIterator[sse.Event]:
+        """Whole SSE events, however the network split them."""
         self._events = self._read_events()
         return self._events
 
-    async def _read_events(self) -> AsyncIterator[bytes]:
-        buffer = b""
+    async def _read_events(self) -> AsyncIterator[sse.Event]:
+        decoder = sse.Decoder()
         try:
             async with aclosing(self.response.iter_raw()) as chunks:
                 async for chunk in chunks:
-                    buffer += chunk
-                    if b"\n\n" not in buffer:
-                        continue
-                    # Upstreams may use \r\n; normalise only when we see it, it is rare.
-                    if b"\r\n" in buffer:
-                        buffer = buffer.replace(b"\r\n", b"\n")
-                    *complete, buffer = buffer.split(b"\n\n")
-                    for event in complete:
-                        if event:
-                            yield event
+                    for event in decoder.feed(chunk):
+                        yield event
         except http1.HTTPError as exc:
             raise error_from_exception(exc, self.target) from exc
-        if buffer.strip():
-            yield buffer.strip()
+        for event in decoder.close():
+            yield event
 
     async def aclose(self) -> None:
         # The reader generator first: while it is suspended inside the response body, closing the
@@ -83,9 +76,10 @@ class BufferedStream:
 
     def __init__(self, reply: UpstreamReply, chunks: list[dict]) -> None:
         self.headers = reply.headers
-        self._events = [b"data: " + orjson.dumps(chunk) for chunk in chunks] + [b"data: [DONE]"]
+        self._events = [sse.Event.of_data(orjson.dumps(chunk)) for chunk in chunks]
+        self._events.append(sse.Event.of_data(sse.DONE_DATA))
 
-    async def events(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncIterator[sse.Event]:
         for event in self._events:
             yield event
 

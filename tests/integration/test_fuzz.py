@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.api.calls import _validate_chat
+from server.api.chat import validate_chat
 from server.errors import OpenAIError
-from server.translate.convert import ChatRequest, responses_to_chat
+from server.translate.request import ChatRequest, responses_to_chat
 
 pytestmark = pytest.mark.integration
 
@@ -327,7 +327,7 @@ def check_translation(body: dict) -> None:
         return
     assert isinstance(translated, ChatRequest)
     # What it hands on is a chat body the chat endpoint would itself accept, and it can be sent.
-    _validate_chat(translated.body)
+    validate_chat(translated.body)
     orjson.dumps(translated.body)
 
 

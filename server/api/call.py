@@ -1,0 +1,273 @@
+"""What both model endpoints share: the Call, request preparation, the concurrency limit, guarded errors, capture hand-off.
+
+`ModelEndpoint` is a raw ASGI app; a subclass implements `handle(body, corr, send, scope)` for one
+API (server.api.chat, server.api.responses). The upstream chat stream is read here too, as
+data events, because both APIs translate from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from middleware.correlation import Correlation, current_correlation
+from server.capture.tokens import TOKEN_REQUEST_FIELDS
+from server.errors import OpenAIError
+from server.http import sse
+from server.http.asgi import ClientGone, parse_json_object, read_body, run_until_disconnect, send_error
+from server.ids import uncorrelated_session_id
+from server.state import AppState
+from server.translate.accumulate import chunks_from_completion
+from server.upstream.client import BufferedStream, UpstreamStream
+
+log = logging.getLogger("switchyard_model.calls")
+
+
+@dataclass(slots=True)
+class Call:
+    """One model call as it moves through the handler."""
+
+    correlation: Correlation
+    request_id: str
+    route: str
+    request: dict[str, Any]  # the chat body sent upstream
+    payload: bytes  # ... serialised once: sent upstream, and handed to capture as is
+    stream: bool
+    capture: bool
+    added_fields: frozenset[str]  # token-id fields the client did not ask for
+    started: float
+    wants_triple: bool = False  # the client asked for the token triple in its answer
+
+
+# Ids unique across processes (a random prefix per process) without a uuid4 per call.
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_id_counter = itertools.count(1)
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}_{_ID_PREFIX}{next(_id_counter):x}"
+
+
+def _request_id(corr: Correlation) -> str:
+    return corr.request_id or new_id("req")
+
+
+class ModelEndpoint:
+    """Holds the app state; an instance is the raw ASGI app of one model endpoint."""
+
+    api = ""  # the API name in records and telemetry: "chat" or "responses"
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self._guarded(scope, receive, send)
+
+    async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
+        raise NotImplementedError
+
+    async def _read_request(self, receive) -> tuple[dict[str, Any], Correlation]:
+        body = parse_json_object(await read_body(receive, self.state.settings.max_body_bytes))
+        # Always removed: it is ours, never the upstream's.
+        corr = current_correlation().with_body_session_id(body.pop("proxy_x_session_id", None))
+        return body, corr
+
+    def wants_token_ids(self, body: dict[str, Any]) -> bool:
+        """The client asked for the token triple in its answer (the field is ours: always removed)."""
+        return bool(body.pop("return_token_id_information", False)) or self.state.settings.return_token_id_information
+
+    def captures(self, corr: Correlation) -> bool:
+        state = self.state
+        return state.store is not None and (corr.session_id is not None or state.settings.capture_uncorrelated)
+
+    def new_call(
+        self,
+        corr: Correlation,
+        route: str,
+        request: dict[str, Any],
+        stream: bool,
+        added: frozenset[str] = frozenset(),
+        wants_triple: bool = False,
+    ) -> Call:
+        return Call(
+            corr,
+            _request_id(corr),
+            route,
+            request,
+            orjson.dumps(request),
+            stream,
+            self.captures(corr),
+            added,
+            time.perf_counter(),
+            wants_triple,
+        )
+
+    def prepare(
+        self,
+        chat_body: dict[str, Any],
+        corr: Correlation,
+        stream: bool,
+        want_ids: bool,
+        requested_model: Any,
+        extra_body: dict[str, Any],
+    ) -> Call:
+        """The chat request to send upstream: routed, with the token-id fields capture needs."""
+        state = self.state
+        route = state.route_for(requested_model)
+        request = {**extra_body, **chat_body} if extra_body else chat_body
+        request["model"] = route
+        request["stream"] = stream
+        added: set[str] = set()
+        if (self.captures(corr) and state.settings.request_token_ids) or want_ids:
+            for key, value in TOKEN_REQUEST_FIELDS:
+                if key not in request:
+                    request[key] = value
+                    added.add(key)
+        if want_ids:
+            added.clear()  # the client asked for them: nothing to strip from its answer
+        return self.new_call(corr, route, request, stream, frozenset(added), want_ids)
+
+    def upstream_headers(self, call: Call, scope) -> dict[str, str]:
+        headers = {"x-request-id": call.request_id}
+        if self.state.settings.forward_client_authorization:
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    headers["authorization"] = value.decode("latin-1")
+                    break
+        corr = call.correlation
+        if corr.session_id and self.state.settings.forward_session_id:
+            for name in self.state.settings.session_id_headers:
+                headers[name] = corr.session_id
+        return headers
+
+    def limit(self) -> AbstractAsyncContextManager:
+        """The concurrency limit on upstream calls (none when unset)."""
+        return self.state.semaphore or nullcontext()
+
+    def record(self, call: Call, chat_response: dict[str, Any] | bytes, status: str = "completed") -> None:
+        """Hand the call to the capture store; never raises, never blocks.
+
+        Request and answer go as the bytes that crossed the wire where we have them: the writer
+        thread parses them again, which keeps large dict trees of queued records away from the
+        event loop's garbage collector (measured: 30% of its time with 8k-token captures).
+        """
+        if not call.capture:
+            return
+        try:
+            corr = call.correlation
+            self.state.store.submit_call(
+                session_id=corr.session_id or uncorrelated_session_id(call.request_id),
+                parent_session_id=corr.parent_session_id,
+                rollout_id=corr.rollout_id,
+                request_id=call.request_id,
+                chat_request=call.payload,
+                chat_response=chat_response,
+                route=call.route,
+                api=self.api,
+                stream=call.stream,
+                latency_ms=(time.perf_counter() - call.started) * 1000.0,
+                status=status,
+            )
+        except Exception:  # capture must never fail a call
+            log.exception("capture hand-off failed")
+
+    async def _guarded(self, scope, receive, send) -> None:
+        """Errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""
+        progress = {"started": False, "answered": False}
+
+        async def tracking_send(message) -> None:
+            if message["type"] == "http.response.start":
+                progress["started"] = True
+            elif not message.get("more_body", False):
+                progress["answered"] = True
+            await send(message)
+
+        try:
+            body, corr = await self._read_request(receive)
+            await run_until_disconnect(
+                receive, lambda: self.handle(body, corr, tracking_send, scope), answered=lambda: progress["answered"]
+            )
+        except ClientGone:
+            return
+        except OpenAIError as error:
+            if not progress["started"]:
+                await send_error(send, error)
+        except Exception:
+            log.exception("unhandled error in %s", scope.get("path"))
+            error = OpenAIError(500, "internal server error", code="internal_error")
+            if not progress["started"]:
+                await send_error(send, error)
+            elif not progress["answered"]:  # mid-stream: end it with an error event, never a silent cut
+                await send({"type": "http.response.body", "body": sse.chat_error(error)})
+
+    async def open_chat_stream(self, call: Call, headers: dict[str, str]) -> UpstreamStream | BufferedStream:
+        """The upstream's chat stream; or, with `buffer_upstream_streams`, a non-stream call replayed as one."""
+        if self.state.settings.buffer_upstream_streams and call.capture:
+            body = orjson.dumps({**call.request, "stream": False})
+            reply = await self.state.upstream.post("/chat/completions", body, headers)
+            return BufferedStream(reply, chunks_from_completion(parse_reply(reply.body)))
+        return await self.state.upstream.open_stream("/chat/completions", call.payload, headers)
+
+
+async def chat_events(stream: UpstreamStream | BufferedStream, span) -> AsyncIterator[sse.Event]:
+    """Each data event of an upstream chat stream (its `data` is one chunk's JSON), up to `[DONE]`.
+
+    An in-band error (Switchyard's `data: {"error": ...}`) or a stream that ends without `[DONE]`
+    raises, so the client gets an error event, never a silent cut.
+    """
+    first = True
+    done = False
+    # aclosing: the generators below must be closed here, not whenever they are collected, or the
+    # upstream connection under them stays checked out.
+    async with aclosing(stream.events()) as events:
+        async for event in events:
+            if first:
+                span.first_chunk()
+                first = False
+            if done:
+                continue  # read to the end, so the connection is released cleanly
+            data = event.data
+            if data is None:
+                continue
+            if data == sse.DONE_DATA:
+                done = True
+                continue
+            if data.startswith(b'{"error"'):
+                raise _in_band_error(orjson.loads(data))
+            yield event
+    if not done:
+        raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
+
+
+def _in_band_error(chunk: dict[str, Any]) -> OpenAIError:
+    err = chunk.get("error")
+    message = err.get("message") if isinstance(err, dict) else str(err)
+    return OpenAIError(502, message or "upstream stream failed", code="upstream_stream_error")
+
+
+def parse_reply(raw: bytes) -> dict[str, Any]:
+    """A non-stream upstream answer as a chat completion dict; 502 when it is not one."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise OpenAIError(502, f"the upstream answered with invalid JSON: {exc}", code="upstream_invalid_json") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
+        raise OpenAIError(502, "the upstream answer is not a chat completion", code="upstream_invalid_response")
+    return doc
+
+
+def parse_json(raw: bytes | None) -> dict[str, Any] | None:
+    """A JSON object, or None for anything else (absent, invalid, or not an object)."""
+    try:
+        doc = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None

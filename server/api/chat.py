@@ -1,0 +1,129 @@
+"""POST /v1/chat/completions: check the body, forward it to Switchyard's chat API, relay the answer, hand off capture."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from middleware.correlation import Correlation
+from server.api.call import Call, ModelEndpoint, chat_events, parse_reply
+from server.capture.tokens import strip_token_fields
+from server.errors import OpenAIError
+from server.http import sse
+from server.http.asgi import SSE_HEADERS, send_json
+from server.translate.accumulate import ChatStreamAccumulator
+from server.upstream.client import relayed_headers
+
+
+class ChatCompletions(ModelEndpoint):
+    api = "chat"
+
+    async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
+        validate_chat(body)
+        call = self.prepare(
+            body,
+            corr,
+            body.get("stream") is True,
+            want_ids=self.wants_token_ids(body),
+            requested_model=body.get("model"),
+            extra_body=self.state.settings.extra_body,
+        )
+        span = self.state.telemetry.start_call(
+            api="chat", route=call.route, request=call.request, correlation=corr, stream=call.stream, scope=scope
+        )
+        headers = self.upstream_headers(call, scope)
+        try:
+            async with self.limit():
+                span.upstream_headers(headers)  # the CLIENT span starts once the call may go out
+                if call.stream:
+                    await self._stream(call, headers, send, span)
+                else:
+                    reply = await self.state.upstream.post("/chat/completions", call.payload, headers)
+                    chat = parse_reply(reply.body)
+                    out = reply.body
+                    if call.added_fields:
+                        out = orjson.dumps(strip_token_fields(chat, call.added_fields))
+                    await send_json(send, 200, out, relayed_headers(reply.headers))
+                    span.finish(chat)
+                    self.record(call, reply.body)
+        except BaseException as exc:
+            span.finish(None, exc)
+            raise
+
+    async def _stream(self, call: Call, headers: dict[str, str], send, span) -> None:
+        stream = await self.open_chat_stream(call, headers)
+        # Telemetry wants the finish reason and usage even of calls that are not recorded.
+        accumulator = ChatStreamAccumulator() if call.capture or self.state.telemetry.enabled else None
+        parse = accumulator is not None or bool(call.added_fields)
+        try:
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
+            )
+            async for event in chat_events(stream, span):
+                if parse:
+                    chunk = orjson.loads(event.data)
+                    if accumulator is not None:
+                        accumulator.feed(chunk)
+                    if call.added_fields:
+                        out = sse.encode(orjson.dumps(strip_token_fields(chunk, call.added_fields)))
+                    else:
+                        out = event.wire()
+                else:
+                    out = event.wire()
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            await send({"type": "http.response.body", "body": sse.DONE})
+            result = accumulator.result() if accumulator is not None else None
+            span.finish(result)
+            if result is not None:
+                self.record(call, result)
+        except OpenAIError as error:
+            # Mid-stream: the status line is gone, so the error travels in-band, as Switchyard does.
+            await send({"type": "http.response.body", "body": sse.chat_error(error)})
+            if accumulator is not None:
+                self.record(call, accumulator.result(), status="failed")
+            span.finish(None, error)
+        except asyncio.CancelledError:
+            if accumulator is not None:
+                self.record(call, accumulator.result(), status="partial")
+            raise
+        finally:
+            await stream.aclose()
+
+
+def validate_chat(body: dict[str, Any]) -> None:
+    """The checks that keep a malformed chat body from ever reaching the upstream (400 naming the field)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError(
+            400, "`messages` must be a non-empty array of chat messages", param="messages", code="invalid_value"
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise OpenAIError(
+                400,
+                f"messages[{i}] must be an object with a string `role`",
+                param=f"messages[{i}]",
+                code="invalid_value",
+            )
+    _expect(body, "stream", bool, "a boolean")
+    _expect(body, "model", str, "a string")
+    for key in ("max_tokens", "max_completion_tokens", "n", "top_logprobs"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise OpenAIError(400, f"`{key}` must be a non-negative integer", param=key, code="invalid_type")
+    for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise OpenAIError(400, f"`{key}` must be a number", param=key, code="invalid_type")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise OpenAIError(400, "`tools` must be an array of tool objects", param="tools", code="invalid_type")
+    _expect(body, "tool_choice", (str, dict), "a string or an object")
+
+
+def _expect(body: dict[str, Any], key: str, kind, expected: str) -> None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise OpenAIError(400, f"`{key}` must be {expected}", param=key, code="invalid_type")

@@ -1,0 +1,217 @@
+"""POST /v1/responses: translate to a chat call (or relay as is, with `upstream_api: responses`), answer, hand off capture."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from middleware.correlation import Correlation
+from server.api.call import Call, ModelEndpoint, chat_events, new_id, parse_json, parse_reply
+from server.errors import OpenAIError
+from server.http import sse
+from server.http.asgi import SSE_HEADERS, send_json
+from server.state import AppState
+from server.translate.request import RESPONSES_FIELDS, responses_to_chat
+from server.translate.response import chat_to_response, response_to_chat
+from server.translate.stream import ResponsesStreamWriter
+from server.translate.tools import ToolMap
+from server.upstream.client import relayed_headers
+
+log = logging.getLogger("switchyard_model.translate")
+
+_TERMINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_TERMINAL_MARKERS = tuple(kind.encode() for kind in _TERMINAL_RESPONSE_EVENTS)
+
+
+class Responses(ModelEndpoint):
+    api = "responses"
+
+    def __init__(self, state: AppState) -> None:
+        super().__init__(state)
+        # `extra_body` goes under the body of the API the client called, as in Gym. On /v1/responses
+        # the Responses fields go under the Responses body (before translation); anything else
+        # (vLLM knobs such as chat_template_kwargs) goes under the translated chat body.
+        extra = state.settings.extra_body
+        self._extra_for_responses = {k: v for k, v in extra.items() if k in RESPONSES_FIELDS}
+        self._extra_for_translated_chat = {k: v for k, v in extra.items() if k not in RESPONSES_FIELDS}
+        # What translation reported and was logged once per server (not once per call).
+        self._warned: set[str] = set()
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
+        want_triple = self.wants_token_ids(body)
+        stream = body.get("stream") is True
+        if self.state.settings.upstream_api == "responses":
+            await self._passthrough(body, corr, stream, send, scope)
+            return
+        if self._extra_for_responses:
+            body = {**self._extra_for_responses, **body}
+        translated = responses_to_chat(body)
+        for kind in translated.dropped_tool_types:
+            self._warn_once(
+                f"tool:{kind}", "dropping tools of type %r: a chat completions upstream cannot serve them", kind
+            )
+        call = self.prepare(
+            translated.body,
+            corr,
+            stream,
+            want_ids=want_triple,
+            requested_model=body.get("model"),
+            extra_body=self._extra_for_translated_chat,
+        )
+        span = self.state.telemetry.start_call(
+            api="responses", route=call.route, request=call.request, correlation=corr, stream=stream, scope=scope
+        )
+        headers = self.upstream_headers(call, scope)
+        response_id = new_id("resp")
+        created_at = int(time.time())
+        try:
+            async with self.limit():
+                span.upstream_headers(headers)
+                if stream:
+                    await self._stream(call, body, translated.tool_map, headers, send, span, response_id, created_at)
+                else:
+                    await self._answer(call, body, translated.tool_map, headers, send, span, response_id, created_at)
+        except BaseException as exc:
+            span.finish(None, exc)
+            raise
+
+    async def _answer(
+        self, call: Call, body, tool_map: ToolMap, headers, send, span, response_id: str, created_at: int
+    ) -> None:
+        reply = await self.state.upstream.post("/chat/completions", call.payload, headers)
+        chat = parse_reply(reply.body)
+        response = chat_to_response(
+            chat,
+            body,
+            tool_map,
+            response_id=response_id,
+            created_at=created_at,
+            token_ids=call.wants_triple,
+            completed_at=int(time.time()),
+        )
+        await send_json(send, 200, orjson.dumps(response), relayed_headers(reply.headers))
+        span.finish(chat)
+        self.record(call, reply.body)
+
+    async def _stream(
+        self, call: Call, body, tool_map: ToolMap, headers, send, span, response_id: str, created_at: int
+    ) -> None:
+        stream = await self.open_chat_stream(call, headers)
+        writer = ResponsesStreamWriter(
+            body,
+            tool_map,
+            response_id=response_id,
+            created_at=created_at,
+            model=stream.headers.get("x-model-router-selected-model") or call.route,
+            token_ids=call.wants_triple,
+        )
+        try:
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
+            )
+            await send(
+                {"type": "http.response.body", "body": sse.encode_responses_events(writer.start()), "more_body": True}
+            )
+            async for event in chat_events(stream, span):
+                events = writer.feed(orjson.loads(event.data))
+                if events:
+                    await send(
+                        {"type": "http.response.body", "body": sse.encode_responses_events(events), "more_body": True}
+                    )
+            closing = writer.finish(completed_at=int(time.time()))
+            await send({"type": "http.response.body", "body": sse.encode_responses_events(closing) + sse.DONE})
+            if writer.late_tool_deltas:
+                self._warn_once(
+                    "late-tool-delta",
+                    "upstream interleaved tool-call deltas; a closed call's late arguments only reach the final response",
+                )
+            result = writer.accumulator.result()
+            span.finish(result)
+            self.record(call, result)
+        except OpenAIError as error:
+            failing = writer.fail(error.message, error.code)
+            await send({"type": "http.response.body", "body": sse.encode_responses_events(failing) + sse.DONE})
+            self.record(call, writer.accumulator.result(), status="failed")
+            span.finish(None, error)
+        except asyncio.CancelledError:
+            self.record(call, writer.accumulator.result(), status="partial")
+            raise
+        finally:
+            await stream.aclose()
+
+    # ---- upstream_api: responses --------------------------------------------------------------
+
+    async def _passthrough(self, body: dict[str, Any], corr: Correlation, stream: bool, send, scope) -> None:
+        """`upstream_api: responses`: relay to Switchyard's /v1/responses unchanged.
+
+        Switchyard keeps vLLM's token ids only on a same-format hop, so this path records them only
+        when the Responses upstream itself returns them; the call is recorded either way.
+        """
+        request = {**self.state.settings.extra_body, **body}
+        route = self.state.route_for(body.get("model"))
+        request["model"] = route
+        call = self.new_call(corr, route, request, stream)
+        headers = self.upstream_headers(call, scope)
+        span = self.state.telemetry.start_call(
+            api="responses", route=route, request=request, correlation=corr, stream=stream, scope=scope
+        )
+        try:
+            async with self.limit():
+                span.upstream_headers(headers)
+                final = await self._relay(call, headers, send)
+            span.finish(final)
+        except BaseException as exc:
+            span.finish(None, exc)
+            raise
+
+    async def _relay(self, call: Call, headers: dict[str, str], send) -> dict[str, Any] | None:
+        """Relay one /v1/responses call as is; returns the final Responses object, if there was one."""
+        if not call.stream:
+            reply = await self.state.upstream.post("/responses", call.payload, headers)
+            await send_json(send, 200, reply.body, relayed_headers(reply.headers))
+            final = parse_json(reply.body)
+            self._record_relayed(call, final)
+            return final
+        upstream = await self.state.upstream.open_stream("/responses", call.payload, headers)
+        final = None
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": SSE_HEADERS + relayed_headers(upstream.headers),
+                }
+            )
+            async for event in upstream.events():
+                # Only the terminal event is parsed: it carries the whole response.
+                data = event.data
+                if data and any(marker in data for marker in _TERMINAL_MARKERS):
+                    payload = parse_json(data) if data != sse.DONE_DATA else None
+                    if payload and payload.get("type") in _TERMINAL_RESPONSE_EVENTS:
+                        final = payload.get("response")
+                await send({"type": "http.response.body", "body": event.wire(), "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except OpenAIError as error:
+            await send({"type": "http.response.body", "body": sse.responses_error(error)})
+        finally:
+            await upstream.aclose()
+        self._record_relayed(call, final, status="completed" if final else "failed")
+        return final
+
+    def _record_relayed(self, call: Call, response: dict[str, Any] | None, status: str = "completed") -> None:
+        if not call.capture:
+            return
+        try:
+            call.payload = orjson.dumps(responses_to_chat(call.request).body)
+        except OpenAIError:
+            call.payload = b'{"messages": []}'  # a field only the Responses upstream understands
+        self.record(call, response_to_chat(response or {}), status=status)

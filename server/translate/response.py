@@ -1,0 +1,324 @@
+"""A chat completion as a Responses object (and back, for capture on the passthrough path); pure.
+
+Also the pieces the stream writer builds its events from: the response skeleton, output items,
+usage and logprobs in Responses form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.capture.tokens import Triple, reasoning_of, token_triple
+from server.translate.checks import is_number
+from server.translate.request import wants_output_logprobs
+from server.translate.tools import ToolMap
+
+# Chat finish_reason -> Responses incomplete reason; anything else finishes `completed`.
+_INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+# A logprob vLLM could not represent (-inf) arrives as null; the SDK wants a float.
+_MISSING_LOGPROB = -9999.0
+
+
+def id_base(response_id: str) -> str:
+    return response_id[5:] if response_id.startswith("resp_") else response_id
+
+
+def item_id(prefix: str, base: str, output_index: int) -> str:
+    return f"{prefix}_{base}_{output_index}"
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def response_base(request: dict[str, Any], *, response_id: str, created_at: int, model: str | None) -> dict[str, Any]:
+    """An in-progress response object with every key of the Open Responses response present.
+
+    Request settings are echoed; those the request left out are reported with the Responses API
+    defaults (the Open Responses schema makes them non-nullable), not the upstream's own defaults.
+    """
+    text = request.get("text")
+    text_config = dict(text) if isinstance(text, dict) else {}
+    if text_config.get("format") is None:
+        text_config["format"] = {"type": "text"}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "completed_at": None,
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.get("instructions"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "max_tool_calls": request.get("max_tool_calls"),
+        "model": model if model is not None else request.get("model"),
+        "output": [],
+        "parallel_tool_calls": _or(request.get("parallel_tool_calls"), True),
+        "previous_response_id": None,
+        "reasoning": request.get("reasoning"),
+        "store": False,
+        "temperature": _or(request.get("temperature"), 1.0),
+        "text": text_config,
+        "tool_choice": _or(request.get("tool_choice"), "auto"),
+        "tools": _or(request.get("tools"), []),
+        "top_p": _or(request.get("top_p"), 1.0),
+        "presence_penalty": _or(request.get("presence_penalty"), 0.0),
+        "frequency_penalty": _or(request.get("frequency_penalty"), 0.0),
+        "top_logprobs": _or(request.get("top_logprobs"), 0),
+        "truncation": _or(request.get("truncation"), "disabled"),
+        "usage": None,
+        "user": request.get("user"),
+        "metadata": _or(request.get("metadata"), {}),
+        "background": False,
+        "service_tier": "default",
+        "prompt_cache_key": request.get("prompt_cache_key"),
+        "safety_identifier": request.get("safety_identifier"),
+        "conversation": None,
+        "prompt": None,
+    }
+
+
+def responses_usage(chat_usage: dict[str, Any] | None, triple: Triple | None = None) -> dict[str, Any] | None:
+    """Chat usage in Responses form (with `cache_write_tokens`, which the openai SDK requires)."""
+    if chat_usage:
+        input_tokens = chat_usage.get("prompt_tokens") or 0
+        output_tokens = chat_usage.get("completion_tokens") or 0
+        total = chat_usage.get("total_tokens") or input_tokens + output_tokens
+        cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    elif triple is not None:
+        input_tokens, output_tokens = len(triple[0]), len(triple[1])
+        total, cached, reasoning = input_tokens + output_tokens, 0, 0
+    else:
+        return None
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": total,
+    }
+
+
+def status_for(finish_reason: str | None) -> tuple[str, dict[str, Any] | None]:
+    reason = _INCOMPLETE_REASONS.get(finish_reason or "")
+    if reason is None:
+        return "completed", None
+    return "incomplete", {"reason": reason}
+
+
+def _logprob_value(value: Any) -> float:
+    return float(value) if is_number(value) else _MISSING_LOGPROB
+
+
+def _token_bytes(entry: dict[str, Any], token: str) -> list[int]:
+    raw = entry.get("bytes")
+    return raw if isinstance(raw, list) else list(token.encode("utf-8", "surrogatepass"))
+
+
+def response_logprobs(entries: Any) -> list[dict[str, Any]]:
+    """Chat `logprobs.content` entries in the shape of Responses `output_text.logprobs`."""
+    out: list[dict[str, Any]] = []
+    for entry in entries or ():
+        token = entry.get("token") or ""
+        out.append(
+            {
+                "token": token,
+                "logprob": _logprob_value(entry.get("logprob")),
+                "bytes": _token_bytes(entry, token),
+                "top_logprobs": [
+                    {
+                        "token": top.get("token") or "",
+                        "logprob": _logprob_value(top.get("logprob")),
+                        "bytes": _token_bytes(top, top.get("token") or ""),
+                    }
+                    for top in entry.get("top_logprobs") or ()
+                ],
+            }
+        )
+    return out
+
+
+def text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+
+
+def refusal_part(text: str) -> dict[str, Any]:
+    return {"type": "refusal", "refusal": text}
+
+
+def message_output(item_id: str, parts: list[dict[str, Any]], status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": parts}
+
+
+def reasoning_output(item_id: str, text: str, status: str) -> dict[str, Any]:
+    # Raw chain of thought is `content` (reasoning_text); we write no summary of our own.
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": None,
+        "status": status,
+    }
+
+
+def function_call_output(
+    item_id: str, call_id: str, name: str, namespace: str | None, arguments: str, status: str
+) -> dict[str, Any]:
+    item = {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+def attach_triple(output: list[dict[str, Any]], triple: Triple | None) -> None:
+    # Gym's training convention: the ids ride on the last generated item only.
+    if triple is not None and output:
+        last = output[-1]
+        last["prompt_token_ids"], last["generation_token_ids"], last["generation_log_probs"] = triple
+
+
+def chat_to_response(
+    chat: dict[str, Any],
+    request: dict[str, Any],
+    tool_map: ToolMap | None,
+    *,
+    response_id: str,
+    created_at: int,
+    token_ids: bool,
+    completed_at: int,
+) -> dict[str, Any]:
+    """A full Responses object for a non-stream chat completion; `completed_at` is the caller's clock.
+
+    Output order: reasoning, message (text and/or refusal), then one function_call per tool call.
+    A generation with none of these still gets an empty message, so there is an item to carry
+    the token triple. `model` is the upstream's (the routed target).
+    """
+    tool_map = tool_map or ToolMap()
+    base = id_base(response_id)
+    choices = chat.get("choices") or []
+    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message") or {}
+    status, incomplete = status_for(choice.get("finish_reason"))
+
+    output: list[dict[str, Any]] = []
+    reasoning = reasoning_of(message)
+    if reasoning:
+        output.append(reasoning_output(item_id("rs", base, len(output)), reasoning, "completed"))
+    tool_calls = message.get("tool_calls") or []
+    content = message.get("content")
+    refusal = message.get("refusal")
+    if content or refusal or (not output and not tool_calls):
+        parts: list[dict[str, Any]] = []
+        if content or not refusal:
+            logprobs: list[dict[str, Any]] = []
+            # Chat logprobs cover every generated token; they belong to the text only when the
+            # text is all that was generated.
+            if wants_output_logprobs(request) and not reasoning and not tool_calls:
+                logprobs = response_logprobs((choice.get("logprobs") or {}).get("content"))
+            parts.append(text_part(content or "", logprobs))
+        if refusal:
+            parts.append(refusal_part(refusal))
+        output.append(message_output(item_id("msg", base, len(output)), parts, "completed"))
+    for i, call in enumerate(tool_calls):
+        function = call.get("function") or {}
+        name, namespace = tool_map.response_name(function.get("name") or "")
+        index = len(output)
+        output.append(
+            function_call_output(
+                item_id("fc", base, index),
+                call.get("id") or f"call_{base}_{i}",
+                name,
+                namespace,
+                function.get("arguments") or "",
+                "completed",
+            )
+        )
+    if status == "incomplete":
+        output[-1]["status"] = "incomplete"
+
+    triple = token_triple(chat)
+    if token_ids:
+        attach_triple(output, triple)
+    response = response_base(request, response_id=response_id, created_at=created_at, model=chat.get("model"))
+    response["status"] = status
+    response["incomplete_details"] = incomplete
+    response["completed_at"] = completed_at if status == "completed" else None
+    response["output"] = output
+    response["usage"] = responses_usage(chat.get("usage"), triple)
+    return response
+
+
+def response_to_chat(response: dict[str, Any]) -> dict[str, Any]:
+    """A Responses object as the chat.completion it stands for (for capture on the passthrough path).
+
+    Keeps what a Responses upstream may carry for training: top-level `prompt_token_ids` and
+    `output_token_ids` (vLLM's native Responses extras) and output_text logprobs.
+    """
+    content: list[str] = []
+    reasoning: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    logprobs: list[dict[str, Any]] = []
+    for item in response.get("output") or []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "message":
+            for part in item.get("content") or []:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    content.append(part["text"])
+                    logprobs.extend(part.get("logprobs") or [])
+        elif kind == "reasoning":
+            for part in (item.get("content") or []) + (item.get("summary") or []):
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    reasoning.append(part["text"])
+        elif kind == "function_call":
+            tool_calls.append(
+                {
+                    "id": item.get("call_id"),
+                    "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+                }
+            )
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    incomplete = (response.get("incomplete_details") or {}).get("reason")
+    finish = "length" if incomplete == "max_output_tokens" else "tool_calls" if tool_calls else "stop"
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": finish,
+        "logprobs": {"content": logprobs} if logprobs else None,
+    }
+    chat: dict[str, Any] = {
+        "id": response.get("id"),
+        "object": "chat.completion",
+        "created": response.get("created_at"),
+        "model": response.get("model"),
+        "choices": [choice],
+    }
+    if isinstance(response.get("output_token_ids"), list):
+        choice["token_ids"] = response["output_token_ids"]
+    if isinstance(response.get("prompt_token_ids"), list):
+        chat["prompt_token_ids"] = response["prompt_token_ids"]
+    usage = response.get("usage")
+    if isinstance(usage, dict):
+        chat["usage"] = {
+            "prompt_tokens": usage.get("input_tokens"),
+            "completion_tokens": usage.get("output_tokens"),
+            "total_tokens": usage.get("total_tokens"),
+        }
+    return chat
