@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.capture import rollout
 from server.capture.record import build_record
+from server.capture.rollout.items import message_items
 from server.capture.tokens import (
     generation_tokens,
     is_finite_numbers,
@@ -83,7 +83,7 @@ def test_every_reader_of_reasoning_takes_the_newer_vllm_name():
     )
     assert response["output"][0]["content"] == [{"type": "reasoning_text", "text": "think first"}]
 
-    items = rollout._message_items({"role": "assistant", "content": "Hi"}, {"reasoning": "think first"}, "x", None)
+    items = message_items({"role": "assistant", "content": "Hi"}, {"reasoning": "think first"}, "x", None)
     assert items[0]["summary"] == [{"type": "summary_text", "text": "think first"}]
 
 
