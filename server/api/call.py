@@ -202,11 +202,11 @@ class ModelEndpoint:
                 await send_error(send, error)
         except Exception:
             log.exception("unhandled error in %s", scope.get("path"))
-            error = OpenAIError(500, "internal server error", code="internal_error")
+            internal = OpenAIError(500, "internal server error", code="internal_error")
             if not progress["started"]:
-                await send_error(send, error)
+                await send_error(send, internal)
             elif not progress["answered"]:  # mid-stream: end it with an error event, never a silent cut
-                await send({"type": "http.response.body", "body": sse.chat_error(error)})
+                await send({"type": "http.response.body", "body": sse.chat_error(internal)})
 
     async def open_chat_stream(self, call: Call, headers: dict[str, str]) -> UpstreamStream | BufferedStream:
         """The upstream's chat stream; or, with `buffer_upstream_streams`, a non-stream call replayed as one."""
@@ -217,8 +217,8 @@ class ModelEndpoint:
         return await self.state.upstream.open_stream("/chat/completions", call.payload, headers)
 
 
-async def chat_events(stream: UpstreamStream | BufferedStream, span) -> AsyncIterator[sse.Event]:
-    """Each data event of an upstream chat stream (its `data` is one chunk's JSON), up to `[DONE]`.
+async def chat_events(stream: UpstreamStream | BufferedStream, span) -> AsyncIterator[tuple[sse.Event, bytes]]:
+    """Each data event of an upstream chat stream with its data (one chunk's JSON), up to `[DONE]`.
 
     An in-band error (Switchyard's `data: {"error": ...}`) or a stream that ends without `[DONE]`
     raises, so the client gets an error event, never a silent cut.
@@ -242,7 +242,7 @@ async def chat_events(stream: UpstreamStream | BufferedStream, span) -> AsyncIte
                 continue
             if data.startswith(b'{"error"'):
                 raise _in_band_error(orjson.loads(data))
-            yield event
+            yield event, data
     if not done:
         raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
 

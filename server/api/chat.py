@@ -61,9 +61,9 @@ class ChatCompletions(ModelEndpoint):
             await send(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
             )
-            async for event in chat_events(stream, span):
+            async for event, data in chat_events(stream, span):
                 if parse:
-                    chunk = orjson.loads(event.data)
+                    chunk = orjson.loads(data)
                     if accumulator is not None:
                         accumulator.feed(chunk)
                     if call.added_fields:

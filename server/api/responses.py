@@ -121,8 +121,8 @@ class Responses(ModelEndpoint):
             await send(
                 {"type": "http.response.body", "body": sse.encode_responses_events(writer.start()), "more_body": True}
             )
-            async for event in chat_events(stream, span):
-                events = writer.feed(orjson.loads(event.data))
+            async for _event, data in chat_events(stream, span):
+                events = writer.feed(orjson.loads(data))
                 if events:
                     await send(
                         {"type": "http.response.body", "body": sse.encode_responses_events(events), "more_body": True}

@@ -148,7 +148,7 @@ def token_triple(chat: dict[str, Any]) -> Triple | None:
     if isinstance(message, dict):
         bundle = [message.get(key) for key in TRIPLE_KEYS]
         if all(isinstance(part, list) for part in bundle):
-            return (bundle[0], bundle[1], bundle[2]) if _well_formed(*bundle) else None
+            return (bundle[0], bundle[1], bundle[2]) if _well_formed(*bundle) else None  # type: ignore[return-value]
     prompt_ids = prompt_token_ids(chat, choice)
     generation_ids, log_probs = generation_tokens(choice)
     if not _well_formed(prompt_ids, generation_ids, log_probs):

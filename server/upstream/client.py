@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -44,14 +44,14 @@ class UpstreamStream:
         self.response = response
         self.target = target
         self.headers = response.headers
-        self._events: AsyncIterator[sse.Event] | None = None
+        self._events: AsyncGenerator[sse.Event, None] | None = None
 
-    def events(self) -> AsyncIterator[sse.Event]:
+    def events(self) -> AsyncGenerator[sse.Event, None]:
         """Whole SSE events, however the network split them."""
         self._events = self._read_events()
         return self._events
 
-    async def _read_events(self) -> AsyncIterator[sse.Event]:
+    async def _read_events(self) -> AsyncGenerator[sse.Event, None]:
         decoder = sse.Decoder()
         try:
             async with aclosing(self.response.iter_raw()) as chunks:
@@ -79,7 +79,7 @@ class BufferedStream:
         self._events = [sse.Event.of_data(orjson.dumps(chunk)) for chunk in chunks]
         self._events.append(sse.Event.of_data(sse.DONE_DATA))
 
-    async def events(self) -> AsyncIterator[sse.Event]:
+    async def events(self) -> AsyncGenerator[sse.Event, None]:
         for event in self._events:
             yield event
 
