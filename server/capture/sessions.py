@@ -8,7 +8,8 @@ from server.capture.store import CaptureStore, UnknownSession
 
 def build_tree(store: CaptureStore, session_id: str) -> dict:
     """The session and its descendants as nested `{session_id, parent_session_id, record_count, children}`."""
-    info = store.session_info(session_id)
+    index = store.index_view()  # one snapshot of the disk for the whole tree
+    info = index.session_info(session_id)
     if info is None:
         raise UnknownSession(session_id)
 
@@ -26,8 +27,8 @@ def build_tree(store: CaptureStore, session_id: str) -> dict:
     # Iterative, with a visited set: crafted parent ids could otherwise form a cycle or a deep chain.
     while pending:
         current = pending.pop()
-        for child_id in store.children(current["session_id"]):
-            child_info = store.session_info(child_id)
+        for child_id in index.children(current["session_id"]):
+            child_info = index.session_info(child_id)
             if child_id in seen or child_info is None:
                 continue
             seen.add(child_id)
@@ -51,4 +52,4 @@ def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool =
         except UnknownSession:
             return []  # a child without records: reconstruction reports it
 
-    return reconstruct_tree(session_id, load_records, store.children, allow_partial=allow_partial)
+    return reconstruct_tree(session_id, load_records, store.index_view().children, allow_partial=allow_partial)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import shlex
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from server.config import ConfigError, Settings, resolve_deployment
+from server.process import die_with_parent
 from server.switchyard import profiles
 from server.urls import root_url
 
@@ -155,16 +155,6 @@ def _keep_python_signal_handlers():
                     signal.signal(sig, handler)
 
 
-def _die_with_parent() -> None:
-    """Child-side: ask Linux to SIGTERM the child when this server dies, so it is never orphaned."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
-
 class LaunchedProxy(SwitchyardProxy):
     """Runs a command (e.g. a separately installed `switchyard-server`) as a supervised child process.
 
@@ -232,7 +222,7 @@ class LaunchedProxy(SwitchyardProxy):
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=self._stderr_file,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,  # in the child: SIGTERM when this server dies
             )
         except OSError as exc:
             raise RuntimeError(f"cannot launch Switchyard ({argv[0]}): {exc.strerror or exc}") from exc
