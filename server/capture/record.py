@@ -32,8 +32,8 @@ def build_record(
     parent_session_id: str | None,
     rollout_id: str | None,
     request_id: str | None,
-    chat_request: dict,
-    chat_response: dict,
+    chat_request: dict[str, Any],
+    chat_response: dict[str, Any],
     route: str,
     api: str,
     stream: bool,
@@ -41,8 +41,8 @@ def build_record(
     status: str = "completed",
     captured_at: str | None = None,
     record_uuid: str | None = None,
-    injection: dict | None = None,
-) -> dict:
+    injection: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Build the record for one call. Never raises on odd upstream output: it marks the record invalid.
 
     The caller hands `chat_request` and `chat_response` over: they are referenced, not deep-copied
@@ -108,7 +108,7 @@ def build_record(
     }
 
 
-def _assistant_message(message: object) -> dict:
+def _assistant_message(message: object) -> dict[str, Any]:
     """The generated turn in chat format; reasoning is kept (the former format dropped it)."""
     out: dict[str, Any] = {"role": "assistant"}
     if not isinstance(message, dict):
@@ -124,16 +124,16 @@ def _assistant_message(message: object) -> dict:
     return out
 
 
-def format_tools(tools: object) -> list[dict]:
+def format_tools(tools: object) -> list[dict[str, Any]]:
     """Tools in the former record's shape `{id, description, inputSchema: {jsonSchema}}` (what Gym reads)."""
     if not isinstance(tools, list):
         return []
-    out = []
+    out: list[dict[str, Any]] = []
     for tool in tools:
         if not isinstance(tool, dict):
             continue
         # Chat tools nest the definition under "function"; Responses and Anthropic tools are flat.
-        spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        spec: dict[str, Any] = tool["function"] if isinstance(tool.get("function"), dict) else tool
         name = spec.get("name") or tool.get("id") or tool.get("type")
         schema = spec.get("parameters")
         if schema is None:
@@ -157,7 +157,7 @@ def format_tool_choice(tool_choice: object) -> str:
     return str(tool_choice)
 
 
-def _token_count(usage: dict | None) -> dict[str, int]:
+def _token_count(usage: dict[str, Any] | None) -> dict[str, int]:
     usage = usage or {}
     counts = {}
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):

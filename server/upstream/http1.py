@@ -35,14 +35,16 @@ class ProtocolError(HTTPError):
 class _Connection(asyncio.Protocol):
     """One TCP connection; carries one request at a time."""
 
+    # Set by connection_made (the transport) and start (the rest) before any other method runs.
+    transport: asyncio.Transport
+    _head_done: asyncio.Future[int]
+
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
         self.lost = False
         self.reused = False
         self._parser: httptools.HttpResponseParser | None = None
         self._headers: dict[str, str] = {}
         self._header_name = b""
-        self._head_done: asyncio.Future | None = None
         self._chunks: deque[bytes] = deque()
         self._waiter: asyncio.Future | None = None  # woken by body bytes, the end, or a failure
         self._complete = False
@@ -51,7 +53,8 @@ class _Connection(asyncio.Protocol):
         self._bytes_seen = 0
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
@@ -77,9 +80,11 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         # Read now: httptools forgets it once the message is complete.
-        self._keep_alive = self._parser.should_keep_alive()
+        parser = self._parser
+        assert parser is not None  # callbacks come only from the parser start() created
+        self._keep_alive = parser.should_keep_alive()
         if not self._head_done.done():
-            self._head_done.set_result(self._parser.get_status_code())
+            self._head_done.set_result(parser.get_status_code())
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
@@ -96,7 +101,7 @@ class _Connection(asyncio.Protocol):
     # ---- used by the pool ------------------------------------------------------------------
     def _fail(self, error: HTTPError) -> None:
         self._error = error
-        if self._head_done is not None and not self._head_done.done():
+        if hasattr(self, "_head_done") and not self._head_done.done():
             self._head_done.set_exception(error)
         self._wake()
 
