@@ -30,7 +30,8 @@ from server.process import die_with_parent
 
 log = logging.getLogger("switchyard_model.workers")
 
-SETTINGS_ENV = "SWITCHYARD_MODEL_WORKER_SETTINGS"  # the worker's settings, as JSON
+SETTINGS_ENV = "SWITCHYARD_MODEL_WORKER_SETTINGS"  # the server's settings as given, as JSON
+SWITCHYARD_ENV = "SWITCHYARD_MODEL_WORKER_SWITCHYARD"  # the root URL of the Switchyard the parent runs
 READY_DIR_ENV = "SWITCHYARD_MODEL_WORKER_READY_DIR"  # each ready worker writes <pid> here
 # Which worker answered: on every response, so a client or a test can see how calls were spread.
 WORKER_HEADER = b"x-switchyard-model-worker"
@@ -62,9 +63,11 @@ class _NameTheWorker:
 def worker_app() -> Any:
     """uvicorn's app factory in a worker process: settings from the parent, then the ordinary app."""
     from server.app import create_app
+    from server.switchyard import profiles
 
     die_with_parent(os.getppid())  # a killed supervisor takes its workers with it
-    settings = Settings.model_validate_json(os.environ[SETTINGS_ENV])
+    given = Settings.model_validate_json(os.environ[SETTINGS_ENV])  # checked here, as the user gave them
+    settings = settings_for_workers(given, os.environ.get(SWITCHYARD_ENV) or None)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     ready_dir = os.environ.get(READY_DIR_ENV)
@@ -76,20 +79,27 @@ def worker_app() -> Any:
             path.with_suffix(".tmp").write_bytes(orjson.dumps(note))
             os.replace(path.with_suffix(".tmp"), path)
 
-    return _NameTheWorker(create_app(settings, on_ready=ready))
+    app = create_app(settings, on_ready=ready)
+    if given.launches_proxy:
+        # The shared Switchyard runs this deployment: the worker reads it as a hosting server would
+        # (max_model_len of routes without a context_window, each route's /tokenize for injection,
+        # the provenance manifest), though it only attaches.
+        proxy = app.state.switchyard.proxy
+        proxy.deployment_path = resolve_deployment(given.deployment or "")
+        proxy.rendered = profiles.render(proxy.deployment_path)
+    return _NameTheWorker(app)
 
 
 def settings_for_workers(settings: Settings, switchyard_root_url: str | None) -> Settings:
-    """What every worker runs with: attached to the one Switchyard the parent runs (if it runs one)."""
+    """What every worker runs with: attached to the one Switchyard the parent runs (if it runs one).
+
+    Not validated again: the settings were checked as given (launch mode), and attaching to the
+    parent's Switchyard does not make them any less valid.
+    """
     if switchyard_root_url is None:
         return settings
     return settings.model_copy(
-        update={
-            "switchyard_base_url": switchyard_root_url + "/v1",
-            "deployment": None,
-            "switchyard_command": None,
-            "proxy_port": None,
-        }
+        update={"switchyard_base_url": switchyard_root_url + "/v1", "switchyard_command": None, "proxy_port": None}
     )
 
 
@@ -163,7 +173,8 @@ def run_workers(settings: Settings, sock: Any, workers: int, on_ready: Callable[
             switchyard.close()
         return EXIT_USAGE
     ready_dir = tempfile.mkdtemp(prefix="switchyard-model-workers-")
-    os.environ[SETTINGS_ENV] = settings_for_workers(settings, root_url).model_dump_json()
+    os.environ[SETTINGS_ENV] = settings.model_dump_json()
+    os.environ[SWITCHYARD_ENV] = root_url or ""
     os.environ[READY_DIR_ENV] = ready_dir
     stop = threading.Event()
     ready: list[dict] = []
