@@ -37,6 +37,14 @@ class AppState:
     on_ready: Callable[[AppState], None] | None = None  # called once the server can take calls
     startup_error: BaseException | None = None  # why the lifespan failed, for the CLI's exit message
 
+    @property
+    def client(self) -> Upstream:
+        """The client to Switchyard. Model calls run only after the lifespan made it (they get a 503
+        before), so this fails only in a call racing shutdown, with the same 503."""
+        if self.upstream is None:
+            raise OpenAIError(503, "Switchyard is not running", code="proxy_unavailable")
+        return self.upstream
+
     def route_for(self, requested: Any) -> str:
         """The Switchyard route for a request's `model` (the configured route wins, as in Gym)."""
         aliases = self.settings.model_aliases

@@ -159,11 +159,12 @@ class ModelEndpoint:
         thread parses them again, which keeps large dict trees of queued records away from the
         event loop's garbage collector (measured: 30% of its time with 8k-token captures).
         """
-        if not call.capture:
+        store = self.state.store
+        if not call.capture or store is None:
             return
         try:
             corr = call.correlation
-            self.state.store.submit_call(
+            store.submit_call(
                 session_id=corr.session_id or uncorrelated_session_id(call.request_id),
                 parent_session_id=corr.parent_session_id,
                 rollout_id=corr.rollout_id,
@@ -212,9 +213,9 @@ class ModelEndpoint:
         """The upstream's chat stream; or, with `buffer_upstream_streams`, a non-stream call replayed as one."""
         if self.state.settings.buffer_upstream_streams and call.capture:
             body = orjson.dumps({**call.request, "stream": False})
-            reply = await self.state.upstream.post("/chat/completions", body, headers)
+            reply = await self.state.client.post("/chat/completions", body, headers)
             return BufferedStream(reply, chunks_from_completion(parse_reply(reply.body)))
-        return await self.state.upstream.open_stream("/chat/completions", call.payload, headers)
+        return await self.state.client.open_stream("/chat/completions", call.payload, headers)
 
 
 async def chat_events(stream: UpstreamStream | BufferedStream, span) -> AsyncIterator[tuple[sse.Event, bytes]]:

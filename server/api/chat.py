@@ -40,7 +40,7 @@ class ChatCompletions(ModelEndpoint):
                 if call.stream:
                     await self._stream(call, headers, send, span)
                 else:
-                    reply = await self.state.upstream.post("/chat/completions", call.payload, headers)
+                    reply = await self.state.client.post("/chat/completions", call.payload, headers)
                     chat = parse_reply(reply.body)
                     out = reply.body
                     if call.added_fields:

@@ -87,7 +87,7 @@ class Responses(ModelEndpoint):
     async def _answer(
         self, call: Call, body, tool_map: ToolMap, headers, send, span, response_id: str, created_at: int
     ) -> None:
-        reply = await self.state.upstream.post("/chat/completions", call.payload, headers)
+        reply = await self.state.client.post("/chat/completions", call.payload, headers)
         chat = parse_reply(reply.body)
         response = chat_to_response(
             chat,
@@ -176,12 +176,12 @@ class Responses(ModelEndpoint):
     async def _relay(self, call: Call, headers: dict[str, str], send) -> dict[str, Any] | None:
         """Relay one /v1/responses call as is; returns the final Responses object, if there was one."""
         if not call.stream:
-            reply = await self.state.upstream.post("/responses", call.payload, headers)
+            reply = await self.state.client.post("/responses", call.payload, headers)
             await send_json(send, 200, reply.body, relayed_headers(reply.headers))
             final = parse_json(reply.body)
             self._record_relayed(call, final)
             return final
-        upstream = await self.state.upstream.open_stream("/responses", call.payload, headers)
+        upstream = await self.state.client.open_stream("/responses", call.payload, headers)
         final = None
         try:
             await send(

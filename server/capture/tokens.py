@@ -10,7 +10,7 @@ Everything here is pure and never raises on odd upstream output.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 # What we add to a chat request so the upstream (vLLM) returns token ids and log probs.
 TOKEN_REQUEST_FIELDS: tuple[tuple[str, Any], ...] = (
@@ -46,7 +46,7 @@ def reasoning_of(message: object) -> str | None:
     return None
 
 
-def is_token_ids(value: object, *, allow_empty: bool = False) -> bool:
+def is_token_ids(value: object, *, allow_empty: bool = False) -> TypeGuard[list[int]]:
     """True for a list of plain ints (bools are not token ids); non-empty unless `allow_empty`."""
     if not isinstance(value, list):
         return False
@@ -56,7 +56,7 @@ def is_token_ids(value: object, *, allow_empty: bool = False) -> bool:
     return set(map(type, value)) <= _INT_ONLY
 
 
-def is_finite_numbers(value: object) -> bool:
+def is_finite_numbers(value: object) -> TypeGuard[list[float]]:
     """True for a list of finite ints and floats (bools excluded)."""
     if not isinstance(value, list):
         return False
@@ -117,7 +117,7 @@ def triple_problem(prompt_ids: object, generation_ids: object, log_probs: object
         return "generation_token_ids is not a non-empty list of ints"
     if not is_finite_numbers(log_probs):
         return "generation_log_probs is not a list of finite numbers"
-    n_ids, n_log_probs = len(generation_ids), len(log_probs)  # type: ignore[arg-type]  # lists, checked above
+    n_ids, n_log_probs = len(generation_ids), len(log_probs)
     if n_ids != n_log_probs:
         return f"generation_token_ids ({n_ids}) and generation_log_probs ({n_log_probs}) have different lengths"
     return None
@@ -129,7 +129,7 @@ def _well_formed(prompt_ids: object, generation_ids: object, log_probs: object) 
         is_token_ids(prompt_ids, allow_empty=True)
         and is_token_ids(generation_ids, allow_empty=True)
         and is_finite_numbers(log_probs)
-        and len(generation_ids) == len(log_probs)  # type: ignore[arg-type]  # lists, checked above
+        and len(generation_ids) == len(log_probs)
     )
 
 

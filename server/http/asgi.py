@@ -81,6 +81,7 @@ async def run_until_disconnect(
     server can deliver on `receive` is `http.disconnect`.
     """
     task = asyncio.current_task()  # the work runs here; only the watcher is a task of its own
+    assert task is not None, "called from a coroutine, so there is a current task"
     gone = False
 
     async def watch() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from urllib.parse import urlsplit
 
 import httptools
@@ -166,7 +166,7 @@ class Response:
         parts = [chunk async for chunk in self.iter_raw()]
         return b"".join(parts)
 
-    async def iter_raw(self) -> AsyncIterator[bytes]:
+    async def iter_raw(self) -> AsyncGenerator[bytes, None]:
         try:
             async for chunk in self._connection.body_chunks(self._pool.read_timeout):
                 yield chunk

@@ -24,7 +24,10 @@ def reconstruct_envelope(envelope: object, session_id: str, *, allow_partial: bo
         raise RolloutError(f"unsupported envelope schema_version: {version!r}")
     if envelope.get("session_id") != session_id:
         raise RolloutError(f"envelope session_id {envelope.get('session_id')!r} != requested {session_id!r}")
-    return reconstruct_session(session_id, envelope.get("completions"), allow_partial=allow_partial)
+    completions = envelope.get("completions")
+    if not isinstance(completions, list):
+        raise RolloutError(f"envelope has no completions list: {type(completions).__name__}")
+    return reconstruct_session(session_id, completions, allow_partial=allow_partial)
 
 
 def reconstruct_session(session_id: str, records: list[dict], *, allow_partial: bool = True) -> dict:
@@ -241,6 +244,7 @@ class _Reconstruction:
         self.pending = []
         self.steps.append(chosen)
         self.history.extend(chosen.context_canon)
+        assert chosen.reply_canon is not None, "a call is only committed once its reply is canonicalised"
         self.history.append(chosen.reply_canon)
         self.step_by_prompt_len[len(chosen.prompt_ids)] = chosen
 

@@ -51,7 +51,7 @@ def normalize(i: int, message: object) -> dict:
 
 def _normalize_tool_call(i: int, call: object) -> dict:
     function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict):
+    if not isinstance(call, dict) or not isinstance(function, dict):
         raise RolloutError(f"record {i} contains a malformed tool call")
     call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
     if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name and isinstance(arguments, str)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,7 @@ class MockState:
         self.log.clear()
         self.error_hits.clear()
 
-    def record(self, scope: Scope, body: Any) -> dict[str, Any]:
+    def record(self, scope: Mapping[str, Any], body: Any) -> dict[str, Any]:
         self._seq += 1
         headers: dict[str, str] = {}
         for name, value in scope.get("headers", ()):

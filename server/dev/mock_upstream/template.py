@@ -73,7 +73,7 @@ def render_assistant(content: str, reasoning: str | None, tool_calls: list[tuple
         text += reasoning + "\n</think>\n\n"
     content_span = (len(text), len(text) + len(content))
     text += content
-    spans = []
+    spans: list[tuple[int, int, int, int]] = []
     for name, arguments in tool_calls:
         if content or spans:
             text += "\n"
