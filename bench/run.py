@@ -184,6 +184,17 @@ class Bench:
         if self.only & {"sequential", "concurrency"}:
             self.floor = Floor(self.cap.proxy_port, self.log_dir)
             self.procs.append(self.floor.proc)
+        if "concurrency" in self.only:
+            # The other HTTP server under the same app (docs/benchmarks.md: uvicorn against granian).
+            self.alt_impl = "uvicorn" if self.cap.health().get("http_server") == "granian" else "granian"
+            self.alt = Server(
+                f"server-{self.alt_impl}",
+                self.mock,
+                self.log_dir,
+                capture_dir=self.log_dir / "captures-alt",
+                settings={"http_server": self.alt_impl},
+            )
+            self.procs.append(self.alt.proc)
         if self.only & {"capture", "telemetry"}:
             self.nocap = Server("server-nocapture", self.mock, self.log_dir, capture_dir=None)
             self.procs.append(self.nocap.proc)
@@ -232,6 +243,7 @@ class Bench:
         small = chat_body(SMALL)
         for server in (
             self.cap,
+            getattr(self, "alt", None),
             getattr(self, "nocap", None),
             getattr(self, "otel", None),
             *getattr(self, "side_servers", {}).values(),
@@ -466,7 +478,7 @@ class Bench:
         proxy, server = self.cap.proxy_port, self.cap.port
         corr = [("x-session-id", "bench-c64-{run}-{conn}")]
 
-        def spec(port: int, path: str, body: str, c: int, headers=None):
+        def spec(port: int, path: str, body: str, c: int, headers=None, srv: Server | None = None):
             return lambda r: (
                 {
                     "port": port,
@@ -477,13 +489,17 @@ class Bench:
                     "timeout": 60,
                     "vars": {"run": str(r)},
                 },
-                self.cap,
+                srv or self.cap,
             )
+
+        alt = self.alt.port
 
         series = {
             "direct_64": spec(proxy, CHAT, chat_body(SMALL), 64),
             "server_chat_64": spec(server, CHAT, chat_body(SMALL), 64),
             "server_responses_64": spec(server, RESPONSES, responses_body(SMALL), 64),
+            "alt_chat_64": spec(alt, CHAT, chat_body(SMALL), 64, srv=self.alt),
+            "alt_responses_64": spec(alt, RESPONSES, responses_body(SMALL), 64, srv=self.alt),
             "floor_proxy_64": spec(self.floor.port, CHAT, chat_body(SMALL), 64),
             "direct_token_fields_64": spec(proxy, CHAT, chat_body(SMALL, token_fields=True), 64),
             "server_responses_captured_64": spec(server, RESPONSES, responses_body(SMALL), 64, corr),
@@ -500,6 +516,8 @@ class Bench:
         for via_name, base_name, label, target in (
             ("server_chat_64", "direct_64", "chat, c=64", 0.8),
             ("server_responses_64", "direct_64", "Responses, c=64", 0.8),
+            ("alt_chat_64", "direct_64", f"chat, c=64, under {self.alt_impl}", None),
+            ("alt_responses_64", "direct_64", f"Responses, c=64, under {self.alt_impl}", None),
             ("floor_proxy_64", "direct_64", "floor (bench/floor.py), c=64", None),
             ("server_responses_captured_64", "direct_token_fields_64", "Responses captured, c=64", None),
             ("server_chat_256", "direct_256", "chat, c=256", None),

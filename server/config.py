@@ -109,6 +109,8 @@ class Settings(BaseModel):
     injection_rebuild_wait_s: float = Field(default=0.25, ge=0)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     log_level: str = "info"
+    # The HTTP server under the (pure ASGI) app: see docs/benchmarks.md for how the two compare.
+    http_server: Literal["uvicorn", "granian"] = "uvicorn"
     # Request `model` → Switchyard route. Unlisted names go to switchyard_model unless strict_models.
     model_aliases: dict[str, str] = Field(default_factory=dict)
     strict_models: bool = False  # unknown model names get a 404 instead of the default route
@@ -121,6 +123,9 @@ class Settings(BaseModel):
     # OpenTelemetry (exporters are configured by the standard OTEL_* variables; see docs/observability.md).
     otel_console: bool = False  # print spans to stdout, for local debugging
     otel_capture_content: bool = False  # put messages on spans (they may hold secrets or personal data)
+    # At most this many new traces a second (parent-based: a caller's traceparent decides for its call);
+    # above that call rate the traced share falls to otel_traces_per_s / rate. 0 traces every call.
+    otel_traces_per_s: float = Field(default=10.0, ge=0)
     otel_service_name: str | None = None  # overrides OTEL_SERVICE_NAME, which a hosted Switchyard also reads
 
     @field_validator("session_id_headers")

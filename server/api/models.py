@@ -26,6 +26,7 @@ def model_routes(state: AppState) -> list[Route]:
         body: dict[str, Any] = {
             "status": "ok" if up else "unavailable",
             "mode": state.proxy.mode,
+            "http_server": state.settings.http_server,
             "route": state.route or None,
             "proxy": {"url": state.proxy.root_url, "up": up},
         }

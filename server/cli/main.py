@@ -55,6 +55,7 @@ def _add_serve(sub) -> None:
         help="send the engine each session's token history (reasoning models; see docs/injection.md)",
     )
     p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--http-server", help="the HTTP server that carries the app: uvicorn (default) or granian")
     p.add_argument("--otel-console", action="store_true", help="print OpenTelemetry spans to stdout")
 
 
@@ -71,6 +72,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "capture_dir": args.capture_dir,
         "log_level": args.log_level,
+        "http_server": args.http_server,
     }
     if args.no_capture:
         overrides["capture"] = False
@@ -98,8 +100,6 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from server.app import create_app
     from server.process import die_with_parent_from_env
     from server.state import AppState
@@ -140,15 +140,10 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"switchyard-model: {exc}", file=sys.stderr)
         return EXIT_USAGE
     state = app.state.switchyard
-    # A failed startup is reported below in one line; uvicorn would also log the whole traceback.
-    logging.getLogger("uvicorn.error").addFilter(lambda record: state.startup_error is None)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=30)
-    server = uvicorn.Server(config)
-    try:
-        server.run(sockets=[sock])
-    except SystemExit:
-        if state.startup_error is None:
-            raise
+    from server.http.servers import serve
+
+    # A failed startup is reported below in one line; the HTTP server would also log the whole traceback.
+    serve(app, sock, settings.http_server, quiet=lambda: state.startup_error is not None)
     if state.startup_error is not None:
         print(f"switchyard-model: startup failed: {state.startup_error}", file=sys.stderr)
         return EXIT_USAGE if isinstance(state.startup_error, (ConfigError, RuntimeError)) else EXIT_FAILED

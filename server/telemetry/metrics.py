@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -48,22 +49,28 @@ class Histogram:
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
-        self.series: dict[Attrs, list] = {}  # attrs -> [bucket counts, sum, count]
+        # attrs -> [bucket counts, sum, count, min, max, start time (ns since the epoch)]
+        self.series: dict[Attrs, list] = {}
 
     def record(self, value: float, attrs: Attrs) -> None:
         entry = self.series.get(attrs)
         if entry is None:
-            entry = self.series[attrs] = [[0] * (len(self.bounds) + 1), 0, 0]
+            entry = self.series[attrs] = [[0] * (len(self.bounds) + 1), 0, 0, value, value, time.time_ns()]
         entry[0][bisect_left(self.bounds, value)] += 1
         entry[1] += value
         entry[2] += 1
+        if value < entry[3]:
+            entry[3] = value
+        elif value > entry[4]:
+            entry[4] = value
 
 
 class CallMetrics:
     """The call metrics, kept in plain Python: recording costs a few microseconds (the OTel SDK's
-    measurement path costs tens per measurement). They are what GET /metrics shows; when an OTLP or
-    test metric reader is configured, each measurement is also recorded into SDK instruments of
-    the same names, for export."""
+    measurement path costs tens per measurement). They are what GET /metrics shows, and what OTel
+    metric readers get: the histograms are handed over at collection time (otel_metrics.py), the
+    rest through observable instruments. Only a reader that wants delta histograms makes each
+    measurement go into SDK histograms as well (`mirror_histograms_to`)."""
 
     def __init__(self) -> None:
         self.duration = Histogram(DURATION_BUCKETS)
@@ -74,11 +81,15 @@ class CallMetrics:
         self.capture_stats: Callable[[], Mapping[str, int]] | None = None
         self._sdk: tuple[Any, Any, Any] | None = None  # duration, ttfc, tokens SDK histograms
 
-    def mirror_to(self, meter: Any) -> None:
+    def mirror_histograms_to(self, meter: Any) -> None:
+        """Record every measurement into SDK histograms too (for readers that want deltas)."""
         self._sdk = tuple(
             meter.create_histogram(name, unit=unit, description=DESCRIPTIONS[name])
             for name, unit in ((DURATION_METRIC, "s"), (TTFC_METRIC, "s"), (TOKEN_METRIC, "{token}"))
         )
+
+    def observe_from(self, meter: Any) -> None:
+        """Calls in flight and the capture counters, read by the SDK when it collects."""
         meter.create_observable_up_down_counter(
             ACTIVE_METRIC, callbacks=[self._observe_active], unit="{call}", description=DESCRIPTIONS[ACTIVE_METRIC]
         )

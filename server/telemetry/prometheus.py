@@ -138,7 +138,7 @@ def _histogram_family(out: list[str], otel_name: str, unit: str, histogram: Hist
     name = prometheus_name(otel_name, unit)
     _header(out, name, otel_name, "histogram")
     bounds = [_number(float(b)) for b in histogram.bounds] + ["+Inf"]
-    for attrs, (counts, total, count) in series:
+    for attrs, (counts, total, count, *_) in series:
         cumulative = 0
         for le, bucket in zip(bounds, counts):
             cumulative += bucket

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -20,10 +21,12 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from server.logs import OncePerInterval, RateLimitedLog
+from server.telemetry import otel_metrics
 from server.telemetry.attributes import (
     OPERATION,
     PROVIDER_NAME,
@@ -126,6 +129,7 @@ class Telemetry:
         self._server_attrs: dict[str, Any] = {}
         self._metric_attrs_cache: dict[tuple[str, str], Attrs] = {}
         self._shutdown = False
+        self._sampler = RateCappedSampler(getattr(settings, "otel_traces_per_s", 0.0) or 0.0)
         base_url = getattr(settings, "switchyard_base_url", None)
         if base_url:
             self.set_upstream(base_url)
@@ -199,7 +203,13 @@ class Telemetry:
             shutdown_on_exit=exporting,
         )
         self._meter_provider = provider
-        self.metrics.mirror_to(provider.get_meter(INSTRUMENTATION_NAME, _package_version(), schema_url=SCHEMA_URL))
+        meter = provider.get_meter(INSTRUMENTATION_NAME, _package_version(), schema_url=SCHEMA_URL)
+        self.metrics.observe_from(meter)
+        if all(otel_metrics.reads_cumulative_histograms(reader) for reader in readers):
+            scope = InstrumentationScope(INSTRUMENTATION_NAME, _package_version(), SCHEMA_URL)
+            otel_metrics.attach(readers, self.metrics, resource, scope)
+        else:
+            self.metrics.mirror_histograms_to(meter)
 
     # ---- wiring --------------------------------------------------------------------------------
     def set_upstream(self, base_url: str) -> None:
@@ -230,6 +240,8 @@ class Telemetry:
             metric_attrs = self._metric_attrs(api, route)
             if self._tracer is None:
                 return _MeteredCall(self, metric_attrs, incoming)
+            if not self._sampler.sample(incoming):
+                return _UnsampledCall(self, metric_attrs, incoming)
             return _TracedCall(
                 self,
                 metric_attrs,
@@ -358,6 +370,49 @@ class _MeteredCall(CallSpan):
 
     def _on_finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
         pass
+
+
+class RateCappedSampler:
+    """Which calls get spans: parent-based, and at most `per_s` new traces a second.
+
+    A caller's traceparent decides for its call (sampled flag set: traced; clear: not). A call that
+    starts a trace is traced while the rate stays under `per_s` (a token bucket holding one second of
+    burst), so above that rate the traced share is per_s / rate. 0 traces every call. The decision is
+    made before any span object exists: an unsampled call costs what a span-less call costs."""
+
+    __slots__ = ("per_s", "_tokens", "_last")
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s = per_s
+        self._tokens = per_s
+        self._last = time.monotonic()
+
+    def sample(self, incoming: Mapping[str, str]) -> bool:
+        traceparent = incoming.get("traceparent")
+        if traceparent:  # well-formed (incoming_trace_headers checked): "00-<trace>-<span>-<flags>"
+            return bool(int(traceparent[-2:], 16) & 1)
+        if self.per_s <= 0:
+            return True
+        now = time.monotonic()
+        self._tokens = min(self.per_s, self._tokens + (now - self._last) * self.per_s)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+class _UnsampledCall(_MeteredCall):
+    """A call the sampler left out: metrics only, and Switchyard is told the trace is not sampled, so
+    its own (parent-based) exporter leaves the call out too instead of starting a trace of its own."""
+
+    __slots__ = ()
+
+    def upstream_headers(self, headers: dict[str, str]) -> None:
+        if self._incoming:
+            headers.update(self._incoming)
+        else:
+            headers["traceparent"] = f"00-{random.getrandbits(128):032x}-{random.getrandbits(64):016x}-00"
 
 
 class _TracedCall(_MeteredCall):
