@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 NODE_STAMP := tests/clients/node_modules/.installed-stamp
 
-.PHONY: demo serve test lint test-fast bench soak venv node clean
+.PHONY: demo serve test lint test-fast bench soak venv node chromium clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,14 @@ $(NODE_STAMP): tests/clients/package.json
 	cd tests/clients && npm install --no-audit --no-fund --loglevel=error
 	touch $(NODE_STAMP)
 
+# The viewer's browser tests drive Debian's chromium (never a downloaded browser). Installed here when
+# missing and we are root; otherwise stop and say what to run.
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium; \
+	else echo "chromium is missing: run as root: apt-get update && apt-get install -y chromium" >&2; exit 1; fi
+
 demo: $(STAMP)
 	$(VENV)/bin/switchyard-model demo
 
@@ -29,7 +37,7 @@ serve: $(STAMP)
 	$(VENV)/bin/switchyard-model demo --serve
 
 # Lint and format check first (fast), then the whole suite.
-test: $(STAMP) node lint
+test: $(STAMP) node chromium lint
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

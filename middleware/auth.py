@@ -8,6 +8,9 @@ from server.errors import OpenAIError
 
 # Always open: liveness probes and scrapers must not need a model key.
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
+# The viewer's static files hold no data (the page asks for a key and sends it with each API call);
+# a browser navigation cannot carry a Bearer header, so they must load without one.
+_OPEN_PREFIX = "/ui/"
 
 
 def _matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
@@ -32,7 +35,8 @@ class AuthMiddleware:
         self.session_keys = tuple(k.encode() for k in session_api_keys) or self.model_keys
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+        path = scope["path"] if scope["type"] == "http" else ""
+        if scope["type"] != "http" or path in _OPEN_PATHS or path == "/ui" or path.startswith(_OPEN_PREFIX):
             await self.app(scope, receive, send)
             return
         keys = self.session_keys if scope["path"].startswith("/v1/sessions") else self.model_keys

@@ -109,9 +109,15 @@ def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | Non
         metrics_route(state.telemetry),
     ]
     if settings.capture:
+        from server.api.session_views import view_routes
         from server.api.sessions import session_routes
+        from server.capture.summary import SummaryCache
+        from server.viewer import ui_mount
 
-        routes += session_routes(lambda: state.store)
+        summaries = SummaryCache()
+        routes += session_routes(lambda: state.store, cache=summaries)
+        routes += view_routes(lambda: state.store, summaries)
+        routes.append(ui_mount())
 
     exception_handlers: dict[Any, Callable[..., Any]] = {
         HTTPException: _http_exception,

@@ -15,6 +15,7 @@ from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import RolloutError
 from server.capture.sessions import build_rollout, build_tree
 from server.capture.store import CaptureStore, UnknownSession
+from server.capture.summary import KINDS, STATUSES, ListQuery, SummaryCache, format_time, list_page, parse_time
 from server.errors import OpenAIError
 from server.ids import is_valid_session_id
 
@@ -28,8 +29,12 @@ _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
 
-def session_routes(get_store: Callable[[], CaptureStore | None]) -> list[Route]:
-    """The session endpoints; `get_store` is called per request (None means capture is off)."""
+def session_routes(get_store: Callable[[], CaptureStore | None], *, cache: SummaryCache | None = None) -> list[Route]:
+    """The session endpoints; `get_store` is called per request (None means capture is off).
+
+    `cache` holds per-session summaries for the list's `summary`, `model`, `route` and `status`.
+    """
+    summaries = cache if cache is not None else SummaryCache()
 
     def store_or_error() -> CaptureStore:
         store = get_store()
@@ -47,16 +52,13 @@ def session_routes(get_store: Callable[[], CaptureStore | None]) -> list[Route]:
     async def list_sessions(request: Request) -> Response:
         store = store_or_error()
         query = request.query_params
-        parent = _optional_id(query.get("parent"), "parent")
         after = _optional_id(query.get("after"), "after")
-        roots_only = _bool_param(query.get("roots_only"), "roots_only", default=False)
         limit = _limit_param(query.get("limit"))
+        filters = _list_query(query)
 
         def page() -> bytes:
             store.flush(READ_SETTLE_TIMEOUT_S)
-            sessions = store.list_sessions(parent=parent, roots_only=roots_only, limit=limit + 1, after=after)
-            has_more = len(sessions) > limit
-            sessions = sessions[:limit]
+            sessions, has_more = list_page(store, summaries, filters, limit=limit, after=after)
             return orjson.dumps(
                 {
                     "schema_version": SCHEMA_VERSION,
@@ -175,6 +177,52 @@ def _optional_id(value: str | None, name: str) -> str | None:
     if not is_valid_session_id(value):
         raise OpenAIError(400, f"{name} is not a valid session id", param=name, code="invalid_request")
     return value
+
+
+def _list_query(query) -> ListQuery:
+    """The list's filters, each checked: a bad value is a 400 naming it, never silently ignored."""
+    roots_only = _bool_param(query.get("roots_only"), "roots_only", default=False)
+    kind = _choice_param(query.get("kind"), "kind", KINDS)
+    if roots_only:
+        if kind == "child":
+            raise OpenAIError(400, "roots_only=true contradicts kind=child", param="kind", code="invalid_request")
+        kind = "root"
+    return ListQuery(
+        parent=_optional_id(query.get("parent"), "parent"),
+        kind=kind,
+        q=_text_param(query.get("q"), "q"),
+        since=_time_param(query.get("since"), "since"),
+        until=_time_param(query.get("until"), "until"),
+        model=_text_param(query.get("model"), "model"),
+        route=_text_param(query.get("route"), "route"),
+        status=_choice_param(query.get("status"), "status", STATUSES),
+        summary=_bool_param(query.get("summary"), "summary", default=False),
+    )
+
+
+def _text_param(value: str | None, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if len(value) > 200:
+        raise OpenAIError(400, f"{name} is longer than 200 characters", param=name, code="invalid_request")
+    return value
+
+
+def _choice_param(value: str | None, name: str, choices: tuple[str, ...]) -> str | None:
+    if value is None or value == "":
+        return None
+    if value not in choices:
+        raise OpenAIError(400, f"{name} must be one of {', '.join(choices)}", param=name, code="invalid_request")
+    return value
+
+
+def _time_param(value: str | None, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    moment = parse_time(value)
+    if moment is None:
+        raise OpenAIError(400, f"{name} must be an ISO 8601 time", param=name, code="invalid_request")
+    return format_time(moment)
 
 
 def _bool_param(value: str | None, name: str, *, default: bool) -> bool:

@@ -6,7 +6,13 @@ import uuid as uuid_module
 from datetime import UTC, datetime
 from typing import Any
 
-from server.capture.tokens import generation_tokens, prompt_token_ids, reasoning_of, triple_problem
+from server.capture.tokens import (
+    generation_token_texts,
+    generation_tokens,
+    prompt_token_ids,
+    reasoning_of,
+    triple_problem,
+)
 from server.ids import is_valid_session_id
 
 SCHEMA_VERSION = 1
@@ -61,6 +67,7 @@ def build_record(
 
     prompt_ids = prompt_token_ids(chat_response, choice)
     generation_ids, log_probs = generation_tokens(choice)
+    token_texts = generation_token_texts(choice)
 
     usage = chat_response.get("usage") if isinstance(chat_response.get("usage"), dict) else None
     request_messages = chat_request.get("messages")
@@ -104,6 +111,9 @@ def build_record(
         "prompt_token_ids": prompt_ids,
         "generation_token_ids": generation_ids,
         "generation_log_probs": log_probs,
+        # Ours, after the former format's fields: the upstream's text for each generated token
+        # (vLLM's `logprobs.content[].token`), or null when it gave ids only.
+        "generation_token_texts": token_texts,
         **({"injection": injection} if injection is not None else {}),
     }
 

@@ -109,6 +109,21 @@ def generation_tokens(choice: dict[str, Any]) -> tuple[Any, list[Any] | None]:
     return generation_ids, log_probs
 
 
+def generation_token_texts(choice: dict[str, Any]) -> list[str] | None:
+    """Each generated token's text as the upstream spelled it (vLLM's `logprobs.content[].token`);
+    None without logprobs, when an entry has no text, or in `return_tokens_as_token_ids` mode (those
+    strings are ids, not text)."""
+    content = logprob_entries(choice)
+    if not content:
+        return None
+    texts = [entry.get("token") if isinstance(entry, dict) else None for entry in content]
+    if not all(isinstance(text, str) for text in texts):
+        return None
+    if any(text.startswith(_TOKEN_ID_PREFIX) for text in texts):
+        return None
+    return texts
+
+
 def triple_problem(prompt_ids: object, generation_ids: object, log_probs: object) -> str | None:
     """Why a triple cannot train a model (non-empty int ids, finite log probs, one per id); None when it can."""
     if not is_token_ids(prompt_ids):

@@ -68,11 +68,21 @@ def add_sessions_parser(subparsers: Any) -> None:
     export.add_argument("--out", help="output file (default: stdout); written atomically")
     export.add_argument("--strict", action="store_true", help="fail a session instead of exporting a partial rollout")
 
+    view = commands.add_parser(
+        "view",
+        help="serve a capture directory read-only in the browser viewer",
+        description="Serve one capture directory read-only on 127.0.0.1: the viewer at /ui/ and the GET session API.",
+    )
+    view.add_argument("--capture-dir", required=True, help="the capture directory to serve (never written)")
+    view.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default 0: a free port, printed)")
+
     parser.set_defaults(func=run_sessions)
 
 
 def run_sessions(args: argparse.Namespace) -> int:
     """Run one `sessions` subcommand; 0 ok, 1 not found or failed, 2 usage."""
+    if args.sessions_command == "view":
+        return _view(args.capture_dir, args.port)
     if bool(args.url) == bool(args.capture_dir):
         print("error: give exactly one of --url or --capture-dir", file=sys.stderr)
         return EXIT_USAGE
@@ -125,6 +135,25 @@ def run_sessions(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     finally:
         source.close()
+    return EXIT_OK
+
+
+def _view(capture_dir: str, port: int) -> int:
+    if not 0 <= port <= 65535:
+        print("error: --port must be from 0 to 65535", file=sys.stderr)
+        return EXIT_USAGE
+    if not os.path.isdir(capture_dir):
+        print(f"error: no such capture directory: {capture_dir}", file=sys.stderr)
+        return EXIT_FAILED
+    from server.viewer.offline import serve  # the web stack loads only for this command
+
+    try:
+        serve(capture_dir, port=port)
+    except OSError as exc:
+        print(f"error: cannot serve on 127.0.0.1:{port}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        pass
     return EXIT_OK
 
 

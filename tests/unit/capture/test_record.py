@@ -418,3 +418,22 @@ def test_the_injection_object_is_kept_only_when_given():
     assert "injection" not in build(**kwargs)
     info = {"transport": "vllm", "chain": "c", "injected_len": 3, "echo_ok": True, "fallback_reason": None}
     assert build(**kwargs, injection=info)["injection"] == info
+
+
+def test_token_texts_are_kept_beside_the_ids():
+    record = make()
+    assert record["generation_token_texts"] == ["h", "i"]
+    assert len(record["generation_token_texts"]) == len(record["generation_token_ids"])
+
+
+@pytest.mark.parametrize(
+    "logprobs",
+    [
+        None,  # no logprobs asked for
+        {"content": [{"token": "token_id:7", "logprob": -0.1}, {"token": "token_id:8", "logprob": -0.2}]},  # ids mode
+        {"content": [{"logprob": -0.1}, {"token": "i", "logprob": -0.2}]},  # an entry without text
+    ],
+    ids=["no-logprobs", "token-id-strings", "missing-text"],
+)
+def test_token_texts_are_null_when_the_upstream_gave_no_text(logprobs):
+    assert make(chat_response=vllm_completion(logprobs=logprobs))["generation_token_texts"] is None

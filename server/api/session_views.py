@@ -1,0 +1,103 @@
+"""Read endpoints for looking at one session: its call timeline with sub-agent tree, and one call's record."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+import orjson
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown
+from server.capture.record import SCHEMA_VERSION, is_valid_session_id
+from server.capture.store import CaptureStore, UnknownSession
+from server.capture.summary import SummaryCache
+from server.capture.timeline import build_timeline, build_tree, link_children
+from server.errors import OpenAIError
+
+# Built timelines kept (serialised) per session and record count: a page reload or a second tab
+# costs nothing, and a 200-call session is read and compared once.
+TIMELINE_CACHE_SIZE = 16
+
+
+def view_routes(get_store: Callable[[], CaptureStore | None], cache: SummaryCache) -> list[Route]:
+    """`GET /v1/sessions/{id}/timeline` and `GET /v1/sessions/{id}/completions/{uuid}`."""
+    timelines: OrderedDict[tuple, bytes] = OrderedDict()
+    lock = threading.Lock()
+
+    def store_and_id(request: Request) -> tuple[CaptureStore, str]:
+        store = get_store()
+        if store is None:
+            raise OpenAIError(503, "session capture is not enabled on this server", code="capture_disabled")
+        session_id = request.path_params["session_id"]
+        if not is_valid_session_id(session_id):
+            raise _unknown(session_id)
+        return store, session_id
+
+    async def timeline(request: Request) -> Response:
+        store, session_id = store_and_id(request)
+
+        def build() -> bytes:
+            store.flush(READ_SETTLE_TIMEOUT_S)
+            info = store.session_info(session_id)
+            if info is None:
+                raise _unknown(session_id)
+            key = (session_id, info["record_count"], info["last_captured_at"], tuple(store.children(session_id)))
+            with lock:
+                if key in timelines:
+                    timelines.move_to_end(key)
+                    return timelines[key]
+            try:
+                records, skipped = store.read_completions(session_id)
+            except UnknownSession:
+                raise _unknown(session_id) from None
+            if not records:
+                raise _unknown(session_id, skipped=skipped)
+            body = build_timeline(session_id, records)
+            tree = build_tree(store, cache, session_id)
+            if tree is not None:
+                link_children(body, tree)
+            body["tree"] = tree
+            body["summary"] = cache.summary(store, session_id)
+            body["schema_version"] = SCHEMA_VERSION
+            body["skipped"] = skipped
+            data = orjson.dumps(body)
+            with lock:
+                timelines[key] = data
+                while len(timelines) > TIMELINE_CACHE_SIZE:
+                    timelines.popitem(last=False)
+            return data
+
+        return _json_bytes(await run_in_threadpool(build))
+
+    async def one_call(request: Request) -> Response:
+        store, session_id = store_and_id(request)
+        record_uuid = request.path_params["uuid"]
+        if not is_valid_session_id(record_uuid):  # uuids share the id charset; never used in a path unchecked
+            raise _unknown_call(record_uuid)
+
+        def read() -> bytes:
+            store.flush(READ_SETTLE_TIMEOUT_S)
+            try:
+                records, _ = store.read_completions(session_id)
+            except UnknownSession:
+                raise _unknown(session_id) from None
+            for record in records:
+                if record.get("uuid") == record_uuid:
+                    return orjson.dumps(record)
+            raise _unknown_call(record_uuid)
+
+        return _json_bytes(await run_in_threadpool(read))
+
+    return [
+        Route("/v1/sessions/{session_id}/timeline", _as_error_responses(timeline), methods=["GET"]),
+        Route("/v1/sessions/{session_id}/completions/{uuid}", _as_error_responses(one_call), methods=["GET"]),
+    ]
+
+
+def _unknown_call(record_uuid: str) -> OpenAIError:
+    return OpenAIError(404, f"unknown call: {record_uuid[:200]!r}", param="uuid", code="call_not_found")

@@ -1,0 +1,284 @@
+"""Per-session summaries (calls, tokens, time, finish reasons, rollout status), cached, and the filtered session list."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from server.capture.rollout import RolloutError, reconstruct_session
+from server.capture.store import CaptureStore, UnknownSession
+
+# What `status=` may ask for. `whole`: the rollout is not masked; `partial`: a valid prefix was kept
+# and the rest cut (partial_reason); `masked`: mask_sample would be true (partial, not
+# reconstructable at all, or a sub-agent session below it is).
+STATUSES = ("whole", "partial", "masked")
+KINDS = ("root", "child")
+
+
+def started_at(record: dict) -> str | None:
+    """When the call began: `captured_at` (its end) minus its latency, in the same ISO format."""
+    end = parse_time(record.get("captured_at"))
+    if end is None:
+        return None
+    latency = record.get("latency_ms")
+    if isinstance(latency, (int, float)) and latency > 0:
+        end -= timedelta(milliseconds=latency)
+    return format_time(end)
+
+
+def parse_time(value: object) -> datetime | None:
+    """An ISO 8601 time as an aware UTC datetime (a naive one is taken as UTC); None if unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def format_time(moment: datetime) -> str:
+    """The capture record's own format (fixed-width microseconds, +00:00), so strings sort as times."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def tokens_in(record: dict) -> int:
+    counts = record.get("token_count")
+    value = counts.get("prompt_tokens") if isinstance(counts, dict) else None
+    if type(value) is int and value > 0:
+        return value
+    prompt = record.get("prompt_token_ids")
+    return len(prompt) if isinstance(prompt, list) else 0
+
+
+def tokens_out(record: dict) -> int:
+    counts = record.get("token_count")
+    value = counts.get("completion_tokens") if isinstance(counts, dict) else None
+    if type(value) is int and value > 0:
+        return value
+    generation = record.get("generation_token_ids")
+    return len(generation) if isinstance(generation, list) else 0
+
+
+def reply_has_tool_calls(record: dict) -> bool:
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return False
+    return bool(messages[-1].get("tool_calls"))
+
+
+def rollout_outcome(session_id: str, records: list[dict]) -> tuple[dict | None, str | None]:
+    """The session's own rollout (without sub-agents), or None and why it could not be rebuilt."""
+    try:
+        return reconstruct_session(session_id, records), None
+    except RolloutError as exc:
+        return None, str(exc)
+
+
+@dataclass(slots=True)
+class SessionFacts:
+    """What the list and the tree need of one session, kept small: no messages, no token lists."""
+
+    summary: dict[str, Any]
+    # (captured_at, started_at, uuid, reply has tool calls) per call, in record order: links children to calls.
+    calls: list[tuple[str, str | None, str, bool]]
+
+
+def session_facts(session_id: str, records: list[dict]) -> SessionFacts:
+    """Summarise one session's records (already in `(captured_at, uuid)` order)."""
+    finish_reasons: dict[str, int] = {}
+    models: set[str] = set()
+    routes: set[str] = set()
+    calls = []
+    total_in = total_out = invalid = 0
+    first_start: str | None = None
+    last_end: str | None = None
+    for record in records:
+        total_in += tokens_in(record)
+        total_out += tokens_out(record)
+        reason = record.get("finish_reason")
+        key = reason if isinstance(reason, str) else "none"
+        finish_reasons[key] = finish_reasons.get(key, 0) + 1
+        if isinstance(record.get("model"), str):
+            models.add(record["model"])
+        if isinstance(record.get("route"), str) and record["route"]:
+            routes.add(record["route"])
+        if record.get("is_valid") is not True:
+            invalid += 1
+        begin = started_at(record)
+        end = record.get("captured_at")
+        if begin is not None and (first_start is None or begin < first_start):
+            first_start = begin
+        if isinstance(end, str) and (last_end is None or end > last_end):
+            last_end = end
+        calls.append((end, begin, record.get("uuid"), reply_has_tool_calls(record)))
+
+    rollout, error = rollout_outcome(session_id, records)
+    if rollout is None:
+        status, reason = "failed", error
+    elif rollout["partial_reason"] is not None:
+        status, reason = "partial", rollout["partial_reason"]
+    else:
+        status, reason = "whole", None
+    duration_ms = None
+    begin_time, end_time = parse_time(first_start), parse_time(last_end)
+    if begin_time is not None and end_time is not None:
+        duration_ms = round((end_time - begin_time).total_seconds() * 1000.0, 3)
+    summary = {
+        "calls": len(records),
+        "tokens_in": total_in,
+        "tokens_out": total_out,
+        "started_at": first_start,
+        "ended_at": last_end,
+        "duration_ms": duration_ms,
+        "finish_reasons": finish_reasons,
+        "models": sorted(models),
+        "routes": sorted(routes),
+        "invalid_calls": invalid,
+        # This session's own chain: whole, partial (a prefix kept) or failed (nothing usable).
+        "rollout": status,
+        "partial_reason": reason,
+        # What GET /rollout would say, sub-agents included.
+        "mask_sample": status != "whole",
+        "degraded_reason": None,
+    }
+    return SessionFacts(summary, calls)
+
+
+class SummaryCache:
+    """Session facts by id, rebuilt only when the session gained records; bounded (least recently used goes)."""
+
+    def __init__(self, max_sessions: int = 100_000) -> None:
+        self._max = max_sessions
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[tuple[int, str | None], SessionFacts]] = OrderedDict()
+
+    def facts(self, store: CaptureStore, session_id: str) -> SessionFacts | None:
+        """The session's facts (from cache when it has not changed), or None if it is gone."""
+        info = store.session_info(session_id)
+        if info is None:
+            return None
+        key = (info["record_count"], info["last_captured_at"])
+        with self._lock:
+            cached = self._entries.get(session_id)
+            if cached is not None and cached[0] == key:
+                self._entries.move_to_end(session_id)
+                return cached[1]
+        try:
+            records, _ = store.read_completions(session_id)
+        except UnknownSession:
+            return None
+        if not records:
+            return None
+        facts = session_facts(session_id, records)
+        with self._lock:
+            self._entries[session_id] = (key, facts)
+            self._entries.move_to_end(session_id)
+            while len(self._entries) > self._max:
+                self._entries.popitem(last=False)
+        return facts
+
+    def summary(self, store: CaptureStore, session_id: str) -> dict | None:
+        """The session's summary with sub-agent sessions folded in: masked when any session below is."""
+        facts = self.facts(store, session_id)
+        if facts is None:
+            return None
+        summary = dict(facts.summary)
+        for descendant in descendants(store, session_id):
+            below = self.facts(store, descendant)
+            if below is not None and below.summary["rollout"] != "whole":
+                summary["mask_sample"] = True
+                summary["degraded_reason"] = f"subagent session {descendant!r} is partial"
+                break
+        return summary
+
+
+def descendants(store: CaptureStore, session_id: str) -> list[str]:
+    """Every session below `session_id`, depth first; a visited set stops crafted cycles."""
+    out: list[str] = []
+    seen = {session_id}
+    stack = list(reversed(store.children(session_id)))
+    while stack:
+        child = stack.pop()
+        if child in seen:
+            continue
+        seen.add(child)
+        out.append(child)
+        stack.extend(reversed(store.children(child)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ListQuery:
+    """Filters of `GET /v1/sessions`; every field optional. Times are normalised with `format_time`."""
+
+    parent: str | None = None
+    kind: str | None = None  # "root" or "child"
+    q: str | None = None  # a piece of the session id, any case
+    since: str | None = None  # sessions active at or after this time
+    until: str | None = None  # sessions active at or before this time
+    model: str | None = None  # a piece of a model name, any case
+    route: str | None = None  # a piece of a route name, any case
+    status: str | None = None  # one of STATUSES
+    summary: bool = False  # attach each session's summary
+
+    def needs_summary(self) -> bool:
+        return bool(self.model or self.route or self.status)
+
+
+def list_page(
+    store: CaptureStore, cache: SummaryCache, query: ListQuery, *, limit: int, after: str | None
+) -> tuple[list[dict], bool]:
+    """One page of sessions in id order after `after`, and whether more follow.
+
+    Filters on the index (parent, kind, id, time) cost nothing per session; filters on the summary
+    (model, route, status) read a session's records once, then come from the cache.
+    """
+    entries = store.list_sessions(parent=query.parent, roots_only=query.kind == "root", limit=sys.maxsize, after=after)
+    needle = query.q.lower() if query.q else None
+    rows: list[dict] = []
+    for entry in entries:
+        if query.kind == "child" and entry["parent_session_id"] is None:
+            continue
+        if needle is not None and needle not in entry["session_id"].lower():
+            continue
+        if query.since is not None and (entry["last_captured_at"] or "") < query.since:
+            continue
+        # The index keeps when the first call ended; a session that began just before `until` still counts.
+        if query.until is not None and (entry["first_captured_at"] or "") > query.until:
+            continue
+        if query.needs_summary():
+            summary = cache.summary(store, entry["session_id"])
+            if summary is None or not _summary_matches(summary, query):
+                continue
+            entry["summary"] = summary
+        rows.append(entry)
+        if len(rows) > limit:
+            break
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    if query.summary:
+        for row in rows:
+            if "summary" not in row:
+                row["summary"] = cache.summary(store, row["session_id"])
+    return rows, has_more
+
+
+def _summary_matches(summary: dict, query: ListQuery) -> bool:
+    if query.model and not any(query.model.lower() in name.lower() for name in summary["models"]):
+        return False
+    if query.route and not any(query.route.lower() in name.lower() for name in summary["routes"]):
+        return False
+    if query.status == "whole" and summary["mask_sample"]:
+        return False
+    if query.status == "partial" and summary["rollout"] != "partial":
+        return False
+    if query.status == "masked" and not summary["mask_sample"]:
+        return False
+    return True

@@ -1,0 +1,232 @@
+"""One session laid out for reading: its calls in order, what each added, token contiguity, and its sub-agent tree."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from server.capture.contiguity import compare_calls
+from server.capture.store import CaptureStore
+from server.capture.summary import (
+    SessionFacts,
+    SummaryCache,
+    rollout_outcome,
+    started_at,
+    tokens_in,
+    tokens_out,
+)
+
+CONTEXT_WINDOW = 8
+
+
+def build_timeline(session_id: str, records: list[dict], *, window: int = CONTEXT_WINDOW) -> dict:
+    """The session's calls, each with the messages it added since the previous call, its reply,
+    timing, tokens, and how its prompt relates to the previous call's prompt + generation.
+
+    `records` are in `(captured_at, uuid)` order, as the store returns them. No token lists are
+    included (a 200-call session would carry its whole history 200 times); ask for one call's
+    record to see its tokens.
+    """
+    rollout, rollout_error = rollout_outcome(session_id, records)
+    roles: dict[str, str] = {}
+    if rollout is not None:
+        roles.update(dict.fromkeys(rollout["side_calls"], "side"))
+        roles.update(dict.fromkeys(rollout["discarded_record_uuids"], "discarded"))
+        roles.update(dict.fromkeys(rollout["record_uuids"], "step"))
+
+    calls = []
+    previous: dict | None = None
+    for index, record in enumerate(records):
+        messages = record.get("messages") if isinstance(record.get("messages"), list) else []
+        request, reply = (messages[:-1], messages[-1]) if messages else ([], {})
+        shared = 0
+        if previous is not None:
+            shared = _shared_prefix(request, previous.get("messages") or [])
+        prompt = record.get("prompt_token_ids")
+        generation = record.get("generation_token_ids")
+        calls.append(
+            {
+                "index": index,
+                "uuid": record.get("uuid"),
+                "started_at": started_at(record),
+                "captured_at": record.get("captured_at"),
+                "latency_ms": record.get("latency_ms"),
+                "ttft_ms": record.get("ttft_ms"),
+                "tokens_in": tokens_in(record),
+                "tokens_out": tokens_out(record),
+                "prompt_length": len(prompt) if isinstance(prompt, list) else None,
+                "generation_length": len(generation) if isinstance(generation, list) else None,
+                "finish_reason": record.get("finish_reason"),
+                "route": record.get("route"),
+                "model": record.get("model"),
+                "api": record.get("api"),
+                "stream": record.get("stream"),
+                "status": record.get("status"),
+                "is_valid": record.get("is_valid"),
+                "invalid_reason": record.get("invalid_reason"),
+                "injection": record.get("injection"),
+                "in_rollout": roles.get(record.get("uuid") or "", "unused"),
+                "kept_messages": shared,
+                "added_messages": request[shared:],
+                "reply": reply,
+                "contiguity": _contiguity(previous, record, window),
+                "spawned": [],
+            }
+        )
+        previous = record
+
+    return {
+        "session_id": session_id,
+        "parent_session_id": _parent(records),
+        "calls": calls,
+        "rollout": {
+            "status": "failed" if rollout is None else ("partial" if rollout["partial_reason"] else "whole"),
+            "partial_reason": rollout_error if rollout is None else rollout["partial_reason"],
+            "mask_sample": True if rollout is None else rollout["mask_sample"],
+            "record_uuids": [] if rollout is None else rollout["record_uuids"],
+        },
+    }
+
+
+def _parent(records: list[dict]) -> str | None:
+    for record in records:
+        if isinstance(record.get("parent_session_id"), str):
+            return record["parent_session_id"]
+    return None
+
+
+def _contiguity(previous: dict | None, record: dict, window: int) -> dict:
+    if previous is None:
+        return {"kind": "first"}
+    prior_prompt = previous.get("prompt_token_ids")
+    prior_generation = previous.get("generation_token_ids")
+    prompt = record.get("prompt_token_ids")
+    if not (isinstance(prior_prompt, list) and isinstance(prior_generation, list) and isinstance(prompt, list)):
+        return {"kind": "unknown"}  # a call without token ids (failed, or an upstream that gives none)
+    result = compare_calls(prior_prompt, prior_generation, prompt, window=window)
+    if result["kind"] == "breaks":
+        # Text is known only for tokens the previous call generated (the upstream's token strings).
+        texts = previous.get("generation_token_texts")
+        position = result["position"]
+        result["before_text"] = _texts(
+            texts, len(prior_prompt), position - len(result["before"]), len(result["before"])
+        )
+        result["expected_text"] = _texts(texts, len(prior_prompt), position, len(result["expected"]))
+    return result
+
+
+def _texts(texts: object, generation_start: int, start: int, count: int) -> list[str | None]:
+    out: list[str | None] = []
+    for position in range(start, start + count):
+        offset = position - generation_start
+        if isinstance(texts, list) and 0 <= offset < len(texts) and isinstance(texts[offset], str):
+            out.append(texts[offset])
+        else:
+            out.append(None)
+    return out
+
+
+def _shared_prefix(request: list, prior_messages: list) -> int:
+    """How many leading request messages repeat the previous call's conversation (its reply included)."""
+    shared = 0
+    for mine, theirs in zip(request, prior_messages):
+        if _canonical(mine) != _canonical(theirs):
+            break
+        shared += 1
+    return shared
+
+
+def _canonical(message: Any) -> Any:
+    """A message for comparison only. Clients resend history loosely: reasoning dropped, `content: null`
+    for an absent content, tool-call arguments respaced, extra keys on tool calls."""
+    if not isinstance(message, dict):
+        return message
+    calls = message.get("tool_calls")
+    return (
+        message.get("role"),
+        message.get("content") or "",
+        message.get("tool_call_id"),
+        tuple(_canonical_call(call) for call in calls) if isinstance(calls, list) else (),
+    )
+
+
+def _canonical_call(call: Any) -> Any:
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return json.dumps(call, sort_keys=True)
+    name, arguments = call["function"].get("name"), call["function"].get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            pass
+    return (call.get("id"), name, json.dumps(arguments, sort_keys=True))
+
+
+def spawning_call(parent_calls: list[tuple[str, str | None, str, bool]], child_start: str | None) -> str | None:
+    """The parent call that spawned a child session: the last one that ended before the child began,
+    preferring one whose reply asked for tools (the sub-agent is a tool call's work). Inferred from
+    times: the records carry no explicit link."""
+    if child_start is None:
+        return None
+    before = [call for call in parent_calls if isinstance(call[0], str) and call[0] <= child_start]
+    if not before:
+        return None
+    with_tools = [call for call in before if call[3]]
+    return (with_tools or before)[-1][2]
+
+
+def build_tree(store: CaptureStore, cache: SummaryCache, session_id: str) -> dict | None:
+    """The session and every session below it: own and rolled-up tokens, and the call that spawned each child."""
+    root_facts = cache.facts(store, session_id)
+    if root_facts is None:
+        return None
+    root = _node(session_id, root_facts, spawned_by=None)
+    seen = {session_id}
+    stack: list[tuple[dict, SessionFacts]] = [(root, root_facts)]
+    order = [root]
+    while stack:
+        node, facts = stack.pop()
+        for child_id in store.children(node["session_id"]):
+            if child_id in seen:
+                continue
+            child_facts = cache.facts(store, child_id)
+            if child_facts is None:
+                continue
+            seen.add(child_id)
+            spawned_by = spawning_call(facts.calls, child_facts.summary["started_at"])
+            child = _node(child_id, child_facts, spawned_by=spawned_by)
+            node["children"].append(child)
+            order.append(child)
+            stack.append((child, child_facts))
+    # Children were appended after their parents, so walking backwards rolls every subtree up once.
+    for node in reversed(order):
+        for child in node["children"]:
+            node["total_tokens_in"] += child["total_tokens_in"]
+            node["total_tokens_out"] += child["total_tokens_out"]
+            node["total_calls"] += child["total_calls"]
+    return root
+
+
+def _node(session_id: str, facts: SessionFacts, *, spawned_by: str | None) -> dict:
+    summary = facts.summary
+    return {
+        "session_id": session_id,
+        "spawned_by": spawned_by,
+        "calls": summary["calls"],
+        "tokens_in": summary["tokens_in"],
+        "tokens_out": summary["tokens_out"],
+        "total_calls": summary["calls"],
+        "total_tokens_in": summary["tokens_in"],
+        "total_tokens_out": summary["tokens_out"],
+        "rollout": summary["rollout"],
+        "children": [],
+    }
+
+
+def link_children(timeline: dict, tree: dict) -> None:
+    """Mark on each call of the timeline the child sessions it spawned (from the tree's links)."""
+    by_uuid = {call["uuid"]: call for call in timeline["calls"]}
+    for child in tree["children"]:
+        call = by_uuid.get(child["spawned_by"])
+        if call is not None:
+            call["spawned"].append(child["session_id"])

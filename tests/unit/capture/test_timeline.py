@@ -1,0 +1,216 @@
+"""Session summaries and timelines: what each call added, contiguity per call, spawn links, rolled-up tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.capture.record import build_record
+from server.capture.store import CaptureStore
+from server.capture.summary import SummaryCache, session_facts, started_at
+from server.capture.timeline import build_timeline, build_tree, link_children, spawning_call
+
+SYSTEM = {"role": "system", "content": "be brief"}
+
+
+def record(session_id, messages, reply, prompt, generation, *, at, parent=None, latency_ms=1000.0, texts=None):
+    message = {"role": "assistant", **reply}
+    response = {
+        "id": f"chatcmpl-{at}",
+        "model": "m",
+        "prompt_token_ids": prompt,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop",
+                "token_ids": generation,
+                "logprobs": {
+                    "content": [
+                        {"token": (texts[i] if texts else f"t{t}"), "logprob": -0.5} for i, t in enumerate(generation)
+                    ]
+                },
+            }
+        ],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(generation), "total_tokens": 0},
+    }
+    return build_record(
+        session_id=session_id,
+        parent_session_id=parent,
+        rollout_id=None,
+        request_id=None,
+        chat_request={"messages": messages},
+        chat_response=response,
+        route="r",
+        api="chat",
+        stream=False,
+        latency_ms=latency_ms,
+        captured_at=f"2025-01-01T00:00:{at:02d}.000000+00:00",
+    )
+
+
+TOOL_CALL = {"id": "call-1", "type": "function", "function": {"name": "task", "arguments": '{"prompt": "go"}'}}
+
+
+def two_turns(*, resend_reasoning: bool = True):
+    """A tool-calling session of two calls; the second resends the first reply (reasoning optional)."""
+    user = {"role": "user", "content": "hi"}
+    first = record(
+        "s",
+        [SYSTEM, user],
+        {"content": None, "reasoning_content": "hmm", "tool_calls": [TOOL_CALL]},
+        [1, 2, 3],
+        [5, 9, 6, 4, 2],
+        at=2,
+        texts=["<think>", "hmm", "</think>", "call", "<|im_end|>"],
+    )
+    resent = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {**TOOL_CALL, "function": {"name": "task", "arguments": '{ "prompt":"go" }'}}  # respaced
+        ],
+    }
+    if resend_reasoning:
+        resent["reasoning_content"] = "hmm"
+    prompt = [1, 2, 3, 5, 9, 6, 4, 2, 7, 8] if resend_reasoning else [1, 2, 3, 4, 2, 7, 8]
+    second = record(
+        "s",
+        [SYSTEM, user, resent, {"role": "tool", "tool_call_id": "call-1", "content": "done"}],
+        {"content": "ok"},
+        prompt,
+        [11, 2],
+        at=6,
+    )
+    return [first, second]
+
+
+def test_each_call_shows_only_the_messages_it_added():
+    calls = build_timeline("s", two_turns())["calls"]
+    assert [m["role"] for m in calls[0]["added_messages"]] == ["system", "user"]
+    # The resent assistant turn matches despite respaced arguments and a dropped `content: null` difference.
+    assert calls[1]["kept_messages"] == 3
+    assert [m["role"] for m in calls[1]["added_messages"]] == ["tool"]
+    assert calls[1]["reply"]["content"] == "ok"
+
+
+def test_a_resent_turn_that_really_differs_counts_as_added():
+    records = two_turns()
+    records[1]["messages"][2] = {"role": "assistant", "content": "something else"}
+    calls = build_timeline("s", records)["calls"]
+    assert calls[1]["kept_messages"] == 2
+    assert [m["role"] for m in calls[1]["added_messages"]] == ["assistant", "tool"]
+
+
+def test_contiguity_per_call_with_token_text_where_the_previous_call_generated_it():
+    calls = build_timeline("s", two_turns())["calls"]
+    assert [c["contiguity"]["kind"] for c in calls] == ["first", "extends"]
+    assert [c["in_rollout"] for c in calls] == ["step", "step"]
+
+    broken = build_timeline("s", two_turns(resend_reasoning=False), window=2)
+    contiguity = broken["calls"][1]["contiguity"]
+    assert contiguity["kind"] == "breaks"
+    assert contiguity["position"] == 3  # where the <think> the model generated was left out
+    assert contiguity["expected"] == [5, 9] and contiguity["expected_text"] == ["<think>", "hmm"]
+    assert contiguity["actual"] == [4, 2]
+    assert contiguity["before"] == [2, 3] and contiguity["before_text"] == [None, None]  # prompt tokens: no text
+    assert broken["rollout"]["status"] == "partial"
+    assert broken["calls"][1]["in_rollout"] == "unused"
+
+
+def test_timeline_carries_no_token_lists():
+    calls = build_timeline("s", two_turns())["calls"]
+    assert not any(key.endswith("token_ids") or key.endswith("log_probs") for call in calls for key in call)
+
+
+def test_ttft_and_injection_are_shown_when_recorded():
+    records = two_turns()
+    records[1]["ttft_ms"] = 12.5
+    records[1]["injection"] = {"transport": "vllm", "injected_len": 8, "echo_ok": True, "fallback_reason": None}
+    calls = build_timeline("s", records)["calls"]
+    assert calls[0]["ttft_ms"] is None and calls[0]["injection"] is None
+    assert calls[1]["ttft_ms"] == 12.5 and calls[1]["injection"]["injected_len"] == 8
+
+
+def test_started_at_is_the_end_minus_the_latency():
+    assert started_at({"captured_at": "2025-01-01T00:00:02.000000+00:00", "latency_ms": 1500}) == (
+        "2025-01-01T00:00:00.500000+00:00"
+    )
+
+
+def test_the_spawning_call_is_the_last_tool_call_that_ended_before_the_child_began():
+    calls = [
+        ("2025-01-01T00:00:02", None, "a", True),
+        ("2025-01-01T00:00:04", None, "b", False),
+        ("2025-01-01T00:00:09", None, "c", True),
+    ]
+    assert spawning_call(calls, "2025-01-01T00:00:05") == "a"  # b ended later but asked for no tool
+    assert spawning_call(calls, "2025-01-01T00:00:10") == "c"
+    assert spawning_call(calls, "2025-01-01T00:00:01") is None
+    assert spawning_call([("2025-01-01T00:00:02", None, "x", False)], "2025-01-01T00:00:03") == "x"
+
+
+def test_summary_counts_and_status():
+    summary = session_facts("s", two_turns()).summary
+    assert summary["calls"] == 2
+    assert summary["tokens_in"] == 3 + 10 and summary["tokens_out"] == 5 + 2
+    assert summary["finish_reasons"] == {"tool_calls": 1, "stop": 1}
+    assert summary["started_at"] == "2025-01-01T00:00:01.000000+00:00"
+    assert summary["duration_ms"] == 5000.0
+    assert (summary["rollout"], summary["mask_sample"]) == ("whole", False)
+    broken = session_facts("s", two_turns(resend_reasoning=False)).summary
+    assert (broken["rollout"], broken["mask_sample"]) == ("partial", True)
+
+
+@pytest.fixture
+def tree_store(tmp_path):
+    store = CaptureStore(tmp_path)
+    store.start()
+    for r in two_turns():
+        store.submit(r)
+    child_user = [{"role": "user", "content": "go"}]
+    store.submit(record("s-sub", child_user, {"content": "found"}, [40, 41], [42, 2], at=4, parent="s", latency_ms=500))
+    grandchild = record("s-sub-sub", child_user, {"content": "x"}, [50], [51], at=3, parent="s-sub", latency_ms=100)
+    store.submit(grandchild)
+    store.flush()
+    yield store
+    store.close()
+
+
+def test_tree_links_children_to_calls_and_rolls_tokens_up(tree_store):
+    cache = SummaryCache()
+    tree = build_tree(tree_store, cache, "s")
+    first_uuid = tree_store.read_completions("s")[0][0]["uuid"]
+    (child,) = tree["children"]
+    assert child["session_id"] == "s-sub" and child["spawned_by"] == first_uuid
+    (grandchild,) = child["children"]
+    assert grandchild["spawned_by"] is None  # its parent had no call ended before it began
+    assert child["total_tokens_in"] == 2 + 1 and child["total_calls"] == 2
+    assert tree["total_tokens_in"] == 13 + 2 + 1
+    assert tree["total_tokens_out"] == 7 + 2 + 1
+    timeline = build_timeline("s", tree_store.read_completions("s")[0])
+    link_children(timeline, tree)
+    assert [c["spawned"] for c in timeline["calls"]] == [["s-sub"], []]
+
+
+def test_summary_cache_rebuilds_when_a_session_gains_records(tree_store):
+    cache = SummaryCache()
+    assert cache.summary(tree_store, "s-sub")["calls"] == 1
+    tree_store.submit(
+        record("s-sub", [{"role": "user", "content": "more"}], {"content": "y"}, [60], [61], at=8, parent="s")
+    )
+    tree_store.flush()
+    assert cache.summary(tree_store, "s-sub")["calls"] == 2
+
+
+def test_a_partial_subagent_masks_its_ancestors_in_the_summary(tree_store):
+    # The grandchild's second call breaks its chain: it, and everything above it, is masked.
+    tree_store.submit(
+        record("s-sub-sub", [{"role": "user", "content": "go"}], {"content": "z"}, [99], [2], at=5, parent="s-sub")
+    )
+    tree_store.flush()
+    cache = SummaryCache()
+    assert cache.summary(tree_store, "s-sub-sub")["rollout"] == "partial"
+    top = cache.summary(tree_store, "s")
+    assert top["rollout"] == "whole"  # its own chain holds ...
+    assert top["mask_sample"] is True  # ... but the rollout as a whole may not be trained on
+    assert "s-sub-sub" in top["degraded_reason"]
