@@ -112,12 +112,12 @@ def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | Non
         from server.api.session_views import view_routes
         from server.api.sessions import session_routes
         from server.capture.summary import SummaryCache
-        from server.viewer import ui_mount
+        from server.viewer import ui_routes
 
         summaries = SummaryCache()
         routes += session_routes(lambda: state.store, cache=summaries)
         routes += view_routes(lambda: state.store, summaries)
-        routes.append(ui_mount())
+        routes += ui_routes()
 
     exception_handlers: dict[Any, Callable[..., Any]] = {
         HTTPException: _http_exception,

@@ -13,11 +13,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown
-from server.capture.record import SCHEMA_VERSION, is_valid_session_id
+from server.capture.record import SCHEMA_VERSION
 from server.capture.store import CaptureStore, UnknownSession
-from server.capture.summary import SummaryCache
+from server.capture.summary import SummaryCache, rollout_outcome
 from server.capture.timeline import build_timeline, build_tree, link_children
 from server.errors import OpenAIError
+from server.ids import is_valid_session_id
 
 # Built timelines kept (serialised) per session and record count: a page reload or a second tab
 # costs nothing, and a 200-call session is read and compared once.
@@ -43,10 +44,11 @@ def view_routes(get_store: Callable[[], CaptureStore | None], cache: SummaryCach
 
         def build() -> bytes:
             store.flush(READ_SETTLE_TIMEOUT_S)
-            info = store.session_info(session_id)
+            view = store.index_view()  # one snapshot for every lookup below
+            info = view.session_info(session_id)
             if info is None:
                 raise _unknown(session_id)
-            key = (session_id, info["record_count"], info["last_captured_at"], tuple(store.children(session_id)))
+            key = (session_id, info["record_count"], info["last_captured_at"], tuple(view.children(session_id)))
             with lock:
                 if key in timelines:
                     timelines.move_to_end(key)
@@ -57,12 +59,14 @@ def view_routes(get_store: Callable[[], CaptureStore | None], cache: SummaryCach
                 raise _unknown(session_id) from None
             if not records:
                 raise _unknown(session_id, skipped=skipped)
-            body = build_timeline(session_id, records)
-            tree = build_tree(store, cache, session_id)
+            outcome = rollout_outcome(session_id, records)  # rebuilt once, for the timeline and the summary
+            cache.remember(view, session_id, records, outcome)
+            body = build_timeline(session_id, records, outcome=outcome)
+            tree = build_tree(store, view, cache, session_id)
             if tree is not None:
                 link_children(body, tree)
             body["tree"] = tree
-            body["summary"] = cache.summary(store, session_id)
+            body["summary"] = cache.summary(store, view, session_id)
             body["schema_version"] = SCHEMA_VERSION
             body["skipped"] = skipped
             data = orjson.dumps(body)

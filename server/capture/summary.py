@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from server.capture.index import IndexView
 from server.capture.rollout import RolloutError, reconstruct_session
 from server.capture.store import CaptureStore, UnknownSession
 
@@ -87,11 +88,14 @@ class SessionFacts:
 
     summary: dict[str, Any]
     # (captured_at, started_at, uuid, reply has tool calls) per call, in record order: links children to calls.
-    calls: list[tuple[str, str | None, str, bool]]
+    calls: list[tuple[str | None, str | None, str | None, bool]]
 
 
-def session_facts(session_id: str, records: list[dict]) -> SessionFacts:
-    """Summarise one session's records (already in `(captured_at, uuid)` order)."""
+def session_facts(
+    session_id: str, records: list[dict], outcome: tuple[dict | None, str | None] | None = None
+) -> SessionFacts:
+    """Summarise one session's records (already in `(captured_at, uuid)` order); `outcome` is
+    `rollout_outcome(session_id, records)` if the caller has it already."""
     finish_reasons: dict[str, int] = {}
     models: set[str] = set()
     routes: set[str] = set()
@@ -119,7 +123,7 @@ def session_facts(session_id: str, records: list[dict]) -> SessionFacts:
             last_end = end
         calls.append((end, begin, record.get("uuid"), reply_has_tool_calls(record)))
 
-    rollout, error = rollout_outcome(session_id, records)
+    rollout, error = outcome if outcome is not None else rollout_outcome(session_id, records)
     if rollout is None:
         status, reason = "failed", error
     elif rollout["partial_reason"] is not None:
@@ -159,9 +163,13 @@ class SummaryCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, tuple[tuple[int, str | None], SessionFacts]] = OrderedDict()
 
-    def facts(self, store: CaptureStore, session_id: str) -> SessionFacts | None:
-        """The session's facts (from cache when it has not changed), or None if it is gone."""
-        info = store.session_info(session_id)
+    def facts(self, store: CaptureStore, view: IndexView, session_id: str) -> SessionFacts | None:
+        """The session's facts (from cache when `view` shows it unchanged), or None if it is gone.
+
+        `view` is one `store.index_view()` for the whole request: each fresh view revalidates the
+        index against the disk, which costs a stat per session directory.
+        """
+        info = view.session_info(session_id)
         if info is None:
             return None
         key = (info["record_count"], info["last_captured_at"])
@@ -184,14 +192,26 @@ class SummaryCache:
                 self._entries.popitem(last=False)
         return facts
 
-    def summary(self, store: CaptureStore, session_id: str) -> dict | None:
+    def remember(
+        self, view: IndexView, session_id: str, records: list[dict], outcome: tuple[dict | None, str | None]
+    ) -> None:
+        """Cache facts from records the caller already read and rebuilt (so they are not read twice)."""
+        info = view.session_info(session_id)
+        if info is None:
+            return
+        facts = session_facts(session_id, records, outcome)
+        with self._lock:
+            self._entries[session_id] = ((info["record_count"], info["last_captured_at"]), facts)
+            self._entries.move_to_end(session_id)
+
+    def summary(self, store: CaptureStore, view: IndexView, session_id: str) -> dict | None:
         """The session's summary with sub-agent sessions folded in: masked when any session below is."""
-        facts = self.facts(store, session_id)
+        facts = self.facts(store, view, session_id)
         if facts is None:
             return None
         summary = dict(facts.summary)
-        for descendant in descendants(store, session_id):
-            below = self.facts(store, descendant)
+        for descendant in descendants(view, session_id):
+            below = self.facts(store, view, descendant)
             if below is not None and below.summary["rollout"] != "whole":
                 summary["mask_sample"] = True
                 summary["degraded_reason"] = f"subagent session {descendant!r} is partial"
@@ -199,18 +219,18 @@ class SummaryCache:
         return summary
 
 
-def descendants(store: CaptureStore, session_id: str) -> list[str]:
+def descendants(view: IndexView, session_id: str) -> list[str]:
     """Every session below `session_id`, depth first; a visited set stops crafted cycles."""
     out: list[str] = []
     seen = {session_id}
-    stack = list(reversed(store.children(session_id)))
+    stack = list(reversed(view.children(session_id)))
     while stack:
         child = stack.pop()
         if child in seen:
             continue
         seen.add(child)
         out.append(child)
-        stack.extend(reversed(store.children(child)))
+        stack.extend(reversed(view.children(child)))
     return out
 
 
@@ -240,7 +260,8 @@ def list_page(
     Filters on the index (parent, kind, id, time) cost nothing per session; filters on the summary
     (model, route, status) read a session's records once, then come from the cache.
     """
-    entries = store.list_sessions(parent=query.parent, roots_only=query.kind == "root", limit=sys.maxsize, after=after)
+    view = store.index_view()  # one snapshot for the whole page (each fresh view revalidates the disk)
+    entries = view.list_sessions(parent=query.parent, roots_only=query.kind == "root", limit=sys.maxsize, after=after)
     needle = query.q.lower() if query.q else None
     rows: list[dict] = []
     for entry in entries:
@@ -254,7 +275,7 @@ def list_page(
         if query.until is not None and (entry["first_captured_at"] or "") > query.until:
             continue
         if query.needs_summary():
-            summary = cache.summary(store, entry["session_id"])
+            summary = cache.summary(store, view, entry["session_id"])
             if summary is None or not _summary_matches(summary, query):
                 continue
             entry["summary"] = summary
@@ -266,7 +287,7 @@ def list_page(
     if query.summary:
         for row in rows:
             if "summary" not in row:
-                row["summary"] = cache.summary(store, row["session_id"])
+                row["summary"] = cache.summary(store, view, row["session_id"])
     return rows, has_more
 
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from server.capture.contiguity import compare_calls
+from server.capture.index import IndexView
 from server.capture.store import CaptureStore
 from server.capture.summary import (
     SessionFacts,
@@ -19,15 +20,21 @@ from server.capture.summary import (
 CONTEXT_WINDOW = 8
 
 
-def build_timeline(session_id: str, records: list[dict], *, window: int = CONTEXT_WINDOW) -> dict:
+def build_timeline(
+    session_id: str,
+    records: list[dict],
+    *,
+    window: int = CONTEXT_WINDOW,
+    outcome: tuple[dict | None, str | None] | None = None,
+) -> dict:
     """The session's calls, each with the messages it added since the previous call, its reply,
     timing, tokens, and how its prompt relates to the previous call's prompt + generation.
 
     `records` are in `(captured_at, uuid)` order, as the store returns them. No token lists are
     included (a 200-call session would carry its whole history 200 times); ask for one call's
-    record to see its tokens.
+    record to see its tokens. `outcome` is `rollout_outcome(session_id, records)` if already known.
     """
-    rollout, rollout_error = rollout_outcome(session_id, records)
+    rollout, rollout_error = outcome if outcome is not None else rollout_outcome(session_id, records)
     roles: dict[str, str] = {}
     if rollout is not None:
         roles.update(dict.fromkeys(rollout["side_calls"], "side"))
@@ -130,7 +137,8 @@ def _shared_prefix(request: list, prior_messages: list) -> int:
     """How many leading request messages repeat the previous call's conversation (its reply included)."""
     shared = 0
     for mine, theirs in zip(request, prior_messages):
-        if _canonical(mine) != _canonical(theirs):
+        # Most resent messages are identical: compare as is first, canonicalise only when not.
+        if mine != theirs and _canonical(mine) != _canonical(theirs):
             break
         shared += 1
     return shared
@@ -162,7 +170,9 @@ def _canonical_call(call: Any) -> Any:
     return (call.get("id"), name, json.dumps(arguments, sort_keys=True))
 
 
-def spawning_call(parent_calls: list[tuple[str, str | None, str, bool]], child_start: str | None) -> str | None:
+def spawning_call(
+    parent_calls: list[tuple[str | None, str | None, str | None, bool]], child_start: str | None
+) -> str | None:
     """The parent call that spawned a child session: the last one that ended before the child began,
     preferring one whose reply asked for tools (the sub-agent is a tool call's work). Inferred from
     times: the records carry no explicit link."""
@@ -175,9 +185,9 @@ def spawning_call(parent_calls: list[tuple[str, str | None, str, bool]], child_s
     return (with_tools or before)[-1][2]
 
 
-def build_tree(store: CaptureStore, cache: SummaryCache, session_id: str) -> dict | None:
+def build_tree(store: CaptureStore, view: IndexView, cache: SummaryCache, session_id: str) -> dict | None:
     """The session and every session below it: own and rolled-up tokens, and the call that spawned each child."""
-    root_facts = cache.facts(store, session_id)
+    root_facts = cache.facts(store, view, session_id)
     if root_facts is None:
         return None
     root = _node(session_id, root_facts, spawned_by=None)
@@ -186,10 +196,10 @@ def build_tree(store: CaptureStore, cache: SummaryCache, session_id: str) -> dic
     order = [root]
     while stack:
         node, facts = stack.pop()
-        for child_id in store.children(node["session_id"]):
+        for child_id in view.children(node["session_id"]):
             if child_id in seen:
                 continue
-            child_facts = cache.facts(store, child_id)
+            child_facts = cache.facts(store, view, child_id)
             if child_facts is None:
                 continue
             seen.add(child_id)

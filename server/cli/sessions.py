@@ -142,7 +142,7 @@ def _view(capture_dir: str, port: int) -> int:
     if not 0 <= port <= 65535:
         print("error: --port must be from 0 to 65535", file=sys.stderr)
         return EXIT_USAGE
-    if not os.path.isdir(capture_dir):
+    if not Path(capture_dir).is_dir():
         print(f"error: no such capture directory: {capture_dir}", file=sys.stderr)
         return EXIT_FAILED
     from server.viewer.offline import serve  # the web stack loads only for this command

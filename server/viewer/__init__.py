@@ -4,40 +4,59 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from starlette.routing import Mount
-from starlette.staticfiles import StaticFiles
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from server.errors import OpenAIError
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+}
 
 # The page talks only to this server; nothing may be fetched from anywhere else, and no inline
 # script or style may run even if some text slipped into the DOM as markup.
-_SECURITY_HEADERS = [
-    (
-        b"content-security-policy",
-        b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
-        b"base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cache-control", b"no-cache"),
-]
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-cache",
+}
 
 
-class _WithSecurityHeaders:
-    """Adds the headers above to every static answer (pure ASGI)."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        async def send_with_headers(message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *_SECURITY_HEADERS]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+def _load_files() -> dict[str, tuple[bytes, str]]:
+    """Every shipped file by name, read once. Requests are looked up here, so no request path ever
+    reaches the filesystem (nothing to traverse)."""
+    return {
+        path.name: (path.read_bytes(), _TYPES[path.suffix])
+        for path in STATIC_DIR.iterdir()
+        if path.is_file() and path.suffix in _TYPES
+    }
 
 
-def ui_mount(path: str = "/ui") -> Mount:
-    """The viewer's static files at `path` (index.html for the directory itself)."""
-    return Mount(path, app=_WithSecurityHeaders(StaticFiles(directory=STATIC_DIR, html=True)), name="ui")
+def ui_routes() -> list[Route]:
+    """`GET /ui` (a redirect) and `GET /ui/{path}`: index.html for the folder, else one shipped file."""
+    files = _load_files()
+
+    async def to_folder(request: Request) -> Response:
+        return RedirectResponse(request.url.replace(path=request.url.path + "/"))
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["path"] or "index.html"
+        found = files.get(name)
+        if found is None:
+            error = OpenAIError(404, f"no such viewer file: {name[:200]!r}", code="endpoint_not_found")
+            return Response(error.to_json(), status_code=404, media_type="application/json")
+        body, media_type = found
+        return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
+
+    return [
+        Route("/ui", to_folder, methods=["GET"]),
+        Route("/ui/{path:path}", static, methods=["GET"]),
+    ]

@@ -19,7 +19,7 @@ from server.api.sessions import session_routes
 from server.capture.store import CaptureStore
 from server.capture.summary import SummaryCache
 from server.errors import OpenAIError
-from server.viewer import ui_mount
+from server.viewer import ui_routes
 
 
 def create_view_app(capture_dir: str | Path) -> Starlette:
@@ -41,7 +41,7 @@ def create_view_app(capture_dir: str | Path) -> Starlette:
             *read_routes,
             *view_routes(lambda: store, cache),
             Route("/", to_ui, methods=["GET"]),
-            ui_mount(),
+            *ui_routes(),
         ],
     )
 

@@ -290,7 +290,7 @@ def test_token_view_shades_by_logprob(demo, pages):
     last = records[-1]
     page.click(f"#call-{len(records) - 1} .show-tokens")
     page.wait_for_selector(".tokens .tok")
-    pages.shot(page, "viewer-tokens")
+    pages.shot(page, "viewer-tokens", full_page=True)
     chips = page.eval_on_selector_all(
         ".tokens .tok",
         "ts => ts.map(t => [Number(t.dataset.id), Number(t.dataset.logprob), t.textContent, getComputedStyle(t).backgroundColor])",

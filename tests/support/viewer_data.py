@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 
 from server.capture.record import build_record
 from server.capture.store import CaptureStore
-from server.dev.mock_upstream import create_app
+from server.dev.mock_upstream.app import create_app
 
 SYSTEM = "You are a coding agent. Use the tools."
 TOOLS = [
@@ -117,6 +117,7 @@ class Writer:
         max_steps: int = 8,
         model: str = "mock-model",
         route: str = "mock-route",
+        tool_output_words: int = 0,
     ) -> str:
         """An agent loop: call, run the tool calls (a `task` call runs a sub-agent session), repeat until text."""
         messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
@@ -137,7 +138,7 @@ class Writer:
                     child = f"{session_id}-sub{n + 1}"
                     output = self.agent(child, args.get("prompt", ""), parent=session_id, model=model, route=route)
                 else:
-                    output = f"{name} ran with {json.dumps(args)}"
+                    output = f"{name} ran with {json.dumps(args)}" + " output" * tool_output_words
                 messages.append({"role": "tool", "tool_call_id": tool_call["id"], "content": output})
         return ""
 

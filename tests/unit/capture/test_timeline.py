@@ -178,7 +178,7 @@ def tree_store(tmp_path):
 
 def test_tree_links_children_to_calls_and_rolls_tokens_up(tree_store):
     cache = SummaryCache()
-    tree = build_tree(tree_store, cache, "s")
+    tree = build_tree(tree_store, tree_store.index_view(), cache, "s")
     first_uuid = tree_store.read_completions("s")[0][0]["uuid"]
     (child,) = tree["children"]
     assert child["session_id"] == "s-sub" and child["spawned_by"] == first_uuid
@@ -194,12 +194,12 @@ def test_tree_links_children_to_calls_and_rolls_tokens_up(tree_store):
 
 def test_summary_cache_rebuilds_when_a_session_gains_records(tree_store):
     cache = SummaryCache()
-    assert cache.summary(tree_store, "s-sub")["calls"] == 1
+    assert cache.summary(tree_store, tree_store.index_view(), "s-sub")["calls"] == 1
     tree_store.submit(
         record("s-sub", [{"role": "user", "content": "more"}], {"content": "y"}, [60], [61], at=8, parent="s")
     )
     tree_store.flush()
-    assert cache.summary(tree_store, "s-sub")["calls"] == 2
+    assert cache.summary(tree_store, tree_store.index_view(), "s-sub")["calls"] == 2
 
 
 def test_a_partial_subagent_masks_its_ancestors_in_the_summary(tree_store):
@@ -209,8 +209,8 @@ def test_a_partial_subagent_masks_its_ancestors_in_the_summary(tree_store):
     )
     tree_store.flush()
     cache = SummaryCache()
-    assert cache.summary(tree_store, "s-sub-sub")["rollout"] == "partial"
-    top = cache.summary(tree_store, "s")
+    assert cache.summary(tree_store, tree_store.index_view(), "s-sub-sub")["rollout"] == "partial"
+    top = cache.summary(tree_store, tree_store.index_view(), "s")
     assert top["rollout"] == "whole"  # its own chain holds ...
     assert top["mask_sample"] is True  # ... but the rollout as a whole may not be trained on
     assert "s-sub-sub" in top["degraded_reason"]
