@@ -58,6 +58,9 @@ class Writer:
         self.clock = clock or Clock()
 
     def close(self) -> None:
+        # Everything queued is written before this returns, however long the run was.
+        if not self.store.flush(timeout=600):
+            raise RuntimeError("the capture writer did not catch up within 600 s")
         self.store.close()
         self.mock.close()
 
