@@ -116,11 +116,12 @@ def generation_token_texts(choice: dict[str, Any]) -> list[str] | None:
     content = logprob_entries(choice)
     if not content:
         return None
-    texts = [entry.get("token") if isinstance(entry, dict) else None for entry in content]
-    if not all(isinstance(text, str) for text in texts):
-        return None
-    if any(text.startswith(_TOKEN_ID_PREFIX) for text in texts):
-        return None
+    texts: list[str] = []
+    for entry in content:
+        text = entry.get("token") if isinstance(entry, dict) else None
+        if not isinstance(text, str) or text.startswith(_TOKEN_ID_PREFIX):
+            return None
+        texts.append(text)
     return texts
 
 
