@@ -168,3 +168,26 @@ def test_port_file_holds_the_bound_port_once_the_server_answers(tmp_path, mock_u
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def failing_agent(base_url: str) -> None:
+    scripted_agent.run(base_url, "crashed")
+    raise RuntimeError("the harness fell over after its calls")
+
+
+def test_an_agent_that_raises_still_returns_its_rollouts_masked(tmp_path, mock_upstream):
+    from server.ray_tasks import run_rollout  # the task body, run here without a cluster
+
+    outcome = run_rollout(
+        failing_agent,
+        [],
+        {"deployment": "demo", "env": {"MOCK_UPSTREAM_URL": mock_upstream + "/v1"}},
+        str(tmp_path),
+        str(tmp_path / "shared"),
+    )
+    assert outcome["result"] is None
+    assert outcome["errors"][0].startswith("agent raised RuntimeError: the harness fell over")
+    [rollout] = outcome["rollouts"]
+    assert rollout["session_id"] == "crashed" and len(rollout["subagents"]) == 1
+    assert rollout["mask_sample"] is True and "agent raised" in rollout["degraded_reason"]
+    assert len(list((tmp_path / "shared").iterdir())) == 1  # copy_to got the attempt's directory
