@@ -163,6 +163,11 @@ def run_workers(settings: Settings, sock: Any, workers: int, on_ready: Callable[
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
+    if settings.http_server != "uvicorn":
+        log.warning(
+            "workers > 1 run under uvicorn's worker supervisor; http_server %r applies to one process",
+            settings.http_server,
+        )
     switchyard = None
     try:
         switchyard = _SwitchyardThread(settings) if settings.launches_proxy else None
