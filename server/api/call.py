@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -26,7 +26,10 @@ from server.http.asgi import ClientGone, parse_json_object, read_body, run_until
 from server.ids import uncorrelated_session_id
 from server.state import AppState
 from server.translate.accumulate import chunks_from_completion
-from server.upstream.client import BufferedStream, UpstreamStream
+from server.upstream.client import BufferedStream, UpstreamReply, UpstreamStream
+
+if TYPE_CHECKING:
+    from server.injection.injector import Plan
 
 log = logging.getLogger("switchyard_model.calls")
 
@@ -45,6 +48,7 @@ class Call:
     added_fields: frozenset[str]  # token-id fields the client did not ask for
     started: float
     wants_triple: bool = False  # the client asked for the token triple in its answer
+    injection: Plan | None = None  # token injection's decision for this call (docs/injection.md)
 
 
 # Ids unique across processes (a random prefix per process) without a uuid4 per call.
@@ -135,6 +139,49 @@ class ModelEndpoint:
             added.clear()  # the client asked for them: nothing to strip from its answer
         return self.new_call(corr, route, request, stream, frozenset(added), want_ids)
 
+    # ---- token injection (docs/injection.md) ---------------------------------------------------
+    async def inject(self, call: Call) -> None:
+        """With token_injection on, attach the session's token history to a correlated call."""
+        injector = self.state.injector
+        session = call.correlation.session_id
+        if injector is None or not call.capture or session is None:
+            return
+        plan = await injector.prepare(session, call.route, call.request)
+        call.injection = plan
+        if plan.body is not call.request:
+            call.request = plan.body
+            call.payload = orjson.dumps(plan.body)
+
+    def _reissue_plain(self, call: Call, error: OpenAIError) -> bool:
+        """The engine refused an injected call (a 400/422): send the same call again without the ids."""
+        plan = call.injection
+        if plan is None or not plan.injected or error.status not in (400, 422) or self.state.injector is None:
+            return False
+        log.info("the upstream refused the injected ids (%s); sending the call plainly", error.message)
+        call.request = self.state.injector.reissue(plan)
+        call.payload = orjson.dumps(call.request)
+        return True
+
+    async def post_chat(self, call: Call, headers: dict[str, str]) -> UpstreamReply:
+        """POST the chat call upstream (once more, plainly, if the engine refused injected ids)."""
+        try:
+            return await self.state.client.post("/chat/completions", call.payload, headers)
+        except OpenAIError as error:
+            if not self._reissue_plain(call, error):
+                raise
+        return await self.state.client.post("/chat/completions", call.payload, headers)
+
+    def injection_done(self, call: Call, chat: dict[str, Any] | None, span, completed: bool = True) -> None:
+        """Verify the echo and commit the chain: before the client sees the answer's end. Never raises."""
+        plan = call.injection
+        if plan is None or self.state.injector is None:
+            return
+        try:
+            info = self.state.injector.finish(plan, chat, completed)
+            span.injection(info)
+        except Exception:
+            log.exception("token injection bookkeeping failed")
+
     def upstream_headers(self, call: Call, scope) -> dict[str, str]:
         headers = {"x-request-id": call.request_id}
         if self.state.settings.forward_client_authorization:
@@ -176,6 +223,7 @@ class ModelEndpoint:
                 stream=call.stream,
                 latency_ms=(time.perf_counter() - call.started) * 1000.0,
                 status=status,
+                injection=call.injection.record if call.injection is not None else None,
             )
         except Exception:  # capture must never fail a call
             log.exception("capture hand-off failed")
@@ -212,9 +260,22 @@ class ModelEndpoint:
     async def open_chat_stream(self, call: Call, headers: dict[str, str]) -> UpstreamStream | BufferedStream:
         """The upstream's chat stream; or, with `buffer_upstream_streams`, a non-stream call replayed as one."""
         if self.state.settings.buffer_upstream_streams and call.capture:
-            body = orjson.dumps({**call.request, "stream": False})
-            reply = await self.state.client.post("/chat/completions", body, headers)
+            try:
+                reply = await self.state.client.post(
+                    "/chat/completions", orjson.dumps({**call.request, "stream": False}), headers
+                )
+            except OpenAIError as error:
+                if not self._reissue_plain(call, error):
+                    raise
+                reply = await self.state.client.post(
+                    "/chat/completions", orjson.dumps({**call.request, "stream": False}), headers
+                )
             return BufferedStream(reply, chunks_from_completion(parse_reply(reply.body)))
+        try:
+            return await self.state.client.open_stream("/chat/completions", call.payload, headers)
+        except OpenAIError as error:
+            if not self._reissue_plain(call, error):
+                raise
         return await self.state.client.open_stream("/chat/completions", call.payload, headers)
 
 

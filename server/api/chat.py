@@ -30,6 +30,7 @@ class ChatCompletions(ModelEndpoint):
             requested_model=body.get("model"),
             extra_body=self.state.settings.extra_body,
         )
+        await self.inject(call)
         span = self.state.telemetry.start_call(
             api="chat", route=call.route, request=call.request, correlation=corr, stream=call.stream, scope=scope
         )
@@ -40,8 +41,9 @@ class ChatCompletions(ModelEndpoint):
                 if call.stream:
                     await self._stream(call, headers, send, span)
                 else:
-                    reply = await self.state.client.post("/chat/completions", call.payload, headers)
+                    reply = await self.post_chat(call, headers)
                     chat = parse_reply(reply.body)
+                    self.injection_done(call, chat, span)
                     out = reply.body
                     if call.added_fields:
                         out = orjson.dumps(strip_token_fields(chat, call.added_fields))
@@ -73,18 +75,21 @@ class ChatCompletions(ModelEndpoint):
                 else:
                     out = event.wire()
                 await send({"type": "http.response.body", "body": out, "more_body": True})
-            await send({"type": "http.response.body", "body": sse.DONE})
             result = accumulator.result() if accumulator is not None else None
+            self.injection_done(call, result, span)  # committed before the client sees [DONE]
+            await send({"type": "http.response.body", "body": sse.DONE})
             span.finish(result)
             if result is not None:
                 self.record(call, result)
         except OpenAIError as error:
             # Mid-stream: the status line is gone, so the error travels in-band, as Switchyard does.
             await send({"type": "http.response.body", "body": sse.chat_error(error)})
+            self.injection_done(call, None, span, completed=False)
             if accumulator is not None:
                 self.record(call, accumulator.result(), status="failed")
             span.finish(None, error)
         except asyncio.CancelledError:
+            self.injection_done(call, None, span, completed=False)
             if accumulator is not None:
                 self.record(call, accumulator.result(), status="partial")
             raise

@@ -67,6 +67,7 @@ class Responses(ModelEndpoint):
             requested_model=body.get("model"),
             extra_body=self._extra_for_translated_chat,
         )
+        await self.inject(call)
         span = self.state.telemetry.start_call(
             api="responses", route=call.route, request=call.request, correlation=corr, stream=stream, scope=scope
         )
@@ -87,8 +88,9 @@ class Responses(ModelEndpoint):
     async def _answer(
         self, call: Call, body, tool_map: ToolMap, headers, send, span, response_id: str, created_at: int
     ) -> None:
-        reply = await self.state.client.post("/chat/completions", call.payload, headers)
+        reply = await self.post_chat(call, headers)
         chat = parse_reply(reply.body)
+        self.injection_done(call, chat, span)
         response = chat_to_response(
             chat,
             body,
@@ -127,6 +129,7 @@ class Responses(ModelEndpoint):
                     await send(
                         {"type": "http.response.body", "body": sse.encode_responses_events(events), "more_body": True}
                     )
+            self.injection_done(call, writer.accumulator.result(), span)  # committed before the client sees the end
             closing = writer.finish(completed_at=int(time.time()))
             await send({"type": "http.response.body", "body": sse.encode_responses_events(closing) + sse.DONE})
             if writer.late_tool_deltas:
@@ -140,9 +143,11 @@ class Responses(ModelEndpoint):
         except OpenAIError as error:
             failing = writer.fail(error.message, error.code)
             await send({"type": "http.response.body", "body": sse.encode_responses_events(failing) + sse.DONE})
+            self.injection_done(call, None, span, completed=False)
             self.record(call, writer.accumulator.result(), status="failed")
             span.finish(None, error)
         except asyncio.CancelledError:
+            self.injection_done(call, None, span, completed=False)
             self.record(call, writer.accumulator.result(), status="partial")
             raise
         finally:

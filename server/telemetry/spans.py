@@ -357,7 +357,8 @@ class _MeteredCall(CallSpan):
         try:
             outcome = info.get("fallback_reason") or "injected"
             route = dict(self._attrs).get("gen_ai.request.model", "")
-            self._metrics.injection_outcome(route, outcome)
+            if self._metrics is not None:
+                self._metrics.injection_outcome(route, outcome)
             self._on_injection(outcome, info)
         except Exception:
             _limited.warning("telemetry failed to count an injection outcome", exc_info=True)

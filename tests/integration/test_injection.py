@@ -1,0 +1,280 @@
+"""Token-continuity injection through the real chain: openai SDK → this server → hosted Switchyard → mock upstream.
+
+The mock renders past assistant turns without their reasoning (Qwen3-like), so a plain reasoning
+session breaks token contiguity at every turn; every contiguity test below has that negative control.
+What the engine really used is read from the mock's own request log.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.support.chain import Chain, launch_chain
+from tests.support.procs import start_mock_upstream
+
+pytestmark = pytest.mark.integration
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
+RESPONSES_TOOLS = [{"type": "function", **TOOLS[0]["function"]}]
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+# Reasoning on every reply; two tool calls (one per step), then a final answer.
+TASK = (
+    'fix it [[mock:reasoning]] [[mock:tool bash {"command": "ls"}]] [[mock:next]] '
+    '[[mock:tool bash {"command": "cat a.txt"}]] [[mock:next]] [[mock:say all done]]'
+)
+TITLE_CALL = [
+    {"role": "system", "content": "You are a title generator. Output a short title."},
+    {"role": "user", "content": "fix it"},
+]
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    proc, url = start_mock_upstream(None, "--template", "drop-reasoning")
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def injected(upstream, tmp_path_factory):
+    chain = launch_chain(upstream, tmp_path_factory.mktemp("inj"), "--token-injection")
+    yield chain
+    chain.proc.stop()
+
+
+@pytest.fixture(scope="module")
+def plain(upstream, tmp_path_factory):
+    chain = launch_chain(upstream, tmp_path_factory.mktemp("plain"))
+    yield chain
+    chain.proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_mock(upstream):
+    httpx.post(upstream + "/mock/reset", trust_env=False)
+    httpx.post(upstream + "/mock/config", json={"token_in": "honor"}, trust_env=False)
+    yield
+
+
+# ---- clients ---------------------------------------------------------------------------------------
+
+
+def client(chain: Chain | str, session: str) -> OpenAI:
+    url = chain if isinstance(chain, str) else chain.url
+    return OpenAI(
+        base_url=url + "/v1", api_key="x", max_retries=0, default_headers={"x-switchyard-session-id": session}
+    )
+
+
+def tool_results(calls: list[dict]) -> list[dict]:
+    return [
+        {"role": "tool", "tool_call_id": c["id"], "content": f"output of {c['function']['arguments']}"} for c in calls
+    ]
+
+
+def chat_turn(cl: OpenAI, messages: list[dict], stream: bool) -> tuple[str, list[dict]]:
+    """One chat call; returns (content, tool calls) as a client keeps them (reasoning dropped)."""
+    if not stream:
+        message = cl.chat.completions.create(model="demo", messages=messages, tools=TOOLS).choices[0].message
+        calls = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in message.tool_calls or ()
+        ]
+        return message.content or "", calls
+    content, calls = "", {}
+    for chunk in cl.chat.completions.create(model="demo", messages=messages, tools=TOOLS, stream=True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for tc in delta.tool_calls or ():
+            slot = calls.setdefault(tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            slot["id"] = tc.id or slot["id"]
+            if tc.function is not None:
+                slot["function"]["name"] += tc.function.name or ""
+                slot["function"]["arguments"] += tc.function.arguments or ""
+    return content, [calls[i] for i in sorted(calls)]
+
+
+def chat_session(
+    chain_for: Callable[[int], Chain | str], session: str, stream: bool, side_call_after: int | None = None
+) -> None:
+    messages: list[dict] = [SYSTEM, {"role": "user", "content": TASK}]
+    for turn in range(3):
+        cl = client(chain_for(turn), session)
+        content, calls = chat_turn(cl, messages, stream)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        messages += [message, *tool_results(calls)]
+        if side_call_after == turn:
+            cl.chat.completions.create(model="demo", messages=TITLE_CALL)
+        if not calls:
+            break
+
+
+def responses_stream_session(chain: Chain, session: str) -> None:
+    """A Responses client that does not send reasoning items back."""
+    cl = client(chain, session)
+    items: list[dict] = [
+        {"role": "system", "content": SYSTEM["content"]},
+        {"role": "user", "content": TASK},
+    ]
+    for _ in range(3):
+        final = None
+        with cl.responses.stream(model="demo", input=items, tools=RESPONSES_TOOLS) as stream:
+            for _event in stream:
+                pass
+            final = stream.get_final_response()
+        calls = [o for o in final.output if o.type == "function_call"]
+        for o in final.output:
+            if o.type == "function_call":
+                items.append({"type": "function_call", "call_id": o.call_id, "name": o.name, "arguments": o.arguments})
+            elif o.type == "message":
+                items.append({"role": "assistant", "content": o.content[0].text})
+        items += [
+            {"type": "function_call_output", "call_id": c.call_id, "output": f"output of {c.arguments}"} for c in calls
+        ]
+        if not calls:
+            break
+
+
+# ---- what the engine saw and what was recorded ----------------------------------------------------
+
+
+def engine_calls(upstream: str, main_only: bool = True) -> list[dict]:
+    """The chat calls the mock served, in order (title calls left out unless asked)."""
+    log = httpx.get(upstream + "/mock/requests", trust_env=False).json()["requests"]
+    calls = [e for e in log if e["path"] == "/v1/chat/completions" and "prompt_token_ids" in e]
+    if main_only:
+        calls = [e for e in calls if "title generator" not in json.dumps(e["body"]["messages"][0])]
+    return calls
+
+
+def breaks(calls: list[dict]) -> list[int]:
+    """Indices of the calls whose prompt does not extend the previous call's prompt + generation."""
+    out = []
+    for i in range(1, len(calls)):
+        before = calls[i - 1]["prompt_token_ids"] + calls[i - 1]["generation_token_ids"]
+        if calls[i]["prompt_token_ids"][: len(before)] != before:
+            out.append(i)
+    return out
+
+
+def records(chain: Chain, session: str) -> list[dict]:
+    return httpx.get(f"{chain.url}/v1/sessions/{session}/completions", trust_env=False).json()["completions"]
+
+
+def rollout(chain: Chain, session: str) -> dict:
+    return httpx.get(f"{chain.url}/v1/sessions/{session}/rollout", trust_env=False).json()
+
+
+def assert_one_chain(chain: Chain, upstream: str, session: str) -> None:
+    calls = engine_calls(upstream)
+    assert len(calls) == 3 and breaks(calls) == []
+    main = [r for r in records(chain, session) if "title generator" not in json.dumps(r["messages"][0])]
+    assert [r["prompt_token_ids"] for r in main] == [c["prompt_token_ids"] for c in calls]
+    assert [r["injection"]["fallback_reason"] for r in main] == ["first_call", None, None]
+    assert len({r["injection"]["chain"] for r in main}) == 1
+    result = rollout(chain, session)
+    assert result["partial_reason"] is None and result["mask_sample"] is False
+    assert result["record_uuids"] == [r["uuid"] for r in main]
+
+
+# ---- the three client shapes, and their negative controls -------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["chat", "chat-stream", "responses-stream"])
+def test_a_reasoning_session_reaches_the_engine_as_one_token_chain(injected, upstream, shape):
+    session = f"inj-{shape}-{uuid.uuid4().hex[:8]}"
+    if shape == "responses-stream":
+        responses_stream_session(injected, session)
+    else:
+        chat_session(lambda turn: injected, session, stream=shape == "chat-stream")
+    assert_one_chain(injected, upstream, session)
+
+
+@pytest.mark.parametrize("shape", ["chat", "chat-stream", "responses-stream"])
+def test_without_injection_the_same_session_breaks_and_the_rollout_says_so(plain, upstream, shape):
+    session = f"plain-{shape}-{uuid.uuid4().hex[:8]}"
+    if shape == "responses-stream":
+        responses_stream_session(plain, session)
+    else:
+        chat_session(lambda turn: plain, session, stream=shape == "chat-stream")
+    assert breaks(engine_calls(upstream)) == [1, 2]
+    result = rollout(plain, session)
+    assert result["mask_sample"] is True and "do not extend" in result["partial_reason"]
+
+
+# ---- side calls, restarts, two processes, an engine without the field -----------------------------------
+
+
+def test_a_side_call_neither_breaks_nor_joins_the_main_chain(injected, upstream):
+    session = f"side-{uuid.uuid4().hex[:8]}"
+    chat_session(lambda turn: injected, session, stream=False, side_call_after=0)
+    assert_one_chain(injected, upstream, session)
+    side = [r for r in records(injected, session) if "title generator" in json.dumps(r["messages"][0])]
+    assert len(side) == 1 and side[0]["injection"]["fallback_reason"] == "no_matching_chain"
+    main_chain = records(injected, session)[0]["injection"]["chain"]
+    assert side[0]["injection"]["chain"] != main_chain
+    assert rollout(injected, session)["side_calls"] == [side[0]["uuid"]]
+
+
+def test_a_restart_mid_session_continues_the_chain_from_the_records(upstream, tmp_path):
+    first = launch_chain(upstream, tmp_path, "--token-injection")
+    session = f"restart-{uuid.uuid4().hex[:8]}"
+    servers = [first]
+    try:
+
+        def chain_for(turn: int) -> Chain:
+            if turn == 1:  # a fresh process: nothing in memory, only the records on disk
+                servers[0].proc.stop()
+                servers[0] = launch_chain(upstream, tmp_path, "--token-injection")
+            return servers[0]
+
+        chat_session(chain_for, session, stream=True)
+        assert_one_chain(servers[0], upstream, session)
+    finally:
+        servers[0].proc.stop()
+
+
+def test_two_processes_on_one_capture_dir_serve_a_session_alternately(upstream, tmp_path):
+    a = launch_chain(upstream, tmp_path, "--token-injection")
+    b = launch_chain(upstream, tmp_path, "--token-injection")
+    session = f"alt-{uuid.uuid4().hex[:8]}"
+    try:
+        chat_session(lambda turn: (a, b)[turn % 2], session, stream=False)
+        assert_one_chain(a, upstream, session)
+    finally:
+        a.proc.stop()
+        b.proc.stop()
+
+
+def test_an_engine_that_ignores_the_field_gets_fallbacks_and_the_rollout_reports_the_break(injected, upstream):
+    httpx.post(upstream + "/mock/config", json={"token_in": "ignore"}, trust_env=False)
+    session = f"ignore-{uuid.uuid4().hex[:8]}"
+    chat_session(lambda turn: injected, session, stream=False)
+    calls = engine_calls(upstream)
+    assert len(calls) == 3 and breaks(calls) == [1, 2]  # every call answered, plainly
+    reasons = [r["injection"]["fallback_reason"] for r in records(injected, session)]
+    assert reasons == ["first_call", "echo_mismatch", "echo_mismatch"]
+    result = rollout(injected, session)
+    assert result["mask_sample"] is True and "echo_mismatch" in result["partial_reason"]
+    metrics = httpx.get(injected.url + "/metrics", trust_env=False).text
+    assert 'outcome="echo_mismatch"' in metrics and "switchyard_model_injection_calls_total" in metrics
