@@ -278,3 +278,21 @@ def test_an_engine_that_ignores_the_field_gets_fallbacks_and_the_rollout_reports
     assert result["mask_sample"] is True and "echo_mismatch" in result["partial_reason"]
     metrics = httpx.get(injected.url + "/metrics", trust_env=False).text
     assert 'outcome="echo_mismatch"' in metrics and "switchyard_model_injection_calls_total" in metrics
+
+
+@pytest.mark.parametrize("transport", ["sglang", "nemo_rl"])
+def test_the_other_transports_cross_switchyard_and_keep_the_chain(upstream, tmp_path, transport):
+    """SGLang's input_ids and NeMo-RL's required_prefix_token_ids (the engine splices) reach the engine intact."""
+    config = tmp_path / "settings.yaml"
+    config.write_text(f"injection_transport: {transport}\n")
+    chain = launch_chain(upstream, tmp_path / "captures", "--token-injection", "--config", str(config))
+    session = f"{transport}-{uuid.uuid4().hex[:8]}"
+    try:
+        chat_session(lambda turn: chain, session, stream=False)
+        assert_one_chain(chain, upstream, session)
+        field = "input_ids" if transport == "sglang" else "required_prefix_token_ids"
+        sent = [c["body"].get(field) for c in engine_calls(upstream)]
+        assert sent[0] is None and all(isinstance(ids, list) and ids for ids in sent[1:])
+        assert {r["injection"]["transport"] for r in records(chain, session)} == {transport}
+    finally:
+        chain.proc.stop()
