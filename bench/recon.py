@@ -199,6 +199,88 @@ def bench_many_sessions(
     }
 
 
+def independent_session(session_id: str, calls: int, *, seed: int = 3) -> list[dict]:
+    """`calls` calls that share a system prompt and nothing else (no call continues another), as
+    records through an orjson round trip: the shape that made the anchor search quadratic."""
+    rng = random.Random(seed)
+    system = [rng.randrange(1000, 101000) for _ in range(500)]
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    out = []
+    for k in range(calls):
+        prompt = system + [rng.randrange(1000, 101000) for _ in range(rng.randrange(20, 200))]
+        generation = [rng.randrange(1000, 101000) for _ in range(50)]
+        response = {
+            "id": f"chatcmpl-{k}",
+            "model": "policy",
+            "prompt_token_ids": prompt,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": _text(rng, 25)},
+                    "finish_reason": "stop",
+                    "token_ids": generation,
+                    "logprobs": {"content": [{"logprob": -0.5} for _ in generation]},
+                }
+            ],
+        }
+        record = build_record(
+            session_id=session_id,
+            parent_session_id=None,
+            rollout_id=None,
+            request_id=f"req_{k}",
+            chat_request={"messages": [{"role": "user", "content": _text(rng, 20)}], "tools": _TOOLS},
+            chat_response=response,
+            route="policy",
+            api="chat",
+            stream=False,
+            latency_ms=1.0,
+            captured_at=(start + timedelta(seconds=k)).isoformat(timespec="microseconds"),
+            record_uuid=str(uuid.UUID(int=rng.getrandbits(128))),
+        )
+        out.append(orjson.loads(orjson.dumps(record)))
+    return out
+
+
+def bench_independent_scaling(small: int = 500, large: int = 4000, rounds: int = 3) -> dict:
+    """Rebuild time of `large` independent calls over `small`, with the continuation index and with
+    the former scan of every later record (side by side in the first round; median of `rounds`)."""
+    from server.capture.rollout import chain
+    from server.capture.rollout.continuation import ContinuationIndex
+
+    sessions = {n: independent_session("independent", n) for n in (small, large)}
+    times: dict[tuple[str, int], list[float]] = {}
+    original = chain.ContinuationIndex
+    try:
+        for r in range(rounds):
+            # The former scan takes seconds at 4,000 calls: it runs in the first round only.
+            modes = ("indexed", "scan") if r == 0 else ("indexed",)
+            for mode in modes:
+                chain.ContinuationIndex = (  # type: ignore[misc]
+                    original if mode == "indexed" else (lambda prompts: ContinuationIndex(prompts, indexed=False))
+                )
+                for n, records in sessions.items():
+                    gc.collect()
+                    t0 = time.perf_counter()
+                    reconstruct_session("independent", records)
+                    times.setdefault((mode, n), []).append(time.perf_counter() - t0)
+    finally:
+        chain.ContinuationIndex = original  # type: ignore[misc]
+
+    def med(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    out: dict[str, Any] = {"small": small, "large": large, "rounds": rounds}
+    for mode in ("indexed", "scan"):
+        out[mode] = {
+            "small_s": med(times[(mode, small)]),
+            "large_s": med(times[(mode, large)]),
+            "ratio": med(times[(mode, large)]) / med(times[(mode, small)]),
+            "ratios": [b / a for a, b in zip(times[(mode, small)], times[(mode, large)], strict=True)],
+        }
+    return out
+
+
 if __name__ == "__main__":
+    print(bench_independent_scaling())
     print(bench_long_session())
     print(bench_many_sessions())

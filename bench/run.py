@@ -839,6 +839,19 @@ class Bench:
                 ">= 5 M tokens/s",
                 verdict(tps >= 5e6, ""),
             )
+        scaling = recon.bench_independent_scaling(rounds=1 if self.quick else 3)
+        self.data["reconstruction"]["independent"] = scaling
+        new, old = scaling["indexed"], scaling["scan"]
+        spread = f" (rounds {min(new['ratios']):.1f}-{max(new['ratios']):.1f})" if len(new["ratios"]) > 1 else ""
+        self.row(
+            "reconstruction",
+            f"{scaling['large']} vs {scaling['small']} independent calls: time ratio",
+            f"{new['small_s'] * 1000:.0f} / {new['large_s'] * 1000:.0f} ms",
+            f"{new['ratio']:.1f}x{spread}",
+            f"former scan of every later record: {old['ratio']:.1f}x ({old['large_s']:.2f} s)",
+            "<= 10x",
+            verdict(new["ratio"] <= 10, ""),
+        )
 
     def disk(self) -> None:
         self.log("capture disk bytes vs unique tokens: plain .json and capture_compress (.json.gz)")

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.capture.record import INJECTION_BREAKING_FALLBACKS, SCHEMA_VERSION
+from server.capture.rollout.continuation import ContinuationIndex
+from server.capture.rollout.continuation import extends as _extends
 from server.capture.rollout.items import map_tools, message_items
 from server.capture.rollout.messages import ENVIRONMENT_ROLES, RolloutError, canonical, normalize
 from server.capture.tokens import is_finite_numbers, is_token_ids
@@ -97,6 +99,7 @@ class _Reconstruction:
         if not conversation:
             raise RolloutError(f"session {self.session_id!r} has only side calls ({len(self.side_calls)})")
         self.conversation = conversation
+        self.continuations = ContinuationIndex([_prompt_of(self.ordered[i]) for i in conversation])
         self.signature = _signature(self.ordered[self._anchor()])
 
         partial_reason = None
@@ -157,12 +160,7 @@ class _Reconstruction:
         prompt, generation = record.get("prompt_token_ids"), record.get("generation_token_ids")
         if not isinstance(prompt, list) or not isinstance(generation, list):
             return True
-        for i in self.conversation[position + 1 :]:
-            later = self.ordered[i]
-            later_prompt = later.get("prompt_token_ids") if isinstance(later, dict) else None
-            if isinstance(later_prompt, list) and _extends(later_prompt, prompt, generation):
-                return False
-        return True
+        return not self.continuations.continued(position, prompt, generation)
 
     # -- placing one call -------------------------------------------------------------------
 
@@ -430,15 +428,9 @@ def _is_title_call(record: object) -> bool:
     return False
 
 
-def _extends(prompt: list, prior_prompt: list, prior_generation: list) -> bool:
-    """`prompt` starts with prior_prompt + prior_generation (Gym's contiguity rule).
-
-    Comparing against the previous call only is enough: that call was itself checked against
-    the one before it. The short generation part is compared first, so a mismatch is cheap, and
-    nothing is concatenated, so the growing history is never copied.
-    """
-    n, g = len(prior_prompt), len(prior_generation)
-    return len(prompt) >= n + g and prompt[n : n + g] == prior_generation and prompt[:n] == prior_prompt
+def _prompt_of(record: object) -> list | None:
+    prompt = record.get("prompt_token_ids") if isinstance(record, dict) else None
+    return prompt if isinstance(prompt, list) else None
 
 
 def _same_prompt(record: dict, other: dict) -> bool:
