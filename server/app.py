@@ -115,7 +115,7 @@ def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | Non
         from server.viewer import ui_routes
 
         summaries = SummaryCache()
-        routes += session_routes(lambda: state.store, cache=summaries)
+        routes += session_routes(lambda: state.store, lambda: state.rollouts, cache=summaries)
         routes += view_routes(lambda: state.store, summaries)
         routes += ui_routes()
 

@@ -91,6 +91,10 @@ class Settings(BaseModel):
     capture_queue_size: int = Field(default=10000, ge=1)
     # Write records gzip-compressed (`<uuid>.json.gz`, 2-3x smaller on real text); served the same.
     capture_compress: bool = False
+    # Rollout rebuilds (GET /v1/sessions/{id}/rollout) run in this many worker processes, one
+    # session each at a time; 0 builds in a thread of the server process. Results are cached.
+    rollout_workers: int = Field(default=1, ge=0)
+    rollout_cache_mb: int = Field(default=64, ge=0)
     # Token-continuity injection (docs/injection.md): send the engine each session's token history.
     token_injection: bool = False
     injection_transport: Literal["vllm", "sglang", "nemo_rl"] = "vllm"

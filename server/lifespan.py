@@ -63,6 +63,14 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 compress=settings.capture_compress,
             )
             await asyncio.to_thread(state.store.start)  # indexes what earlier runs recorded
+            from server.capture.rebuilds import RolloutBuilder
+
+            state.rollouts = RolloutBuilder(
+                state.store.sessions_dir,
+                workers=settings.rollout_workers,
+                cache_bytes=settings.rollout_cache_mb << 20,
+            )
+            state.closers.append(state.rollouts.close)
             state.telemetry.capture_stats_source(state.store.stats)
         if state.proxy.rendered is not None:
             state.max_model_lens.update(await discover_context_lengths(state.proxy.rendered.text))

@@ -14,6 +14,7 @@ from server.telemetry.spans import Telemetry
 from server.upstream.client import Upstream
 
 if TYPE_CHECKING:
+    from server.capture.rebuilds import RolloutBuilder
     from server.capture.store import CaptureStore
     from server.injection.injector import Injector
 
@@ -26,6 +27,7 @@ class AppState:
     proxy: SwitchyardProxy
     upstream: Upstream | None = None
     store: CaptureStore | None = None  # when capture is on
+    rollouts: RolloutBuilder | None = None  # rebuilds rollouts off the event loop; with the store
     telemetry: Telemetry = field(default_factory=Telemetry)
     semaphore: asyncio.Semaphore | None = None
     route: str = ""  # the default route (switchyard_model, or Switchyard's default)

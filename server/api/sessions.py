@@ -11,9 +11,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from server.capture.index import IndexView
+from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
 from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import RolloutError
-from server.capture.sessions import build_rollout, build_tree
+from server.capture.sessions import build_tree
 from server.capture.store import CaptureStore, UnknownSession
 from server.capture.summary import KINDS, STATUSES, ListQuery, SummaryCache, format_time, list_page, parse_time
 from server.errors import OpenAIError
@@ -29,12 +31,28 @@ _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
 
-def session_routes(get_store: Callable[[], CaptureStore | None], *, cache: SummaryCache | None = None) -> list[Route]:
+def session_routes(
+    get_store: Callable[[], CaptureStore | None],
+    get_rollouts: Callable[[], RolloutBuilder | None] = lambda: None,
+    *,
+    cache: SummaryCache | None = None,
+) -> list[Route]:
     """The session endpoints; `get_store` is called per request (None means capture is off).
 
-    `cache` holds per-session summaries for the list's `summary`, `model`, `route` and `status`.
+    `get_rollouts` gives the builder that rebuilds rollouts off the event loop (a worker process,
+    cached); without one, each rollout is built in a thread of this process. `cache` holds
+    per-session summaries for the list's `summary`, `model`, `route` and `status`.
     """
     summaries = cache if cache is not None else SummaryCache()
+    fallback: list[RolloutBuilder] = []
+
+    def rollouts_for(store: CaptureStore) -> RolloutBuilder:
+        builder = get_rollouts()
+        if builder is not None:
+            return builder
+        if not fallback:
+            fallback.append(RolloutBuilder(store.sessions_dir, workers=0, cache_bytes=0))
+        return fallback[0]
 
     def store_or_error() -> CaptureStore:
         store = get_store()
@@ -112,16 +130,20 @@ def session_routes(get_store: Callable[[], CaptureStore | None], *, cache: Summa
         session_id = path_session_id(request)
         allow_partial = _bool_param(request.query_params.get("allow_partial"), "allow_partial", default=True)
 
-        def build() -> bytes:
+        def snapshot() -> IndexView:
             store.flush(READ_SETTLE_TIMEOUT_S)
-            try:
-                return orjson.dumps(build_rollout(store, session_id, allow_partial=allow_partial))
-            except UnknownSession:
-                raise _unknown(session_id) from None
-            except RolloutError as exc:
-                raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
+            return store.index_view()
 
-        return _json_bytes(await run_in_threadpool(build))
+        index = await run_in_threadpool(snapshot)
+        try:
+            body = await rollouts_for(store).rollout(index, session_id, allow_partial=allow_partial)
+        except UnknownSession:
+            raise _unknown(session_id) from None
+        except RolloutError as exc:
+            raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
+        except RebuildUnavailable as exc:
+            raise OpenAIError(503, str(exc), type="server_error", code="rollout_worker_failed") from None
+        return _json_bytes(body)
 
     async def delete(request: Request) -> Response:
         store = store_or_error()

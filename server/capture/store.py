@@ -348,24 +348,8 @@ class CaptureStore:
         return self._index.view().children(session_id)
 
     def read_completions(self, session_id: str) -> tuple[list[dict], int]:
-        """The session's records ordered by (captured_at, uuid), and how many files were skipped.
-
-        A file in the directory whose record names another session is not served here, so a
-        crafted or colliding record cannot leak into this session.
-        """
-        check_session_id(session_id)
-        directory = os.path.join(self.sessions_dir, session_dir_name(session_id))
-        if os.path.islink(directory) or not os.path.isdir(directory):
-            raise UnknownSession(session_id)
-        records, skipped = [], 0
-        for path in _record_files(directory):
-            record = _load_record(path)
-            if record is None or record["session_id"] != session_id:
-                skipped += 1
-                continue
-            records.append(record)
-        records.sort(key=_record_key)
-        return records, skipped
+        """The session's records ordered by (captured_at, uuid), and how many files were skipped."""
+        return read_session_records(self.sessions_dir, session_id)
 
     def delete_session(self, session_id: str) -> int:
         """Remove a session's files and directory; returns how many records were removed."""
@@ -400,6 +384,28 @@ class CaptureStore:
             "uncorrelated": self._uncorrelated,
             "sessions": len(self._index),
         }
+
+
+def read_session_records(sessions_dir: str | os.PathLike[str], session_id: str) -> tuple[list[dict], int]:
+    """A session's records ordered by (captured_at, uuid), and how many files were skipped.
+
+    A file in the directory whose record names another session is not served here, so a crafted
+    or colliding record cannot leak into this session. Needs no store object: rebuild workers in
+    other processes call it with just the directory.
+    """
+    check_session_id(session_id)
+    directory = os.path.join(sessions_dir, session_dir_name(session_id))
+    if os.path.islink(directory) or not os.path.isdir(directory):
+        raise UnknownSession(session_id)
+    records, skipped = [], 0
+    for path in _record_files(directory):
+        record = _load_record(path)
+        if record is None or record["session_id"] != session_id:
+            skipped += 1
+            continue
+        records.append(record)
+    records.sort(key=_record_key)
+    return records, skipped
 
 
 def _record_files(directory: str) -> list[str]:

@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from server.api.sessions import session_routes
-from server.capture import sessions as capture_sessions
+from server.capture import rebuilds
 from server.capture.rollout import RolloutError
 from server.capture.store import CaptureStore
 
@@ -333,7 +333,7 @@ def fake_rollout(monkeypatch):
             "subagents": subagents,
         }
 
-    monkeypatch.setattr(capture_sessions, "reconstruct_tree", reconstruct_tree)
+    monkeypatch.setattr(rebuilds, "reconstruct_tree", reconstruct_tree)
     return calls
 
 

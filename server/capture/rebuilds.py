@@ -1,0 +1,166 @@
+"""Rollout rebuilds kept away from the calls being served: a worker process, one at a time, results cached by session state.
+
+A rebuild parses every record of a session tree (tens of MB for a long agent session) and walks its
+tokens; on the server's own interpreter that holds the GIL for whole seconds, which the streams being
+served feel as stalls. Here the work runs in a separate process (`workers` of them, 1 by default, so
+rebuild memory is that of one session at a time however many requests arrive), identical requests
+share one rebuild, and the result is cached under the tree's state (each session's record count and
+first and last capture time), so asking again after nothing changed costs a dictionary look-up.
+`workers=0` builds in a thread of the serving process instead, still one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import threading
+from collections import OrderedDict
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import orjson
+
+from server.capture.index import IndexView
+from server.capture.rollout import reconstruct_tree
+from server.capture.store import UnknownSession, read_session_records
+
+log = logging.getLogger("switchyard_model.capture")
+
+_CacheKey = tuple[str, bool, tuple[tuple[str, int, str, str], ...]]
+
+
+class RebuildUnavailable(RuntimeError):
+    """The rebuild worker died (e.g. out of memory); the next request starts a fresh one."""
+
+
+def tree_of(index: IndexView, session_id: str) -> dict[str, list[str]]:
+    """The session and its descendants as {session id: child ids}, from one index snapshot."""
+    if index.session_info(session_id) is None:
+        raise UnknownSession(session_id)
+    tree: dict[str, list[str]] = {}
+    pending = [session_id]
+    while pending:  # iterative with a visited check: crafted parent ids may form cycles
+        current = pending.pop()
+        if current in tree:
+            continue
+        tree[current] = children = [c for c in index.children(current) if index.session_info(c) is not None]
+        pending.extend(children)
+    return tree
+
+
+def rollout_json(sessions_dir: str, session_id: str, tree: dict[str, list[str]], allow_partial: bool) -> bytes:
+    """The serialized rollout of `session_id` with its sub-agents (raises RolloutError, UnknownSession).
+
+    Runs in the worker process: it reads the records itself, so only the ids and the result cross.
+    """
+    root_records, _ = read_session_records(sessions_dir, session_id)
+    if not root_records:
+        raise UnknownSession(session_id)
+
+    def load_records(sid: str) -> list[dict]:
+        if sid == session_id:
+            return root_records
+        try:
+            return read_session_records(sessions_dir, sid)[0]
+        except UnknownSession:
+            return []  # a child without records: reconstruction reports it
+
+    def children_of(sid: str) -> list[str]:
+        return tree.get(sid, [])
+
+    return orjson.dumps(reconstruct_tree(session_id, load_records, children_of, allow_partial=allow_partial))
+
+
+class RolloutBuilder:
+    """Builds rollouts off the serving interpreter, bounded and cached (see the module docstring)."""
+
+    def __init__(self, sessions_dir: str | Path, *, workers: int = 1, cache_bytes: int = 64 << 20) -> None:
+        self.sessions_dir = str(sessions_dir)
+        self.workers = max(0, workers)
+        self.cache_bytes = max(0, cache_bytes)
+        self._cache: OrderedDict[_CacheKey, bytes] = OrderedDict()
+        self._cached_bytes = 0
+        self._inflight: dict[_CacheKey, asyncio.Future[bytes]] = {}
+        self._pool: Executor | None = None
+        self._pool_lock = threading.Lock()
+        self.rebuilds = 0  # rebuilds actually run (not served from the cache or shared)
+
+    def _executor(self) -> Executor:
+        with self._pool_lock:
+            if self._pool is None:
+                if self.workers:
+                    # spawn, not fork: the serving process has threads (and Switchyard's runtime).
+                    self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+                else:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-rebuild")
+            return self._pool
+
+    async def rollout(self, index: IndexView, session_id: str, *, allow_partial: bool = True) -> bytes:
+        """The rollout JSON for `session_id` as of `index` (raises RolloutError, UnknownSession,
+        RebuildUnavailable). Call with an index snapshot taken after the store was flushed."""
+        tree = tree_of(index, session_id)
+        key: _CacheKey = (session_id, allow_partial, _state_of(index, tree))
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        task = self._inflight.get(key)
+        if task is None:
+            # Its own task, not the requester's: a client that goes away does not cancel a rebuild
+            # that other requests wait for.
+            task = asyncio.ensure_future(self._build(key, tree))
+            self._inflight[key] = task
+            task.add_done_callback(lambda done: self._settled(key, done))
+        return await asyncio.shield(task)
+
+    async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> bytes:
+        session_id, allow_partial, _ = key
+        self.rebuilds += 1
+        loop = asyncio.get_running_loop()
+        try:
+            body = await loop.run_in_executor(
+                self._executor(), rollout_json, self.sessions_dir, session_id, tree, allow_partial
+            )
+        except BrokenProcessPool as exc:
+            self._reset_pool()
+            raise RebuildUnavailable("the rollout worker process died; try again") from exc
+        self._remember(key, body)
+        return body
+
+    def _settled(self, key: _CacheKey, task: asyncio.Future[bytes]) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here, so a rebuild every waiter gave up on logs no warning
+
+    def _remember(self, key: _CacheKey, body: bytes) -> None:
+        if len(body) > self.cache_bytes:
+            return
+        self._cache[key] = body
+        self._cached_bytes += len(body)
+        while self._cached_bytes > self.cache_bytes:
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_bytes -= len(evicted)
+
+    def _reset_pool(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        self._reset_pool()
+        self._cache.clear()
+        self._cached_bytes = 0
+
+
+def _state_of(index: IndexView, tree: dict[str, list[str]]) -> tuple[tuple[str, int, str, str], ...]:
+    """What a rollout depends on, per session of the tree: a new record changes it."""
+    state = []
+    for sid in sorted(tree):
+        info = index.session_info(sid)
+        if info is not None:
+            state.append((sid, info["record_count"], info["first_captured_at"], info["last_captured_at"]))
+    return tuple(state)

@@ -1,0 +1,154 @@
+"""Rollout rebuilds: cached by the tree's state, shared between identical requests, one at a time, same bytes in a worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import orjson
+import pytest
+
+from server.capture import rebuilds
+from server.capture.rebuilds import RolloutBuilder, rollout_json, tree_of
+from server.capture.store import CaptureStore, UnknownSession
+from tests.unit.api.test_sessions import add, call, chat_response
+
+
+@pytest.fixture
+def store(tmp_path):
+    capture = CaptureStore(tmp_path / "captures")
+    capture.start()
+    yield capture
+    capture.close()
+
+
+def _first_turn(store, session_id="ses-a", parent=None):
+    add(store, call(session_id, parent=parent, request_id="req-1", response=chat_response([1, 2], [3])))
+
+
+def _second_turn(store, session_id="ses-a", parent=None):
+    second = call(
+        session_id,
+        parent=parent,
+        request_id="req-2",
+        messages=[
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "more"},
+        ],
+        response=chat_response([1, 2, 3, 4], [5]),
+    )
+    add(store, second)
+
+
+def _two_turns(store, session_id="ses-a", parent=None):
+    _first_turn(store, session_id, parent)
+    _second_turn(store, session_id, parent)
+
+
+def _counting(monkeypatch):
+    """Wrap the rebuild so the test sees how many ran and how many ran at once."""
+    seen = {"runs": 0, "active": 0, "most": 0}
+    lock = threading.Lock()
+    real = rebuilds.rollout_json
+
+    def counted(*args):
+        with lock:
+            seen["runs"] += 1
+            seen["active"] += 1
+            seen["most"] = max(seen["most"], seen["active"])
+        time.sleep(0.05)  # long enough for concurrent requests to overlap
+        try:
+            return real(*args)
+        finally:
+            with lock:
+                seen["active"] -= 1
+
+    monkeypatch.setattr(rebuilds, "rollout_json", counted)
+    return seen
+
+
+def test_cached_until_the_session_changes(store, monkeypatch):
+    seen = _counting(monkeypatch)
+    builder = RolloutBuilder(store.sessions_dir, workers=0)
+    _first_turn(store)
+
+    async def fetch():
+        return await builder.rollout(store.index_view(), "ses-a")
+
+    first = asyncio.run(fetch())
+    again = asyncio.run(fetch())
+    assert again == first and seen["runs"] == 1
+    _second_turn(store)  # a new record: the state changes, so the rollout is rebuilt
+    third = asyncio.run(fetch())
+    assert seen["runs"] == 2
+    assert orjson.loads(third)["partial_reason"] is None
+    assert len(orjson.loads(third)["record_uuids"]) > len(orjson.loads(first)["record_uuids"])
+
+
+def test_negative_control_without_a_cache_every_request_rebuilds(store, monkeypatch):
+    seen = _counting(monkeypatch)
+    builder = RolloutBuilder(store.sessions_dir, workers=0, cache_bytes=0)
+    add(store, call("ses-a", response=chat_response([1, 2], [3])))
+    for _ in range(3):
+        asyncio.run(builder.rollout(store.index_view(), "ses-a"))
+    assert seen["runs"] == 3
+
+
+def test_identical_requests_share_one_rebuild_and_distinct_ones_run_one_at_a_time(store, monkeypatch):
+    seen = _counting(monkeypatch)
+    builder = RolloutBuilder(store.sessions_dir, workers=0, cache_bytes=0)
+    for session_id in ("ses-a", "ses-b", "ses-c"):
+        add(store, call(session_id, response=chat_response([1, 2], [3])))
+
+    async def burst():
+        index = store.index_view()
+        same = [builder.rollout(index, "ses-a") for _ in range(8)]
+        others = [builder.rollout(index, sid) for sid in ("ses-b", "ses-c")]
+        return await asyncio.gather(*same, *others)
+
+    bodies = asyncio.run(burst())
+    assert len(set(bodies[:8])) == 1
+    assert seen["runs"] == 3  # one for the eight identical requests, one each for the others
+    assert seen["most"] == 1  # never two rebuilds in memory at once
+
+
+def test_a_cancelled_requester_does_not_cancel_a_shared_rebuild(store, monkeypatch):
+    _counting(monkeypatch)
+    builder = RolloutBuilder(store.sessions_dir, workers=0)
+    add(store, call("ses-a", response=chat_response([1, 2], [3])))
+
+    async def scenario():
+        index = store.index_view()
+        leaver = asyncio.ensure_future(builder.rollout(index, "ses-a"))
+        stayer = asyncio.ensure_future(builder.rollout(index, "ses-a"))
+        await asyncio.sleep(0.01)
+        leaver.cancel()
+        return await stayer
+
+    assert orjson.loads(asyncio.run(scenario()))["session_id"] == "ses-a"
+
+
+def test_tree_of_lists_descendants_and_refuses_unknown_sessions(store):
+    _two_turns(store, "root")
+    add(store, call("child", parent="root", response=chat_response([7], [8])))
+    add(store, call("grandchild", parent="child", response=chat_response([7], [8])))
+    index = store.index_view()
+    assert tree_of(index, "root") == {"root": ["child"], "child": ["grandchild"], "grandchild": []}
+    with pytest.raises(UnknownSession):
+        tree_of(index, "nope")
+
+
+@pytest.mark.integration
+def test_a_worker_process_builds_the_same_bytes_as_this_process(store):
+    _two_turns(store, "root")
+    add(store, call("child", parent="root", response=chat_response([7], [8])))
+    index = store.index_view()
+    builder = RolloutBuilder(store.sessions_dir, workers=1)
+    try:
+        body = asyncio.run(builder.rollout(index, "root"))
+    finally:
+        builder.close()
+    assert body == rollout_json(str(store.sessions_dir), "root", tree_of(index, "root"), True)
+    assert [s["session_id"] for s in orjson.loads(body)["subagents"]] == ["child"]
