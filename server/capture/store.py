@@ -429,11 +429,53 @@ def _header(record: dict) -> RecordHeader:
 
 
 def _read_header(path: str, dir_name: str) -> RecordHeader | None:
-    """What the index needs from one record file; None if unreadable or filed under another session."""
-    record = _load_record(path)
-    if record is None or session_dir_name(record["session_id"]) != dir_name:
+    """What the index needs from one record file; None if unreadable or filed under another session.
+
+    A record this server wrote starts with the header fields in a fixed order, so only its first
+    block is read (and its last byte, to see that the file is whole); anything else is parsed whole.
+    """
+    header = _peek_header(path) if path.endswith(".json") else None
+    if header is None:
+        record = _load_record(path)
+        if record is None:
+            return None
+        header = _header(record)
+    if session_dir_name(header.session_id) != dir_name:
         return None
-    return _header(record)
+    return header
+
+
+# The start of a record as this server writes it (orjson, build_record's key order). Ids and times
+# never hold quotes or backslashes, so a string field ends at the next quote.
+_HEAD = re.compile(
+    rb'\{"schema_version":1,"uuid":"([^"\\]+)","session_id":"([^"\\]+)",'
+    rb'"parent_session_id":(?:null|"([^"\\]*)"),"captured_at":"([^"\\]+)",'
+)
+_HEAD_BYTES = 1024
+
+
+def _peek_header(path: str) -> RecordHeader | None:
+    """The header fields from a record file's first block, or None to fall back to a full parse."""
+    try:
+        fd = os.open(path, _OPEN_READ)
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, _HEAD_BYTES, 0)
+            last = os.pread(fd, 1, size - 1) if size > 0 else b""
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    match = _HEAD.match(head)
+    if match is None or last != b"}":
+        return None
+    uuid, session_id, parent, captured_at = (g.decode() if g is not None else None for g in match.groups())
+    if not (is_valid_session_id(session_id) and captured_at and uuid):
+        return None
+    assert session_id is not None and captured_at is not None and uuid is not None
+    if parent == session_id or not is_valid_session_id(parent):
+        parent = None
+    return RecordHeader(session_id, parent, captured_at, uuid)
 
 
 def _load_record(path: str) -> dict | None:

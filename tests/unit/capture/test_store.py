@@ -464,3 +464,69 @@ def test_compressed_records_are_served_exactly_like_plain_ones(tmp_path):
     gz_path.write_bytes(gz_path.read_bytes()[:20])  # a torn compressed file is skipped, not a crash
     assert [r["uuid"] for r in packed.read_completions("mixed")[0]] == ["a-plain"]
     packed.close()
+
+
+# ---- the index reads record headers, not whole records ---------------------------------------
+
+
+def _write_raw(capture_dir, session_id, name, data: bytes):
+    directory = capture_dir / "sessions" / session_dir_name(session_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_bytes(data)
+
+
+def _count_full_parses(monkeypatch):
+    parsed = []
+    real = store_module._load_record
+
+    def counting(path):
+        parsed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(store_module, "_load_record", counting)
+    return parsed
+
+
+def test_indexing_reads_headers_not_whole_records(tmp_path, monkeypatch):
+    capture_dir = tmp_path / "captures"
+    big = record("ses-big", parent="ses-root", chat_request={"messages": [{"role": "user", "content": "x" * 200_000}]})
+    _write_raw(capture_dir, "ses-big", f"{big['uuid']}.json", orjson.dumps(big))
+    small = record("ses-root")
+    _write_raw(capture_dir, "ses-root", f"{small['uuid']}.json", orjson.dumps(small))
+    parsed = _count_full_parses(monkeypatch)
+    reader = CaptureStore.open_read_only(capture_dir)
+    assert parsed == []  # neither file was parsed whole
+    assert reader.session_info("ses-big") == {
+        "session_id": "ses-big",
+        "parent_session_id": "ses-root",
+        "record_count": 1,
+        "first_captured_at": big["captured_at"],
+        "last_captured_at": big["captured_at"],
+    }
+    assert [s["session_id"] for s in reader.list_sessions()] == ["ses-big", "ses-root"]
+
+
+def test_records_in_another_layout_are_parsed_whole_and_torn_ones_skipped(tmp_path, monkeypatch):
+    """Negative controls for the header read: a record written by another tool (spaces, other key
+    order) still counts, via a full parse; a file cut short is skipped, though its head is intact."""
+    import json
+
+    capture_dir = tmp_path / "captures"
+    foreign = record("ses-foreign")
+    _write_raw(capture_dir, "ses-foreign", f"{foreign['uuid']}.json", json.dumps(foreign, indent=1).encode())
+    torn = record("ses-torn")
+    _write_raw(capture_dir, "ses-torn", f"{torn['uuid']}.json", orjson.dumps(torn)[:-40])
+    parsed = _count_full_parses(monkeypatch)
+    reader = CaptureStore.open_read_only(capture_dir)
+    assert len(parsed) == 2
+    assert reader.session_info("ses-foreign")["record_count"] == 1
+    assert reader.session_info("ses-torn") is None
+    assert reader.stats()["skipped"] == 1
+
+
+def test_a_header_filed_under_another_session_is_not_indexed(tmp_path):
+    capture_dir = tmp_path / "captures"
+    stray = record("ses-elsewhere")
+    _write_raw(capture_dir, "ses-here", f"{stray['uuid']}.json", orjson.dumps(stray))
+    reader = CaptureStore.open_read_only(capture_dir)
+    assert reader.session_info("ses-elsewhere") is None and reader.session_info("ses-here") is None
