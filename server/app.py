@@ -16,8 +16,10 @@ from starlette.routing import Route
 from middleware.auth import AuthMiddleware
 from middleware.correlation import CorrelationMiddleware
 from server.api.chat import ChatCompletions
+from server.api.conversations import conversation_routes
 from server.api.models import json_response, model_routes
 from server.api.responses import Responses
+from server.api.stored_responses import stored_response_routes
 from server.config import Settings
 from server.errors import OpenAIError
 from server.http.asgi import send_error
@@ -118,6 +120,9 @@ def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | Non
         routes += session_routes(lambda: state.store, lambda: state.rollouts, cache=summaries)
         routes += view_routes(lambda: state.store, summaries)
         routes += ui_routes()
+    # Registered whatever the settings: with the store off they answer why in an OpenAI error.
+    routes += stored_response_routes(lambda: state.stateful)
+    routes += conversation_routes(lambda: state.stateful, settings.max_body_bytes)
 
     exception_handlers: dict[Any, Callable[..., Any]] = {
         HTTPException: _http_exception,

@@ -112,6 +112,16 @@ class Settings(BaseModel):
     # How long a call waits for a record another process is still writing (cache misses only).
     injection_rebuild_wait_s: float = Field(default=0.25, ge=0)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # The stateful Responses API (stored responses, previous_response_id, conversations, background
+    # runs), kept in <capture_dir>/state.sqlite3. Off: `store` is reported false and those fields get a 400.
+    response_store: bool = True
+    response_store_max_count: int = Field(default=10000, ge=1)
+    response_store_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    response_store_max_age_s: float = Field(default=30 * 24 * 3600.0, gt=0)  # also conversations' idle limit
+    conversation_store_max_count: int = Field(default=10000, ge=1)
+    conversation_store_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    # Base64 of 32 bytes; unset: a key generated once into <capture_dir>/reasoning-seal.key (0600).
+    reasoning_seal_key: str | None = None
     log_level: str = "info"
     # The HTTP server under the (pure ASGI) app: see docs/benchmarks.md for how the two compare.
     http_server: Literal["uvicorn", "granian"] = "uvicorn"

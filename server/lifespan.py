@@ -86,6 +86,12 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 max_model_len_for=state.max_model_lens.get,
             )
             state.closers.append(close)
+        if settings.response_store:
+            from server.stateful.service import Stateful
+
+            stateful = Stateful(settings)
+            await asyncio.to_thread(stateful.open)
+            state.stateful = stateful
         state.ready = True
         log.info("serving route %r through Switchyard at %s (%s)", state.route, state.proxy.root_url, state.proxy.mode)
         if settings.condition_dir:
@@ -124,6 +130,9 @@ async def shutdown(state: AppState) -> None:
     """Undo whatever the lifespan got to; safe to call twice. The proxy is closed last."""
     state.ready = False
     try:
+        if state.stateful is not None:
+            # Runs first: each still going records itself cancelled, while capture and the store are up.
+            await state.stateful.runs.shutdown()
         while state.closers:
             state.closers.pop()()
         if state.store is not None:
@@ -132,6 +141,9 @@ async def shutdown(state: AppState) -> None:
         if state.upstream is not None:
             upstream, state.upstream = state.upstream, None
             await upstream.aclose()
+        if state.stateful is not None:
+            stateful, state.stateful = state.stateful, None
+            await asyncio.to_thread(stateful.close)
         state.telemetry.shutdown()
     finally:
         await state.proxy.close()

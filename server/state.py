@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from server.capture.rebuilds import RolloutBuilder
     from server.capture.store import CaptureStore
     from server.injection.injector import Injector
+    from server.stateful.service import Stateful
 
 
 @dataclass
@@ -28,6 +29,7 @@ class AppState:
     upstream: Upstream | None = None
     store: CaptureStore | None = None  # when capture is on
     rollouts: RolloutBuilder | None = None  # rebuilds rollouts off the event loop; with the store
+    stateful: Stateful | None = None  # when response_store is on
     telemetry: Telemetry = field(default_factory=Telemetry)
     semaphore: asyncio.Semaphore | None = None
     route: str = ""  # the default route (switchyard_model, or Switchyard's default)

@@ -49,6 +49,7 @@ class Call:
     started: float
     wants_triple: bool = False  # the client asked for the token triple in its answer
     injection: Plan | None = None  # token injection's decision for this call (docs/injection.md)
+    response_id: str | None = None  # a Responses call's id, which its record carries too
 
 
 # Ids unique across processes (a random prefix per process) without a uuid4 per call.
@@ -224,6 +225,7 @@ class ModelEndpoint:
                 latency_ms=(time.perf_counter() - call.started) * 1000.0,
                 status=status,
                 injection=call.injection.record if call.injection is not None else None,
+                response_id=call.response_id,
             )
         except Exception:  # capture must never fail a call
             log.exception("capture hand-off failed")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -15,6 +16,9 @@ from server.errors import OpenAIError
 from server.http import sse
 from server.http.asgi import SSE_HEADERS, send_json
 from server.state import AppState
+from server.stateful.context import expand
+from server.stateful.runner import start_background
+from server.stateful.turns import Turn
 from server.translate.request import RESPONSES_FIELDS, responses_to_chat
 from server.translate.response import chat_to_response, response_to_chat
 from server.translate.stream import ResponsesStreamWriter
@@ -54,6 +58,12 @@ class Responses(ModelEndpoint):
             return
         if self._extra_for_responses:
             body = {**self._extra_for_responses, **body}
+        stateful = self.state.stateful
+        owner = stateful.owner(scope) if stateful is not None else ""
+        expanded = await expand(body, stateful, owner, has_session=corr.session_id is not None)
+        if expanded.session_id is not None:  # the previous response's, or the conversation's
+            corr = replace(corr, session_id=expanded.session_id, source="stored:" + expanded.session_source)
+        body = expanded.body
         translated = responses_to_chat(body)
         for kind in translated.dropped_tool_types:
             self._warn_once(
@@ -62,7 +72,7 @@ class Responses(ModelEndpoint):
         call = self.prepare(
             translated.body,
             corr,
-            stream,
+            stream or expanded.background,  # a background run always streams: its events are kept
             want_ids=want_triple,
             requested_model=body.get("model"),
             extra_body=self._extra_for_translated_chat,
@@ -72,21 +82,25 @@ class Responses(ModelEndpoint):
             api="responses", route=call.route, request=call.request, correlation=corr, stream=stream, scope=scope
         )
         headers = self.upstream_headers(call, scope)
-        response_id = new_id("resp")
+        response_id = call.response_id = new_id("resp")
         created_at = int(time.time())
+        turn = Turn(stateful, expanded, response_id, corr.session_id)
+        if turn.background:
+            await start_background(self, call, body, translated.tool_map, headers, span, turn, created_at, send)
+            return
         try:
             async with self.limit():
                 span.upstream_headers(headers)
                 if stream:
-                    await self._stream(call, body, translated.tool_map, headers, send, span, response_id, created_at)
+                    await self.stream(call, body, translated.tool_map, headers, send, span, turn, created_at)
                 else:
-                    await self._answer(call, body, translated.tool_map, headers, send, span, response_id, created_at)
+                    await self._answer(call, body, translated.tool_map, headers, send, span, turn, created_at)
         except BaseException as exc:
             span.finish(None, exc)
             raise
 
     async def _answer(
-        self, call: Call, body, tool_map: ToolMap, headers, send, span, response_id: str, created_at: int
+        self, call: Call, body, tool_map: ToolMap, headers, send, span, turn: Turn, created_at: int
     ) -> None:
         reply = await self.post_chat(call, headers)
         chat = parse_reply(reply.body)
@@ -95,26 +109,32 @@ class Responses(ModelEndpoint):
             chat,
             body,
             tool_map,
-            response_id=response_id,
+            response_id=turn.response_id,
             created_at=created_at,
             token_ids=call.wants_triple,
             completed_at=int(time.time()),
+            echo=turn.echo,
+            seal=turn.seal,
         )
+        await turn.keep(response)  # before the answer: a follow-up sent at once finds it
         await send_json(send, 200, orjson.dumps(response), relayed_headers(reply.headers))
         span.finish(chat)
         self.record(call, reply.body)
 
-    async def _stream(
-        self, call: Call, body, tool_map: ToolMap, headers, send, span, response_id: str, created_at: int
+    async def stream(
+        self, call: Call, body, tool_map: ToolMap, headers, send, span, turn: Turn, created_at: int
     ) -> None:
+        """The streamed answer (also a background run's, with a `send` that keeps the events)."""
         stream = await self.open_chat_stream(call, headers)
         writer = ResponsesStreamWriter(
             body,
             tool_map,
-            response_id=response_id,
+            response_id=turn.response_id,
             created_at=created_at,
             model=stream.headers.get("x-model-router-selected-model") or call.route,
             token_ids=call.wants_triple,
+            echo=turn.echo,
+            seal=turn.seal,
         )
         try:
             await send(
@@ -131,6 +151,8 @@ class Responses(ModelEndpoint):
                     )
             self.injection_done(call, writer.accumulator.result(), span)  # committed before the client sees the end
             closing = writer.finish(completed_at=int(time.time()))
+            # Stored before response.completed goes out (its `store` is set here, before encoding).
+            await turn.keep(writer.response)
             await send({"type": "http.response.body", "body": sse.encode_responses_events(closing) + sse.DONE})
             if writer.late_tool_deltas:
                 self._warn_once(
@@ -142,6 +164,7 @@ class Responses(ModelEndpoint):
             self.record(call, result)
         except OpenAIError as error:
             failing = writer.fail(error.message, error.code)
+            await turn.keep(writer.response)
             await send({"type": "http.response.body", "body": sse.encode_responses_events(failing) + sse.DONE})
             self.injection_done(call, None, span, completed=False)
             self.record(call, writer.accumulator.result(), status="failed")

@@ -48,6 +48,7 @@ def build_record(
     captured_at: str | None = None,
     record_uuid: str | None = None,
     injection: dict[str, Any] | None = None,
+    response_id: str | None = None,
 ) -> dict[str, Any]:
     """Build the record for one call. Never raises on odd upstream output: it marks the record invalid.
 
@@ -59,10 +60,12 @@ def build_record(
         choices = []
     choice = choices[0] if choices and isinstance(choices[0], dict) else {}
 
-    response_id = chat_response.get("id")
+    # A Responses call is known by the id its client saw (the stored response's), not the upstream's.
+    upstream_id = chat_response.get("id")
+    response_id = response_id or upstream_id
     if not (isinstance(request_id, str) and request_id):
         # The former format's request_id was the upstream completion id; keep that as the fallback.
-        request_id = response_id if isinstance(response_id, str) else None
+        request_id = upstream_id if isinstance(upstream_id, str) else None
     model = chat_response.get("model")
 
     prompt_ids = prompt_token_ids(chat_response, choice)

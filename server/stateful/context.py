@@ -33,6 +33,7 @@ class Expanded:
     previous_response_id: str | None = None
     conversation_id: str | None = None
     session_id: str | None = None  # inherited from the previous response or the conversation
+    session_source: str = ""  # which of the two, for logs and spans
     seal_reasoning: bool = False  # include has reasoning.encrypted_content
     owner: str = ""
 
@@ -166,6 +167,7 @@ async def expand(body: dict[str, Any], stateful: Stateful | None, owner: str, ha
         history = previous.input + stored_output(previous.response.get("output") or [])
         if not has_session:
             expanded.session_id = previous.session_id
+            expanded.session_source = "previous_response_id"
     elif conversation_id is not None:
         assert stateful is not None
         items = await asyncio.to_thread(stateful.conversations.items, conversation_id, owner)
@@ -176,6 +178,7 @@ async def expand(body: dict[str, Any], stateful: Stateful | None, owner: str, ha
         history = items
         if not has_session:
             expanded.session_id = conversation_id
+            expanded.session_source = "conversation"
     expanded.input_items = history + new_items
     expanded.body["input"] = expanded.input_items
     return expanded

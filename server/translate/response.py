@@ -6,6 +6,7 @@ usage and logprobs in Responses form.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from server.capture.tokens import Triple, reasoning_of, token_triple
@@ -20,6 +21,10 @@ _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content
 _MISSING_LOGPROB = -9999.0
 
 
+# Seals raw reasoning text for `encrypted_content` (the stateful layer holds the key).
+Sealer = Callable[[str], str]
+
+
 def id_base(response_id: str) -> str:
     return response_id[5:] if response_id.startswith("resp_") else response_id
 
@@ -32,8 +37,18 @@ def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def response_base(request: dict[str, Any], *, response_id: str, created_at: int, model: str | None) -> dict[str, Any]:
+def response_base(
+    request: dict[str, Any],
+    *,
+    response_id: str,
+    created_at: int,
+    model: str | None,
+    echo: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """An in-progress response object with every key of the Open Responses response present.
+
+    `echo` overrides the fields the stateful layer decides (`store`, `background`,
+    `previous_response_id`, `conversation`).
 
     Request settings are echoed; those the request left out are reported with the Responses API
     defaults (the Open Responses schema makes them non-nullable), not the upstream's own defaults.
@@ -77,6 +92,7 @@ def response_base(request: dict[str, Any], *, response_id: str, created_at: int,
         "safety_identifier": request.get("safety_identifier"),
         "conversation": None,
         "prompt": None,
+        **(echo or {}),
     }
 
 
@@ -153,14 +169,15 @@ def message_output(item_id: str, parts: list[dict[str, Any]], status: str) -> di
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": parts}
 
 
-def reasoning_output(item_id: str, text: str, status: str) -> dict[str, Any]:
-    # Raw chain of thought is `content` (reasoning_text); we write no summary of our own.
+def reasoning_output(item_id: str, text: str, status: str, seal: Sealer | None = None) -> dict[str, Any]:
+    # Raw chain of thought is `content` (reasoning_text); we write no summary of our own. `seal`
+    # (include: reasoning.encrypted_content) also puts it, sealed, in `encrypted_content`.
     return {
         "id": item_id,
         "type": "reasoning",
         "summary": [],
         "content": [{"type": "reasoning_text", "text": text}],
-        "encrypted_content": None,
+        "encrypted_content": seal(text) if seal is not None and status != "in_progress" else None,
         "status": status,
     }
 
@@ -197,6 +214,8 @@ def chat_to_response(
     created_at: int,
     token_ids: bool,
     completed_at: int,
+    echo: dict[str, Any] | None = None,
+    seal: Sealer | None = None,
 ) -> dict[str, Any]:
     """A full Responses object for a non-stream chat completion; `completed_at` is the caller's clock.
 
@@ -214,7 +233,7 @@ def chat_to_response(
     output: list[dict[str, Any]] = []
     reasoning = reasoning_of(message)
     if reasoning:
-        output.append(reasoning_output(item_id("rs", base, len(output)), reasoning, "completed"))
+        output.append(reasoning_output(item_id("rs", base, len(output)), reasoning, "completed", seal))
     tool_calls = message.get("tool_calls") or []
     content = message.get("content")
     refusal = message.get("refusal")
@@ -250,7 +269,9 @@ def chat_to_response(
     triple = token_triple(chat)
     if token_ids:
         attach_triple(output, triple)
-    response = response_base(request, response_id=response_id, created_at=created_at, model=chat.get("model"))
+    response = response_base(
+        request, response_id=response_id, created_at=created_at, model=chat.get("model"), echo=echo
+    )
     response["status"] = status
     response["incomplete_details"] = incomplete
     response["completed_at"] = completed_at if status == "completed" else None

@@ -9,6 +9,7 @@ from server.http.sse import responses_error_event
 from server.translate.accumulate import ChatStreamAccumulator
 from server.translate.request import wants_output_logprobs
 from server.translate.response import (
+    Sealer,
     attach_triple,
     function_call_output,
     id_base,
@@ -66,7 +67,7 @@ class _StreamItem:
         self.namespace: str | None = None
         self.status: str | None = None  # set when output_item.done has been sent
 
-    def snapshot(self, status: str) -> dict[str, Any]:
+    def snapshot(self, status: str, seal: Sealer | None = None) -> dict[str, Any]:
         """The item as `output_item.added` shows it (nothing generated yet) or, closed, in full."""
         closing = status != "in_progress"
         text = "".join(self.parts) if closing else ""
@@ -75,7 +76,7 @@ class _StreamItem:
         if self.kind == "refusal":
             return message_output(self.item_id, [refusal_part(text)] if closing else [], status)
         if self.kind == "reasoning":
-            item = reasoning_output(self.item_id, text, status)
+            item = reasoning_output(self.item_id, text, status, seal)
             if not closing:
                 item["content"] = []
             return item
@@ -111,11 +112,14 @@ class ResponsesStreamWriter:
         created_at: int,
         model: str | None,
         token_ids: bool,
+        echo: dict[str, Any] | None = None,
+        seal: Sealer | None = None,
     ) -> None:
         self.accumulator = ChatStreamAccumulator()
+        self._seal = seal
         self.response: dict[str, Any] | None = None
         self._tool_map = tool_map or ToolMap()
-        self._base = response_base(request, response_id=response_id, created_at=created_at, model=model)
+        self._base = response_base(request, response_id=response_id, created_at=created_at, model=model, echo=echo)
         self._id_base = id_base(response_id)
         self._token_ids = token_ids
         self._want_logprobs = wants_output_logprobs(request)
@@ -192,7 +196,7 @@ class ResponsesStreamWriter:
         status, incomplete = status_for(self.accumulator.finish_reason)
         self._close_open(out, "incomplete" if incomplete else "completed")
 
-        output = [item.snapshot(item.status or "completed") for item in self._items]
+        output = [item.snapshot(item.status or "completed", self._seal) for item in self._items]
         triple = token_triple(self.accumulator.result()) if self._token_ids or not self.accumulator.usage else None
         if self._token_ids:
             attach_triple(output, triple)
@@ -221,7 +225,7 @@ class ResponsesStreamWriter:
         response = dict(self._base)
         response["status"] = "failed"
         response["error"] = {"code": code if code in _RESPONSE_ERROR_CODES else "server_error", "message": message}
-        response["output"] = [item.snapshot(item.status) for item in self._items if item.status is not None]
+        response["output"] = [item.snapshot(item.status, self._seal) for item in self._items if item.status is not None]
         response["usage"] = responses_usage(self.accumulator.usage)
         if self.accumulator.model:
             response["model"] = self.accumulator.model
@@ -267,7 +271,7 @@ class ResponsesStreamWriter:
             return
         self._open = None
         item.status = status
-        final = item.snapshot(status)
+        final = item.snapshot(status, self._seal)
         ids = {"item_id": item.item_id, "output_index": item.output_index}
         if item.kind == "call":
             self._emit(out, {"type": "response.function_call_arguments.done", **ids, "arguments": final["arguments"]})

@@ -1,0 +1,72 @@
+"""Starting a background run: store it queued, answer at once, run the stream path into the event log.
+
+The run goes through the same streaming code as a foreground call, with an ASGI `send` that writes
+its events to the store instead of a socket. The caller gets the queued response (or, with
+`stream: true`, the run's events as they land, followed from the store). Cancelling the task (the
+cancel endpoint, on any worker, or shutdown) cancels the upstream call; the run is then kept as
+`cancelled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+
+from server.errors import OpenAIError
+from server.http.asgi import SSE_HEADERS, send_json
+from server.stateful.background import EventLog
+from server.stateful.replay import follow
+from server.stateful.turns import Turn
+from server.translate.response import response_base
+
+log = logging.getLogger("switchyard_model.stateful")
+
+
+async def start_background(
+    endpoints: Any, call, body, tool_map, headers, span, turn: Turn, created_at: int, send
+) -> None:
+    """`endpoints` is the Responses endpoint: its `limit()` and `stream()` run the call."""
+    stateful = turn.stateful
+    assert stateful is not None  # expand() refuses background without the store
+    queued = response_base(body, response_id=turn.response_id, created_at=created_at, model=call.route, echo=turn.echo)
+    queued["status"] = "queued"
+    if not await turn.keep(queued):
+        span.finish(None, None)
+        raise OpenAIError(
+            503, "the response store could not take the background run", code="response_store_unavailable"
+        )
+    events = EventLog(stateful.responses, turn.response_id)
+
+    async def to_event_log(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            events.add(message["body"])
+
+    async def run() -> None:
+        ended = {**queued, "status": "cancelled"}
+        try:
+            async with endpoints.limit():
+                span.upstream_headers(headers)
+                await turn.keep({**queued, "status": "in_progress"})
+                await endpoints.stream(call, body, tool_map, headers, to_event_log, span, turn, created_at)
+        except asyncio.CancelledError as exc:
+            span.finish(None, exc)
+        except Exception as exc:  # the stream path answers upstream errors itself; this is the rest
+            log.exception("background run %s failed", turn.response_id)
+            span.finish(None, exc)
+            ended = {**queued, "status": "failed", "error": {"code": "server_error", "message": "internal error"}}
+        await events.flush()
+        await turn.keep_final(ended)
+
+    stateful.runs.start(turn.response_id, run())
+    if body.get("stream") is not True:
+        await send_json(send, 200, orjson.dumps(queued))
+        return
+    stored = await asyncio.to_thread(stateful.responses.get, turn.response_id, turn.expanded.owner)
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    if stored is not None:
+        async for frame in follow(stateful.responses, stored, turn.expanded.owner, -1, poll_s=0.05):
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
