@@ -33,8 +33,8 @@ def _normalize(item: dict[str, Any]) -> dict[str, Any]:
             text_part["annotations"] = []
         item["content"] = [text_part]
     if not isinstance(item.get("id"), str) or not item["id"]:
-        item["id"] = new_id(_ID_PREFIX.get(kind, "item") if isinstance(kind, str) else "item")
-    if kind in _WITH_STATUS and item.get("status") is None:
+        item["id"] = new_id(_ID_PREFIX.get(kind, "item") if isinstance(kind, str) else "item")  # kind may be any JSON
+    if isinstance(kind, str) and kind in _WITH_STATUS and item.get("status") is None:
         item["status"] = "completed"
     return item
 
