@@ -124,7 +124,7 @@ def test_sealed_reasoning_is_opened_and_forgery_refused(stateful):
 
 def test_malformed_items_reach_the_translator_as_a_400(stateful):
     """Found by the fuzzer: an item whose `type` is an object once crashed the normaliser (a 500)."""
-    from server.translate.convert import responses_to_chat
+    from server.translate.request import responses_to_chat
 
     for bad in ({"type": {}, "role": "user", "content": ""}, {"type": [1]}, 5):
         expanded = run(expand({"input": [bad]}, stateful, "", has_session=False))
