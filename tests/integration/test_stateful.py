@@ -402,6 +402,17 @@ def test_agents_sdk_with_a_conversation(chain, sdk):
     assert {r["session_id"] for r in records(chain, conv.id)} == {conv.id} and len(records(chain, conv.id)) == 3
 
 
+def test_stored_content_stays_out_of_the_logs(chain, sdk):
+    marker = "zq-secret-stored-content-71"
+    first = sdk.responses.create(model="x", input=f"remember {marker}", extra_headers={"x-session-id": "no-leak"})
+    sdk.responses.create(model="x", input="and?", previous_response_id=first.id)
+    sdk.responses.input_items.list(first.id)
+    conv = sdk.conversations.create(items=[{"role": "user", "content": marker}])
+    sdk.responses.create(model="x", input="go on", conversation=conv.id)
+    assert marker in json.dumps(records(chain, "no-leak"))  # it went through the server, and was captured
+    assert marker not in chain.proc.output()
+
+
 # ---- restart, scoping, bounds, the switch ------------------------------------------------------------
 
 
