@@ -40,6 +40,7 @@ SECTIONS = (
     "sequential",
     "concurrency",
     "streams",
+    "stream_load",
     "capture",
     "telemetry",
     "injection",
@@ -609,6 +610,12 @@ class Bench:
             "0 (fresh connection per stream)",
             "ok" if left <= 2 else "LEAK: the stream pool (upstream_max_connections) fills, then streams hang",
         )
+
+    def stream_load(self) -> None:
+        self.log("stream load: captured streams at c=64 and 1,024 long streams, direct vs server")
+        from bench.stream_load import run_section
+
+        run_section(self)
 
     def capture(self) -> None:
         self.log("capture on vs off: 8k-token prompts, 200-token generations")
