@@ -48,6 +48,8 @@ SECTIONS = (
     "disk",
     "hold",
 )
+# The telemetry target is at concurrency 64 (the first recorded runs used 32).
+TELEMETRY_CONCURRENCY = 64
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 CHAT_TOKEN_MARK = '"delta":{"content":'  # the first chat chunk carrying generated text
@@ -690,7 +692,7 @@ class Bench:
                 {
                     "port": srv.port,
                     "templates": [template(CHAT, body, corr)],
-                    "concurrency": 32,
+                    "concurrency": TELEMETRY_CONCURRENCY,
                     "duration": dur,
                     "warmup": warm,
                     "timeout": 60,
@@ -731,7 +733,7 @@ class Bench:
         self.data["telemetry"]["cpu_ratio"] = cpu_ratio(off, on)
         self.row(
             "telemetry",
-            "throughput, OTLP exporter on / off (c=32)",
+            f"throughput, OTLP exporter on / off (c={TELEMETRY_CONCURRENCY})",
             f"off {median([b['throughput'] for b in off]):.0f} req/s",
             f"on {median([a['throughput'] for a in on]):.0f} req/s",
             result if wired else f"pending ({result} measured, but no span reached the sink)",
@@ -779,7 +781,7 @@ class Bench:
             spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
             self.row(
                 "telemetry",
-                f"throughput, {label} / off (c=32)",
+                f"throughput, {label} / off (c={TELEMETRY_CONCURRENCY})",
                 f"off {median([b['throughput'] for b in off]):.0f} req/s",
                 f"on {median([a['throughput'] for a in on]):.0f} req/s",
                 f"{fmt_ratio(median(ratios))}{spread}; CPU-based {fmt_ratio(cpu_ratio(off, on))}",
@@ -814,7 +816,7 @@ class Bench:
         spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
         self.row(
             "telemetry",
-            "throughput, no exporter configured / telemetry disabled (c=32)",
+            f"throughput, no exporter configured / telemetry disabled (c={TELEMETRY_CONCURRENCY})",
             f"disabled {median([b['throughput'] for b in disabled]):.0f} req/s",
             f"no exporter {median([a['throughput'] for a in idle]):.0f} req/s",
             f"{fmt_ratio(median(ratios))}{spread}; CPU-based {fmt_ratio(cpu_ratio(disabled, idle))}",
