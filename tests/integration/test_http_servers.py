@@ -1,0 +1,101 @@
+"""Both HTTP servers under the same app (`http_server`): streaming, graceful shutdown, startup failure.
+
+The rest of the suite runs under the default server; these run the behaviours that depend on the
+server itself under each of them.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.support.procs import start_server
+
+pytestmark = pytest.mark.integration
+
+SERVERS = ["uvicorn", "granian"]
+PACED = "[[mock:tokens 12]] [[mock:slow 150]] go"  # about 1.8 s of stream, a chunk every 150 ms
+
+
+def _serve(mock_upstream: str, impl: str, *extra: str):
+    return start_server(
+        "--deployment",
+        "demo",
+        "--no-capture",
+        "--http-server",
+        impl,
+        *extra,
+        env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
+    )
+
+
+def _paced_stream(base: str, seen: dict) -> None:
+    body = {"model": "x", "stream": True, "messages": [{"role": "user", "content": PACED}]}
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30, trust_env=False) as response:
+        seen["status"] = response.status_code
+        chunks = []
+        for chunk in response.iter_raw():
+            chunks.append((time.monotonic(), chunk))
+            seen.setdefault("first_chunk_at", time.monotonic())
+        seen["last_chunk_at"] = time.monotonic()
+        seen["body"] = b"".join(c for _, c in chunks)
+
+
+@pytest.mark.parametrize("impl", SERVERS)
+def test_streams_arrive_as_they_are_made_and_sigterm_lets_them_finish(mock_upstream, impl):
+    proc, base = _serve(mock_upstream, impl)
+    try:
+        health = httpx.get(base + "/health", trust_env=False, timeout=10).json()
+        assert health["http_server"] == impl
+        seen: dict = {}
+        client = threading.Thread(target=_paced_stream, args=(base, seen))
+        client.start()
+        deadline = time.monotonic() + 20
+        while "first_chunk_at" not in seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "first_chunk_at" in seen, "no byte of the stream arrived"
+        proc.popen.send_signal(signal.SIGTERM)  # mid-stream: the stream must still finish whole
+        client.join(30)
+        # uvicorn re-raises the signal once its graceful shutdown is done (the process ends by it);
+        # granian's embedded server returns, and the process exits 0.
+        assert proc.popen.wait(30) == (-signal.SIGTERM if impl == "uvicorn" else 0)
+    finally:
+        proc.stop()
+    assert seen["status"] == 200
+    assert seen["body"].rstrip().endswith(b"data: [DONE]")
+    assert seen["body"].count(b'"delta":{"content"') == 12
+    # Relayed as made, not buffered: the first bytes came well before the last (11 pauses of 150 ms).
+    assert seen["last_chunk_at"] - seen["first_chunk_at"] > 0.8
+
+
+@pytest.mark.parametrize("impl", SERVERS)
+def test_sigint_shuts_down_cleanly(mock_upstream, impl):
+    proc, base = _serve(mock_upstream, impl)
+    try:
+        assert httpx.get(base + "/health", trust_env=False, timeout=10).status_code == 200
+        proc.popen.send_signal(signal.SIGINT)
+        code = proc.popen.wait(30)
+    finally:
+        proc.stop()
+    # As with SIGTERM: uvicorn ends by the re-raised interrupt (printing KeyboardInterrupt's
+    # traceback), granian exits 0 without one; neither hangs.
+    assert code == (-signal.SIGINT if impl == "uvicorn" else 0)
+    if impl == "granian":
+        assert "Traceback" not in proc.output()
+
+
+@pytest.mark.parametrize("impl", SERVERS)
+def test_a_failed_startup_exits_2_with_one_line(tmp_path, impl):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("schema_version = 1\n[routes.broken]\n")
+    proc, _ = start_server("--deployment", str(bad), "--http-server", impl, wait=False)
+    try:
+        assert proc.popen.wait(60) == 2
+    finally:
+        proc.stop()
+    out = proc.output()
+    assert "startup failed" in out and "Traceback" not in out
