@@ -111,6 +111,19 @@ class Settings(BaseModel):
     injection_pause_s: float = Field(default=300.0, ge=0)
     # How long a call waits for a record another process is still writing (cache misses only).
     injection_rebuild_wait_s: float = Field(default=0.25, ge=0)
+    # A call's record is in its file before the last byte of its answer leaves (false: the former
+    # fire-and-forget hand-off, where a crash loses the records still queued).
+    capture_before_answer: bool = True
+    # Power-loss durability (a process crash loses nothing under any of them): `always` makes each
+    # answer wait for its record's sync; `batch` syncs each window's records at once, after the
+    # answers; `never` leaves write-back to the kernel. See docs/operations.md.
+    capture_fsync: Literal["always", "batch", "never"] = "batch"
+    capture_fsync_window_ms: float = Field(default=10.0, ge=0, le=10_000)
+    # How long an answer waits for its record at most; past it the call is answered (and counted).
+    capture_write_timeout_s: float = Field(default=30.0, gt=0)
+    # When a record cannot be written: `serve` answers anyway (counted, logged, the session marked);
+    # `refuse` answers correlated calls 503 while capture cannot write, for runs that must lose nothing.
+    capture_on_failure: Literal["serve", "refuse"] = "serve"
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     # The stateful Responses API (stored responses, previous_response_id, conversations, background
     # runs), kept in <capture_dir>/state.sqlite3. Off: `store` is reported false and those fields get a 400.

@@ -1,4 +1,7 @@
-"""Durable capture store: one JSON file per call under sessions/<sha256(id)>/, written by one worker thread."""
+"""Durable capture store: one JSON file per call under sessions/<sha256(id)>/, its index, reads and deletes.
+
+Writing (the queue, the writer thread, syncs, failure marks) is `writer.RecordWriter`'s job.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +9,9 @@ import gzip
 import hashlib
 import logging
 import os
-import queue
 import re
 import shutil
 import threading
-import time
 import uuid as uuid_module
 import zlib
 from pathlib import Path
@@ -19,7 +20,8 @@ from typing import Any
 import orjson
 
 from server.capture.index import IndexView, RecordHeader, SessionIndex
-from server.capture.record import build_record, validate_record
+from server.capture.record import validate_record
+from server.capture.writer import CALL, RECORD, RecordWriter
 from server.ids import is_valid_session_id, uncorrelated_session_id
 from server.logs import RateLimitedLog
 
@@ -31,10 +33,6 @@ _SESSION_DIR_NAME = re.compile(r"[0-9a-f]{64}")
 _RECORD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 _OPEN_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-
-# Queue item kinds.
-_CALL, _RECORD, _FLUSH, _STOP = "call", "record", "flush", "stop"
 
 
 class UnknownSession(KeyError):
@@ -77,6 +75,8 @@ class CaptureStore:
         capture_uncorrelated: bool = False,
         compress: bool = False,
         shared_index: bool = True,
+        fsync: str = "batch",
+        fsync_window_ms: float = 10.0,
     ) -> None:
         self.capture_dir = Path(capture_dir)
         # Opt-in compact encoding: `<uuid>.json.gz` (gzip, level 1). Both kinds are always read, so
@@ -85,17 +85,11 @@ class CaptureStore:
         self.compress = compress
         self.sessions_dir = self.capture_dir / SESSIONS_SUBDIR
         self.capture_uncorrelated = capture_uncorrelated
-        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max(1, queue_size))
         self._read_only = False
 
-        self._state_lock = threading.Lock()  # started/closed, and enqueueing against close
+        self._state_lock = threading.Lock()  # started/closed
         self._started = False
         self._closed = False
-        self._thread: threading.Thread | None = None
-
-        # Serialises file writes with deletes, so a delete never races a half-made directory.
-        self._io_lock = threading.Lock()
-        self._made_dirs: set[str] = set()
 
         self._index = SessionIndex(
             self.sessions_dir,
@@ -105,11 +99,19 @@ class CaptureStore:
             on_skipped=lambda n: self._count("_skipped", n),
             revalidate=shared_index,
         )
+        self.writer = RecordWriter(
+            self.capture_dir,
+            self.sessions_dir,
+            session_dir_name=session_dir_name,
+            on_new_record=self._note,
+            io_lock=threading.Lock(),
+            queue_size=queue_size,
+            compress=compress,
+            fsync=fsync,
+            fsync_window_ms=fsync_window_ms,
+        )
 
         self._count_lock = threading.Lock()
-        self._written = 0
-        self._failed = 0
-        self._dropped = 0
         self._skipped = 0
         self._rejected = 0
         self._uncorrelated = 0
@@ -121,7 +123,8 @@ class CaptureStore:
         """A store that indexes an existing directory and never writes, creates or deletes anything."""
         store = cls(capture_dir, queue_size=1)
         store._read_only = True
-        store._closed = True  # every submit is refused
+        store._closed = True
+        store.writer.close(0, write_queued=False)  # every submit is refused
         store._index.refresh()
         return store
 
@@ -135,76 +138,61 @@ class CaptureStore:
             if self._closed:
                 raise RuntimeError("capture store is closed")
             self._started = True
-        try:
-            self._make_dir(self.capture_dir, parents=True)
-            self._make_dir(self.sessions_dir)
-        except OSError as exc:
-            # Capture must not take the server down; every write will fail and be counted.
-            log.error("capture directory %s is not usable: %s", self.sessions_dir, exc)
+        self.writer.start()
         self._index.refresh()
-        self._thread = threading.Thread(target=self._run, name="capture-writer", daemon=True)
-        self._thread.start()
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until everything submitted so far is on disk. False on timeout or if not running."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            return self._queue.empty()
-        done = threading.Event()
-        deadline = time.monotonic() + timeout
-        try:
-            self._queue.put((_FLUSH, done), timeout=max(0.0, timeout))
-        except queue.Full:
-            return False
-        return done.wait(max(0.0, deadline - time.monotonic()))
+        """Wait until everything submitted so far is in its file. False on timeout or if not running."""
+        return self.writer.flush(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued, then stop the writer. Idempotent; later submits are dropped."""
+        """Write what is queued, sync it, then stop. Idempotent; later submits are dropped."""
         with self._state_lock:
             if self._closed:
                 return
             self._closed = True
-            thread = self._thread
-        if thread is None:
-            # Never started: write what was accepted here rather than lose it.
-            if not self._read_only:
-                self._drain_inline()
-            return
-        deadline = time.monotonic() + timeout
-        try:
-            self._queue.put((_STOP, None), timeout=max(0.0, timeout))
-        except queue.Full:
-            pass
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
-            log.warning(
-                "capture writer did not finish within %.1fs; %d records may be lost", timeout, self._queue.qsize()
-            )
+        self.writer.close(timeout, write_queued=not self._read_only)
 
-    # ---- submitting (any thread, never blocks) ---------------------------------------------
+    # ---- submitting ------------------------------------------------------------------------
 
     def submit_call(self, **build_record_kwargs: Any) -> bool:
-        """Queue one call; the record is built on the writer thread. False if not accepted.
+        """Queue one call without waiting for it (any thread, never blocks). False if not accepted.
 
         `chat_request` / `chat_response` may be dicts (handed over: the caller must not mutate them
         afterwards) or the JSON bytes that crossed the wire, parsed here on the writer thread.
         """
-        kwargs = build_record_kwargs
+        kwargs = self._call_kwargs(build_record_kwargs)
+        return kwargs is not None and self.writer.enqueue(CALL, kwargs)
+
+    async def write_call(self, *, timeout: float = 30.0, **build_record_kwargs: Any) -> bool:
+        """Queue one call and wait until its record is in its file (synced too under `fsync: always`).
+
+        True when the record is kept; False when it was not captured (uncorrelated), could not be
+        written, was dropped, or `timeout` passed first (it may still be written later). The event
+        loop never blocks: the writer thread ends the wait. The dicts are handed over as in
+        `submit_call`.
+        """
+        kwargs = self._call_kwargs(build_record_kwargs)
+        if kwargs is None:
+            return False
+        return await self.writer.write(CALL, kwargs, timeout)
+
+    def _call_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         if not is_valid_session_id(kwargs.get("session_id")):
             if not self.capture_uncorrelated:
                 self._count("_uncorrelated")
-                return False
+                return None
             # Each uncorrelated call is its own session: nothing ties it to any other call.
             record_uuid = kwargs.get("record_uuid") or str(uuid_module.uuid4())
-            kwargs = {
+            return {
                 **kwargs,
                 "record_uuid": record_uuid,
                 "session_id": uncorrelated_session_id(record_uuid),
                 "parent_session_id": None,
             }
-        elif kwargs.get("parent_session_id") is not None and not is_valid_session_id(kwargs["parent_session_id"]):
-            kwargs = {**kwargs, "parent_session_id": None}
-        return self._enqueue(_CALL, kwargs)
+        if kwargs.get("parent_session_id") is not None and not is_valid_session_id(kwargs["parent_session_id"]):
+            return {**kwargs, "parent_session_id": None}
+        return kwargs
 
     def submit(self, record: dict) -> bool:
         """Queue a prebuilt record. False (and counted) if it is malformed, the queue is full or closed."""
@@ -215,108 +203,18 @@ class CaptureStore:
             self._count("_rejected")
             self._errors.error("capture record rejected: %s", problem)
             return False
-        return self._enqueue(_RECORD, record)
+        return self.writer.enqueue(RECORD, record)
 
-    def _enqueue(self, kind: str, payload: Any) -> bool:
-        with self._state_lock:
-            if not self._closed:
-                try:
-                    self._queue.put_nowait((kind, payload))
-                    return True
-                except queue.Full:
-                    pass
-        self._count("_dropped")
-        self._errors.error("capture queue full or store closed; record dropped")
-        return False
+    # ---- capture's own health ----------------------------------------------------------------
 
-    # ---- writer ----------------------------------------------------------------------------
+    @property
+    def degraded(self) -> bool:
+        """True while capture cannot write (a record, a sync or a lost-record mark failed, and no write has worked since)."""
+        return self.writer.degraded_reason is not None
 
-    def _run(self) -> None:
-        while True:
-            kind, payload = self._queue.get()
-            if kind == _STOP:
-                return
-            self._handle(kind, payload)
-
-    def _drain_inline(self) -> None:
-        while True:
-            try:
-                kind, payload = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            self._handle(kind, payload)
-
-    def _handle(self, kind: str, payload: Any) -> None:
-        try:
-            if kind == _FLUSH:
-                payload.set()
-                return
-            if kind == _CALL:
-                for key in ("chat_request", "chat_response"):
-                    if isinstance(payload.get(key), (bytes, bytearray)):  # as it crossed the wire
-                        payload[key] = orjson.loads(payload[key])
-                record = build_record(**payload)
-            else:
-                record = payload
-            self._write(record)
-            self._count("_written")
-        except Exception as exc:  # a capture failure must never escape into the server
-            self._count("_failed")
-            self._errors.error("capture write failed: %s: %s", type(exc).__name__, exc)
-
-    def _write(self, record: dict) -> None:
-        data = orjson.dumps(record)
-        if self.compress:
-            data = gzip.compress(data, compresslevel=1, mtime=0)
-        dir_name = session_dir_name(record["session_id"])
-        directory = self.sessions_dir / dir_name
-        name = record["uuid"]
-        with self._io_lock:
-            final = directory / (f"{name}.json.gz" if self.compress else f"{name}.json")
-            # Hidden and not *.json: readers never pick up a half-written file.
-            tmp = directory / f".{name}.{os.getpid()}.tmp"
-            self._make_session_dir(directory)
-            try:
-                fd = os.open(tmp, _OPEN_NEW, 0o600)
-            except FileNotFoundError:
-                # Someone removed the tree under us: forget what we made and make it again.
-                self._made_dirs.clear()
-                self._make_session_dir(directory)
-                fd = os.open(tmp, _OPEN_NEW, 0o600)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                replaced = os.path.lexists(final)
-                os.replace(tmp, final)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
-            if not replaced:
-                self._note(record)
-
-    def _make_session_dir(self, directory: Path) -> None:
-        if str(directory) not in self._made_dirs:
-            self._make_dir(self.capture_dir, parents=True)
-            self._make_dir(self.sessions_dir)
-            self._make_dir(directory)
-
-    def _make_dir(self, path: Path, *, parents: bool = False) -> None:
-        key = str(path)
-        if key in self._made_dirs:
-            return
-        if parents:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            if not path.is_dir():
-                raise
-        self._made_dirs.add(key)
+    def lost_records(self, session_id: str) -> int:
+        """How many records this session lost to capture failures (this run, or any earlier one)."""
+        return self.writer.lost.lost(session_dir_name(check_session_id(session_id)))
 
     # ---- index -----------------------------------------------------------------------------
 
@@ -357,12 +255,12 @@ class CaptureStore:
         if self._read_only:
             raise RuntimeError("capture store is read-only")
         directory = self.sessions_dir / session_dir_name(session_id)
-        with self._io_lock:
+        with self.writer.io_lock:
             if directory.is_symlink() or not directory.is_dir():
                 raise UnknownSession(session_id)
             count = len(_record_files(str(directory)))
             shutil.rmtree(directory)
-            self._made_dirs.discard(str(directory))
+            self.writer.made_dirs.discard(str(directory))
             self._index.forget(directory.name)
         return count
 
@@ -372,17 +270,27 @@ class CaptureStore:
         with self._count_lock:
             setattr(self, name, getattr(self, name) + n)
 
-    def stats(self) -> dict[str, int]:
-        """Counters for telemetry; plain int reads, no locks taken."""
+    def stats(self) -> dict[str, Any]:
+        """Counters for /health and telemetry; plain reads, no locks taken."""
+        writer = self.writer
+        counts = writer.counts
         return {
-            "written": self._written,
-            "failed": self._failed,
-            "dropped": self._dropped,
-            "queue_depth": self._queue.qsize(),
+            "status": "degraded" if writer.degraded_reason is not None else "ok",
+            "degraded_reason": writer.degraded_reason,
+            "written": counts["written"],
+            "failed": counts["failed"],
+            "dropped": counts["dropped"],
+            "timed_out": counts["timed_out"],
+            "queue_depth": writer.queue_depth(),
             "skipped": self._skipped,
             "rejected": self._rejected,
             "uncorrelated": self._uncorrelated,
             "sessions": len(self._index),
+            "sessions_with_lost_records": writer.lost.sessions,
+            "fsync": writer.fsync,
+            "syncs": writer.group_sync.syncs,
+            "synced": writer.group_sync.synced_records,
+            "sync_failed": counts["sync_failed"],
         }
 
 

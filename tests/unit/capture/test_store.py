@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from server.capture import store as store_module
+from server.capture import writer as writer_module
 from server.capture.record import build_record
 from server.capture.store import CaptureStore, InvalidSessionId, UnknownSession, session_dir_name
 
@@ -114,7 +115,7 @@ def test_record_is_built_on_the_writer_thread(tmp_path, monkeypatch):
         threads.append(threading.current_thread())
         return build_record(**kwargs)
 
-    monkeypatch.setattr(store_module, "build_record", spy)
+    monkeypatch.setattr(writer_module, "build_record", spy)
     capture = CaptureStore(tmp_path)
     capture.start()
     try:
@@ -420,8 +421,11 @@ def test_read_only_store_creates_and_writes_nothing(tmp_path):
 
 
 def test_stats_shape(store):
-    assert set(store.stats()) >= {"written", "failed", "dropped", "queue_depth", "skipped"}
-    assert all(isinstance(v, int) for v in store.stats().values())
+    stats = store.stats()
+    counters = {"written", "failed", "dropped", "timed_out", "queue_depth", "skipped", "syncs", "synced"}
+    assert set(stats) >= counters | {"status", "degraded_reason", "fsync"}
+    assert all(isinstance(stats[name], int) for name in counters)
+    assert (stats["status"], stats["degraded_reason"], stats["fsync"]) == ("ok", None, "batch")
 
 
 def test_start_indexes_a_large_directory_quickly(tmp_path):
