@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, TypeGuard
 
+import orjson
+
 # What we add to a chat request so the upstream (vLLM) returns token ids and log probs.
 TOKEN_REQUEST_FIELDS: tuple[tuple[str, Any], ...] = (
     ("return_token_ids", True),
@@ -25,7 +27,7 @@ TRIPLE_KEYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs
 # vLLM's `return_tokens_as_token_ids` mode spells each generated token `token_id:<n>`.
 _TOKEN_ID_PREFIX = "token_id:"
 
-_INT_ONLY = {int}
+_INT_LIST_CHARS = b"-0123456789,"  # what a serialised list of ints holds inside its brackets
 _NUMBER_TYPES = {int, float}
 
 Triple = tuple[list[int], list[int], list[float]]
@@ -52,8 +54,14 @@ def is_token_ids(value: object, *, allow_empty: bool = False) -> TypeGuard[list[
         return False
     if not value:
         return allow_empty
-    # Collecting the element types runs at C speed, which matters for 100k-token prompts.
-    return set(map(type, value)) <= _INT_ONLY
+    # The list serialised in C (~4x faster than collecting the element types, which matters for
+    # 100k-token prompts): ints leave only digits, minus signs and commas inside the brackets; a
+    # bool, float, string, null or nested list leaves letters, dots, quotes or brackets. Ints
+    # beyond 64 bits fail to serialise.
+    try:
+        return orjson.dumps(value).translate(None, _INT_LIST_CHARS) == b"[]"
+    except orjson.JSONEncodeError:
+        return False
 
 
 def is_finite_numbers(value: object) -> TypeGuard[list[float]]:

@@ -437,3 +437,25 @@ def test_token_texts_are_kept_beside_the_ids():
 )
 def test_token_texts_are_null_when_the_upstream_gave_no_text(logprobs):
     assert make(chat_response=vllm_completion(logprobs=logprobs))["generation_token_texts"] is None
+
+
+@pytest.mark.parametrize(
+    "ids, ok",
+    [
+        ([1, 2, 3], True),
+        ([-1, 0], True),
+        ([1, True], False),
+        ([1, 2.0], False),
+        (["1"], False),
+        ([None], False),
+        ([[1], [2]], False),
+        ([{}], False),
+        ([], False),
+        ([2**70], False),
+        ((1, 2), False),
+    ],
+)
+def test_token_id_lists_are_checked_element_by_element(ids, ok):
+    from server.capture.tokens import is_token_ids
+
+    assert is_token_ids(ids) is ok
