@@ -621,7 +621,7 @@ class Bench:
 
     def capture(self) -> None:
         self.log("capture on vs off: 8k-token prompts, 200-token generations")
-        rounds, warm, dur, c = (1, 0.3, 1.5, 16) if self.quick else (4, 0.7, 3.0, 16)
+        rounds, warm, dur, c = (1, 0.3, 1.5, 64) if self.quick else (4, 0.7, 3.0, 64)
         bodies = [chat_body(words(8000, offset=k) + " [[mock:tokens 200]]", token_fields=True) for k in range(4)]
         corr = [("x-session-id", "bench-cap-{run}-{conn}")]
 

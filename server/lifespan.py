@@ -54,6 +54,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
         if settings.max_concurrent_requests:
             state.semaphore = asyncio.Semaphore(settings.max_concurrent_requests)
         if settings.capture:
+            from server.capture.handoff import CaptureHandoff
             from server.capture.store import CaptureStore
 
             state.store = CaptureStore(
@@ -61,6 +62,8 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 queue_size=settings.capture_queue_size,
                 capture_uncorrelated=settings.capture_uncorrelated,
                 compress=settings.capture_compress,
+                fsync=settings.capture_fsync,
+                fsync_window_ms=settings.capture_fsync_window_ms,
             )
             await asyncio.to_thread(state.store.start)  # indexes what earlier runs recorded
             from server.capture.rebuilds import RolloutBuilder
@@ -71,6 +74,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 cache_bytes=settings.rollout_cache_mb << 20,
             )
             state.closers.append(state.rollouts.close)
+            state.capture = CaptureHandoff(settings, state.store)
             state.telemetry.capture_stats_source(state.store.stats)
         if state.proxy.rendered is not None:
             state.max_model_lens.update(await discover_context_lengths(state.proxy.rendered.text))
@@ -136,7 +140,7 @@ async def shutdown(state: AppState) -> None:
         while state.closers:
             state.closers.pop()()
         if state.store is not None:
-            store, state.store = state.store, None
+            store, state.store, state.capture = state.store, None, None
             await asyncio.to_thread(store.close)
         if state.upstream is not None:
             upstream, state.upstream = state.upstream, None

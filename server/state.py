@@ -15,6 +15,7 @@ from server.upstream.client import Upstream
 
 if TYPE_CHECKING:
     from server.capture.rebuilds import RolloutBuilder
+    from server.capture.handoff import CaptureHandoff
     from server.capture.store import CaptureStore
     from server.injection.injector import Injector
     from server.stateful.service import Stateful
@@ -30,6 +31,7 @@ class AppState:
     store: CaptureStore | None = None  # when capture is on
     rollouts: RolloutBuilder | None = None  # rebuilds rollouts off the event loop; with the store
     stateful: Stateful | None = None  # when response_store is on
+    capture: CaptureHandoff | None = None  # the handlers' way into `store`
     telemetry: Telemetry = field(default_factory=Telemetry)
     semaphore: asyncio.Semaphore | None = None
     route: str = ""  # the default route (switchyard_model, or Switchyard's default)

@@ -107,6 +107,8 @@ def session_routes(
                     "session_id": session_id,
                     "completions": records,
                     "skipped": skipped,
+                    # Records capture failed to write (disk full, ...): the session is not whole.
+                    "lost_records": store.lost_records(session_id),
                 }
             )
 

@@ -14,7 +14,6 @@ from server.files import write_atomic
 
 # Beside the `<uuid>.json` records; not `*.json`, so readers of the record layout never take it for one.
 MARK_NAME = "capture-failed.mark"
-PARTIAL_REASON = "capture_failed"
 
 _OPEN_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 

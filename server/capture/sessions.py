@@ -52,4 +52,10 @@ def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool =
         except UnknownSession:
             return []  # a child without records: reconstruction reports it
 
-    return reconstruct_tree(session_id, load_records, store.index_view().children, allow_partial=allow_partial)
+    return reconstruct_tree(
+        session_id,
+        load_records,
+        store.index_view().children,
+        allow_partial=allow_partial,
+        lost_records=store.lost_records,
+    )

@@ -250,7 +250,13 @@ class _DirectorySource:
             records, skipped = [], 0
         if not records:
             raise _NotFound(f"unknown session: {session_id!r}")
-        return {"schema_version": 1, "session_id": session_id, "completions": records, "skipped": skipped}
+        return {
+            "schema_version": 1,
+            "session_id": session_id,
+            "completions": records,
+            "skipped": skipped,
+            "lost_records": self._store.lost_records(session_id),
+        }
 
     def rollout(self, session_id: str, *, allow_partial: bool) -> dict:
         try:

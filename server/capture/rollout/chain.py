@@ -29,7 +29,22 @@ def reconstruct_envelope(envelope: object, session_id: str, *, allow_partial: bo
     completions = envelope.get("completions")
     if not isinstance(completions, list):
         raise RolloutError(f"envelope has no completions list: {type(completions).__name__}")
-    return reconstruct_session(session_id, completions, allow_partial=allow_partial)
+    rollout = reconstruct_session(session_id, completions, allow_partial=allow_partial)
+    lost = envelope.get("lost_records")
+    return mark_lost_records(rollout, lost if isinstance(lost, int) else 0, allow_partial)
+
+
+CAPTURE_FAILED = "capture_failed"
+
+
+def mark_lost_records(rollout: dict, lost: int, allow_partial: bool) -> dict:
+    """A session missing records (a capture write failed) must never look whole, whatever its records say."""
+    if lost > 0:
+        if not allow_partial:
+            raise RolloutError(f"session {rollout['session_id']!r} lost {lost} record(s) to capture failures")
+        rollout["partial_reason"] = CAPTURE_FAILED
+        rollout["mask_sample"] = True
+    return rollout
 
 
 def reconstruct_session(session_id: str, records: list[dict], *, allow_partial: bool = True) -> dict:

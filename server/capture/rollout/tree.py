@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from server.capture.rollout.chain import reconstruct_session
+from server.capture.rollout.chain import mark_lost_records, reconstruct_session
 from server.capture.rollout.items import failed_rollout
 from server.capture.rollout.messages import RolloutError
 
@@ -15,14 +15,18 @@ def reconstruct_tree(
     children_of: Callable[[str], list[str]],
     *,
     allow_partial: bool = True,
+    lost_records: Callable[[str], int] | None = None,
 ) -> dict:
     """The session's rollout plus `subagents`: every descendant session's rollout, flat, depth first.
 
     A descendant that cannot be reconstructed at all appears with empty items, its error as
     `partial_reason`, and `mask_sample` true (with `allow_partial=False` it raises instead).
-    A rollout is masked when it, or any session below it, is partial.
+    A session that `lost_records` says lost records to a capture failure is partial too
+    (`partial_reason: "capture_failed"`). A rollout is masked when it, or any session below it, is partial.
     """
+    lost = lost_records or (lambda _sid: 0)
     root = reconstruct_session(session_id, load_records(session_id), allow_partial=allow_partial)
+    mark_lost_records(root, lost(session_id), allow_partial)
     root["subagents"] = subagents = []
     parent_of: dict[str, str] = {}
     by_id: dict[str, dict] = {session_id: root}
@@ -35,6 +39,7 @@ def reconstruct_tree(
             continue
         try:
             rollout = reconstruct_session(child, load_records(child), allow_partial=allow_partial)
+            mark_lost_records(rollout, lost(child), allow_partial)
         except RolloutError as exc:
             if not allow_partial:
                 raise RolloutError(f"session {child!r}: {exc}") from exc

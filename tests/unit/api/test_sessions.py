@@ -183,13 +183,13 @@ def test_completions_envelope(client, store):
 
 def test_a_read_sees_calls_queued_before_it(client, store, monkeypatch):
     # A slow disk: the record is still queued when the trainer asks for the session.
-    real_write = store._write
+    real_write = store.writer._write
 
     def slow_write(record):
         time.sleep(0.3)
-        real_write(record)
+        return real_write(record)
 
-    monkeypatch.setattr(store, "_write", slow_write)
+    monkeypatch.setattr(store.writer, "_write", slow_write)
     assert store.submit_call(**call("just-finished"))
     body = client.get("/v1/sessions/just-finished/completions").json()
     assert len(body["completions"]) == 1
@@ -317,8 +317,8 @@ def fake_rollout(monkeypatch):
     """Stands in for the reconstruction: records how the endpoint calls it."""
     calls = []
 
-    def reconstruct_tree(session_id, load_records, children_of, *, allow_partial=True):
-        calls.append({"session_id": session_id, "allow_partial": allow_partial})
+    def reconstruct_tree(session_id, load_records, children_of, *, allow_partial=True, lost_records=None):
+        calls.append({"session_id": session_id, "allow_partial": allow_partial, "lost": lost_records(session_id)})
         if session_id == "broken":
             raise RolloutError("record 0 prompt does not extend the reconstructed history")
         subagents = []

@@ -192,7 +192,7 @@ def test_parser_plugs_into_a_cli(capture_dir, capsys):
 def fake_rollout(monkeypatch):
     seen = []
 
-    def reconstruct_tree(session_id, load_records, children_of, *, allow_partial=True):
+    def reconstruct_tree(session_id, load_records, children_of, *, allow_partial=True, lost_records=None):
         seen.append((session_id, allow_partial))
         if session_id == "root-2":
             raise RolloutError("record 0 has no usable tokens")

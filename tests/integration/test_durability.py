@@ -1,0 +1,265 @@
+"""An acknowledged call is never lost: kill -9 during a burst, and a full, read-only or refusing disk."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.chain import launch_chain
+
+pytestmark = pytest.mark.integration
+
+KINDS = ("chat", "chat-stream", "responses", "responses-stream")
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def settings_file(tmp_path: Path, **settings) -> str:
+    path = tmp_path / f"settings-{len(list(tmp_path.glob('settings-*')))}.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return str(path)
+
+
+def one_call(client: httpx.Client, v1: str, kind: str, session_id: str, request_id: str, text: str) -> bool:
+    """One correlated call; True only when the client got the whole answer (the stream's last event too)."""
+    headers = {"x-session-id": session_id, "x-request-id": request_id}
+    stream = kind.endswith("stream")
+    if kind.startswith("chat"):
+        url, body = v1 + "/chat/completions", {"model": "x", "messages": [{"role": "user", "content": text}]}
+        last = "data: [DONE]"
+    else:
+        url, body = v1 + "/responses", {"model": "x", "input": text}
+        last = '"type":"response.completed"'
+    body["stream"] = stream
+    if not stream:
+        response = client.post(url, json=body, headers=headers)
+        response.read()
+        return response.status_code == 200 and bool(response.json().get("id"))
+    with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            return False
+        seen = False
+        for line in response.iter_lines():
+            seen = seen or (last in line.replace(" ", "") if last.startswith('"') else line == last)
+        return seen
+
+
+def records_on_disk(capture_dir: Path) -> dict[str, dict]:
+    """Every record file a reader can see, parsed (a torn one fails the test here), by request id."""
+    found = {}
+    for path in (capture_dir / "sessions").rglob("*.json"):
+        record = json.loads(path.read_bytes())
+        found[record["request_id"]] = record
+    return found
+
+
+def burst_then_kill(mock_upstream: str, capture_dir: Path, config: str) -> tuple[set[str], dict[str, dict]]:
+    """Eight threads send correlated calls of every kind; the server gets SIGKILL mid-burst, at a
+    moment when its capture queue holds records. Returns the completed calls and the records on disk."""
+    chain = launch_chain(mock_upstream, capture_dir, "--config", config)
+    completed: set[str] = set()
+    lock = threading.Lock()
+    stop = threading.Event()
+    ids = itertools.count()
+
+    def load(worker: int) -> None:
+        with httpx.Client(trust_env=False, timeout=30) as client:
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                request_id = f"burst-{worker}-{next(ids)}"
+                kind = KINDS[(worker + i) % len(KINDS)]
+                try:
+                    ok = one_call(client, chain.v1, kind, f"burst-{worker}", request_id, f"call {i} [[mock:tokens 40]]")
+                except (httpx.HTTPError, json.JSONDecodeError):
+                    return  # the server is gone: this call did not complete
+                if ok:
+                    with lock:
+                        completed.add(request_id)
+
+    workers = [threading.Thread(target=load, args=(w,)) for w in range(8)]
+    for thread in workers:
+        thread.start()
+    try:
+        assert wait_for(lambda: len(completed) >= 120, timeout=120), "the burst never got going"
+        # Kill while the writer has work queued: the moment a queued hand-off would lose records.
+        for _ in range(400):
+            health = httpx.get(chain.url + "/health", trust_env=False, timeout=10).json()
+            if health["capture"]["queue_depth"] > 0:
+                break
+        os.kill(chain.proc.pid, signal.SIGKILL)
+    finally:
+        stop.set()
+        for thread in workers:
+            thread.join(60)
+        chain.proc.stop()
+    with lock:
+        return set(completed), records_on_disk(capture_dir)
+
+
+@pytest.mark.parametrize("fsync", ["batch", "always"])
+def test_sigkill_mid_burst_loses_no_completed_call(mock_upstream, tmp_path, fsync):
+    capture = tmp_path / "captures"
+    completed, records = burst_then_kill(mock_upstream, capture, settings_file(tmp_path, capture_fsync=fsync))
+    missing = sorted(completed - set(records))
+    assert not missing, f"{len(missing)} of {len(completed)} completed calls have no record: {missing[:5]}"
+    assert all(r["status"] in ("completed", "partial") for r in records.values())
+    # The next server on the directory serves every one of them.
+    after = launch_chain(mock_upstream, capture)
+    try:
+        served = set()
+        for worker in range(8):
+            reply = httpx.get(f"{after.url}/v1/sessions/burst-{worker}/completions", trust_env=False, timeout=30)
+            served |= {r["request_id"] for r in reply.json().get("completions", [])}
+        assert completed <= served
+    finally:
+        after.proc.stop()
+
+
+def test_sigkill_mid_burst_loses_completed_calls_when_the_answer_does_not_wait(mock_upstream, tmp_path):
+    """Negative control: the former hand-off (record queued after the answer) fails the test above."""
+    config = settings_file(tmp_path, capture_before_answer=False, capture_fsync="always")
+    completed, records = burst_then_kill(mock_upstream, tmp_path / "captures", config)
+    assert completed - set(records), "every completed call has its record even without waiting"
+
+
+# ---- a disk that fills up, turns read-only, or refuses -----------------------------------------
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 2 MiB tmpfs, unmounted afterwards (needs root)."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Take every free byte of the filesystem under `directory` with one file; returns it."""
+    filler = directory / "filler"
+    with open(filler, "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def chat(chain, session_id: str, text: str = "hello", stream: bool = False) -> httpx.Response:
+    headers = {"x-session-id": session_id} if session_id else {}
+    body = {"model": "x", "stream": stream, "messages": [{"role": "user", "content": text}]}
+    return httpx.post(chain.v1 + "/chat/completions", json=body, headers=headers, trust_env=False, timeout=30)
+
+
+def capture_health(chain) -> dict:
+    return httpx.get(chain.url + "/health", trust_env=False, timeout=10).json()["capture"]
+
+
+def rollout(chain, session_id: str) -> dict:
+    return httpx.get(f"{chain.url}/v1/sessions/{session_id}/rollout", trust_env=False, timeout=30).json()
+
+
+def test_a_full_disk_is_loud_marks_the_session_and_recovers(mock_upstream, small_tmpfs, tmp_path):
+    capture = small_tmpfs / "captures"
+    chain = launch_chain(mock_upstream, capture)
+    try:
+        assert chat(chain, "fills-up", "turn one").status_code == 200  # a whole first record
+        filler = fill(small_tmpfs)
+        reply = chat(chain, "fills-up", "turn two: its record cannot be written")
+        assert reply.status_code == 200  # served anyway (capture_on_failure: serve)
+        health = capture_health(chain)
+        assert health["status"] == "degraded" and health["failed"] >= 1 and health["degraded_reason"]
+        assert health["sessions_with_lost_records"] == 1
+        # The session has one whole record, and its rollout must not look whole.
+        doc = rollout(chain, "fills-up")
+        assert doc["partial_reason"] == "capture_failed" and doc["mask_sample"] is True
+        assert "capture failed" in chain.proc.output() or "capture degraded" in chain.proc.output()
+
+        filler.unlink()  # space returns: the probe writes the mark and capture recovers by itself
+        assert wait_for(lambda: capture_health(chain)["status"] == "ok")
+        mark = capture / "sessions" / hashlib.sha256(b"fills-up").hexdigest() / "capture-failed.mark"
+        assert json.loads(mark.read_bytes())["lost_records"] == 1
+        assert chat(chain, "fills-up", "turn three").status_code == 200
+        assert rollout(chain, "fills-up")["partial_reason"] == "capture_failed"
+    finally:
+        chain.proc.stop()
+    # The mark survives a restart.
+    again = launch_chain(mock_upstream, capture)
+    try:
+        doc = rollout(again, "fills-up")
+        assert doc["partial_reason"] == "capture_failed" and doc["mask_sample"] is True
+    finally:
+        again.proc.stop()
+
+
+def test_a_whole_session_stays_whole_without_a_failure(chain):
+    """Control for the test above: the same calls on a working disk give a rollout without a reason."""
+    for turn in ("turn one", "turn two"):
+        assert chat(chain, "never-fails", turn).status_code == 200
+    doc = rollout(chain, "never-fails")
+    assert doc["partial_reason"] is None and doc["mask_sample"] is False
+
+
+def test_a_read_only_capture_dir_degrades_then_recovers(mock_upstream, small_tmpfs):
+    chain = launch_chain(mock_upstream, small_tmpfs / "captures")
+    try:
+        assert chat(chain, "ro", "first").status_code == 200
+        subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+        assert chat(chain, "ro", "second", stream=True).status_code == 200
+        assert wait_for(lambda: capture_health(chain)["status"] == "degraded")
+        subprocess.run(["mount", "-o", "remount,rw", str(small_tmpfs)], check=True)
+        assert wait_for(lambda: capture_health(chain)["status"] == "ok")
+        assert rollout(chain, "ro")["partial_reason"] == "capture_failed"
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_tmpfs)], check=False)
+        chain.proc.stop()
+
+
+def test_refuse_answers_503_while_capture_cannot_write_and_recovers(mock_upstream, small_tmpfs, tmp_path):
+    config = settings_file(tmp_path, capture_on_failure="refuse")
+    chain = launch_chain(mock_upstream, small_tmpfs / "captures", "--config", config)
+    try:
+        assert chat(chain, "strict").status_code == 200
+        filler = fill(small_tmpfs)
+        first = chat(chain, "strict", "its own record fails")
+        assert first.status_code == 503
+        assert first.json()["error"]["code"] == "capture_unavailable"
+        refused = chat(chain, "strict", "refused before it goes upstream")
+        assert refused.status_code == 503 and set(refused.json()["error"]) >= {"message", "type", "param", "code"}
+        assert chat(chain, "", "uncorrelated calls are not captured: served").status_code == 200
+        filler.unlink()
+        assert wait_for(lambda: capture_health(chain)["status"] == "ok")
+        assert chat(chain, "strict", "back").status_code == 200
+    finally:
+        chain.proc.stop()
