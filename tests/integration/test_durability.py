@@ -121,6 +121,7 @@ def test_sigkill_mid_burst_loses_no_completed_call(mock_upstream, tmp_path, fsyn
     capture = tmp_path / "captures"
     completed, records = burst_then_kill(mock_upstream, capture, settings_file(tmp_path, capture_fsync=fsync))
     missing = sorted(completed - set(records))
+    print(f"capture_fsync {fsync}: {len(completed)} completed calls, {len(records)} records, {len(missing)} missing")
     assert not missing, f"{len(missing)} of {len(completed)} completed calls have no record: {missing[:5]}"
     assert all(r["status"] in ("completed", "partial") for r in records.values())
     # The next server on the directory serves every one of them.
@@ -139,7 +140,9 @@ def test_sigkill_mid_burst_loses_completed_calls_when_the_answer_does_not_wait(m
     """Negative control: the former hand-off (record queued after the answer) fails the test above."""
     config = settings_file(tmp_path, capture_before_answer=False, capture_fsync="always")
     completed, records = burst_then_kill(mock_upstream, tmp_path / "captures", config)
-    assert completed - set(records), "every completed call has its record even without waiting"
+    lost = completed - set(records)
+    print(f"former hand-off: {len(lost)} of {len(completed)} completed calls lost their record")
+    assert lost, "every completed call has its record even without waiting"
 
 
 # ---- a disk that fills up, turns read-only, or refuses -----------------------------------------
@@ -166,11 +169,10 @@ def small_tmpfs(tmp_path):
 def fill(directory: Path) -> Path:
     """Take every free byte of the filesystem under `directory` with one file; returns it."""
     filler = directory / "filler"
-    with open(filler, "wb") as handle:
+    with open(filler, "wb", buffering=0) as handle:
         try:
             while True:
-                handle.write(b"\0" * 65536)
-                handle.flush()
+                handle.write(b"\0" * 4096)
         except OSError:
             pass
     return filler
@@ -180,6 +182,29 @@ def chat(chain, session_id: str, text: str = "hello", stream: bool = False) -> h
     headers = {"x-session-id": session_id} if session_id else {}
     body = {"model": "x", "stream": stream, "messages": [{"role": "user", "content": text}]}
     return httpx.post(chain.v1 + "/chat/completions", json=body, headers=headers, trust_env=False, timeout=30)
+
+
+class Conversation:
+    """A multi-turn chat whose every call extends the last: a whole rollout unless a record is lost."""
+
+    def __init__(self, chain, session_id: str) -> None:
+        self.chain, self.session_id, self.messages = chain, session_id, []
+
+    def say(self, text: str) -> httpx.Response:
+        self.messages.append({"role": "user", "content": text})
+        body = {"model": "x", "messages": self.messages}
+        reply = httpx.post(
+            self.chain.v1 + "/chat/completions",
+            json=body,
+            headers={"x-session-id": self.session_id},
+            trust_env=False,
+            timeout=30,
+        )
+        if reply.status_code == 200:
+            self.messages.append(reply.json()["choices"][0]["message"])
+        else:
+            self.messages.pop()
+        return reply
 
 
 def capture_health(chain) -> dict:
@@ -194,14 +219,16 @@ def test_a_full_disk_is_loud_marks_the_session_and_recovers(mock_upstream, small
     capture = small_tmpfs / "captures"
     chain = launch_chain(mock_upstream, capture)
     try:
-        assert chat(chain, "fills-up", "turn one").status_code == 200  # a whole first record
+        talk = Conversation(chain, "fills-up")
+        assert talk.say("turn one").status_code == 200  # a whole first record
         filler = fill(small_tmpfs)
-        reply = chat(chain, "fills-up", "turn two: its record cannot be written")
+        reply = talk.say("turn two: its record cannot be written")
         assert reply.status_code == 200  # served anyway (capture_on_failure: serve)
         health = capture_health(chain)
         assert health["status"] == "degraded" and health["failed"] >= 1 and health["degraded_reason"]
         assert health["sessions_with_lost_records"] == 1
-        # The session has one whole record, and its rollout must not look whole.
+        # The session has one whole record (a whole rollout by itself, see the control below), and
+        # its rollout must not look whole.
         doc = rollout(chain, "fills-up")
         assert doc["partial_reason"] == "capture_failed" and doc["mask_sample"] is True
         assert "capture failed" in chain.proc.output() or "capture degraded" in chain.proc.output()
@@ -210,7 +237,8 @@ def test_a_full_disk_is_loud_marks_the_session_and_recovers(mock_upstream, small
         assert wait_for(lambda: capture_health(chain)["status"] == "ok")
         mark = capture / "sessions" / hashlib.sha256(b"fills-up").hexdigest() / "capture-failed.mark"
         assert json.loads(mark.read_bytes())["lost_records"] == 1
-        assert chat(chain, "fills-up", "turn three").status_code == 200
+        assert talk.say("turn three").status_code == 200
+        assert capture_health(chain)["written"] >= 2
         assert rollout(chain, "fills-up")["partial_reason"] == "capture_failed"
     finally:
         chain.proc.stop()
@@ -224,17 +252,22 @@ def test_a_full_disk_is_loud_marks_the_session_and_recovers(mock_upstream, small
 
 
 def test_a_whole_session_stays_whole_without_a_failure(chain):
-    """Control for the test above: the same calls on a working disk give a rollout without a reason."""
-    for turn in ("turn one", "turn two"):
-        assert chat(chain, "never-fails", turn).status_code == 200
+    """Control for the test above: its first call alone, and its whole conversation, give rollouts
+    that look whole, so only the lost record can make that rollout partial."""
+    talk = Conversation(chain, "never-fails")
+    assert talk.say("turn one").status_code == 200
     doc = rollout(chain, "never-fails")
     assert doc["partial_reason"] is None and doc["mask_sample"] is False
+    for turn in ("turn two", "turn three"):
+        assert talk.say(turn).status_code == 200
+    doc = rollout(chain, "never-fails")
+    assert doc["partial_reason"] is None and doc["mask_sample"] is False and len(doc["record_uuids"]) == 3
 
 
 def test_a_read_only_capture_dir_degrades_then_recovers(mock_upstream, small_tmpfs):
     chain = launch_chain(mock_upstream, small_tmpfs / "captures")
     try:
-        assert chat(chain, "ro", "first").status_code == 200
+        assert Conversation(chain, "ro").say("first").status_code == 200
         subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
         assert chat(chain, "ro", "second", stream=True).status_code == 200
         assert wait_for(lambda: capture_health(chain)["status"] == "degraded")
