@@ -14,8 +14,8 @@ from server.telemetry.spans import Telemetry
 from server.upstream.client import Upstream
 
 if TYPE_CHECKING:
-    from server.capture.rebuilds import RolloutBuilder
     from server.capture.handoff import CaptureHandoff
+    from server.capture.rebuilds import RolloutBuilder
     from server.capture.store import CaptureStore
     from server.injection.injector import Injector
     from server.stateful.service import Stateful

@@ -93,6 +93,11 @@ class ModelEndpoint:
         state = self.state
         return state.store is not None and (corr.session_id is not None or state.settings.capture_uncorrelated)
 
+    def check_capture_open(self, corr: Correlation) -> None:
+        """`capture_on_failure: refuse`: a captured call gets a 503 before anything goes upstream."""
+        if self.state.capture is not None and self.captures(corr):
+            self.state.capture.check_open()
+
     def new_call(
         self,
         corr: Correlation,
@@ -102,6 +107,7 @@ class ModelEndpoint:
         added: frozenset[str] = frozenset(),
         wants_triple: bool = False,
     ) -> Call:
+        self.check_capture_open(corr)
         return Call(
             corr,
             _request_id(corr),
@@ -200,35 +206,44 @@ class ModelEndpoint:
         """The concurrency limit on upstream calls (none when unset)."""
         return self.state.semaphore or nullcontext()
 
-    def record(self, call: Call, chat_response: dict[str, Any] | bytes, status: str = "completed") -> None:
-        """Hand the call to the capture store; never raises, never blocks.
+    def record_kwargs(
+        self, call: Call, chat_response: dict[str, Any], status: str, chat_request: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """What capture needs to build the call's record (on its writer thread, not here)."""
+        corr = call.correlation
+        return {
+            "session_id": corr.session_id or uncorrelated_session_id(call.request_id),
+            "parent_session_id": corr.parent_session_id,
+            "rollout_id": corr.rollout_id,
+            "request_id": call.request_id,
+            # Handed over as dicts, not copied or re-serialised: nothing mutates them from here on,
+            # and an awaited hand-off keeps at most one record per call in flight.
+            "chat_request": call.request if chat_request is None else chat_request,
+            "chat_response": chat_response,
+            "route": call.route,
+            "api": self.api,
+            "stream": call.stream,
+            "latency_ms": (time.perf_counter() - call.started) * 1000.0,
+            "status": status,
+            "injection": call.injection.record if call.injection is not None else None,
+            "response_id": call.response_id,
+        }
 
-        Request and answer go as the bytes that crossed the wire where we have them: the writer
-        thread parses them again, which keeps large dict trees of queued records away from the
-        event loop's garbage collector (measured: 30% of its time with 8k-token captures).
+    async def keep(self, call: Call, chat_response: dict[str, Any], chat_request: dict[str, Any] | None = None) -> None:
+        """A whole answer, before its last byte goes out: its record into its file first.
+
+        The store's writer thread does the work; this only waits. Never raises, except the 503 of
+        `capture_on_failure: refuse` when the record could not be kept.
         """
-        store = self.state.store
-        if not call.capture or store is None:
-            return
-        try:
-            corr = call.correlation
-            store.submit_call(
-                session_id=corr.session_id or uncorrelated_session_id(call.request_id),
-                parent_session_id=corr.parent_session_id,
-                rollout_id=corr.rollout_id,
-                request_id=call.request_id,
-                chat_request=call.payload,
-                chat_response=chat_response,
-                route=call.route,
-                api=self.api,
-                stream=call.stream,
-                latency_ms=(time.perf_counter() - call.started) * 1000.0,
-                status=status,
-                injection=call.injection.record if call.injection is not None else None,
-                response_id=call.response_id,
-            )
-        except Exception:  # capture must never fail a call
-            log.exception("capture hand-off failed")
+        if call.capture and self.state.capture is not None:
+            await self.state.capture.keep(self.record_kwargs(call, chat_response, "completed", chat_request))
+
+    def record(
+        self, call: Call, chat_response: dict[str, Any], status: str, chat_request: dict[str, Any] | None = None
+    ) -> None:
+        """A call that failed or was cut: its record is queued, not waited for (its answer is already over)."""
+        if call.capture and self.state.capture is not None:
+            self.state.capture.keep_later(self.record_kwargs(call, chat_response, status, chat_request))
 
     async def _guarded(self, scope, receive, send) -> None:
         """Errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""

@@ -44,12 +44,12 @@ class ChatCompletions(ModelEndpoint):
                     reply = await self.post_chat(call, headers)
                     chat = parse_reply(reply.body)
                     self.injection_done(call, chat, span)
+                    await self.keep(call, chat)  # the record in its file before the answer goes out
                     out = reply.body
                     if call.added_fields:
                         out = orjson.dumps(strip_token_fields(chat, call.added_fields))
                     await send_json(send, 200, out, relayed_headers(reply.headers))
                     span.finish(chat)
-                    self.record(call, reply.body)
         except BaseException as exc:
             span.finish(None, exc)
             raise
@@ -59,6 +59,7 @@ class ChatCompletions(ModelEndpoint):
         # Telemetry wants the finish reason and usage even of calls that are not recorded.
         accumulator = ChatStreamAccumulator() if call.capture or self.state.telemetry.enabled else None
         parse = accumulator is not None or bool(call.added_fields)
+        injection_finished = kept = False
         try:
             await send(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
@@ -77,21 +78,25 @@ class ChatCompletions(ModelEndpoint):
                 await send({"type": "http.response.body", "body": out, "more_body": True})
             result = accumulator.result() if accumulator is not None else None
             self.injection_done(call, result, span)  # committed before the client sees [DONE]
+            injection_finished = True
+            if result is not None:
+                kept = True  # once queued, the completed record is the call's only one
+                await self.keep(call, result)  # and the record is in its file
             await send({"type": "http.response.body", "body": sse.DONE})
             span.finish(result)
-            if result is not None:
-                self.record(call, result)
         except OpenAIError as error:
             # Mid-stream: the status line is gone, so the error travels in-band, as Switchyard does.
             await send({"type": "http.response.body", "body": sse.chat_error(error)})
-            self.injection_done(call, None, span, completed=False)
-            if accumulator is not None:
-                self.record(call, accumulator.result(), status="failed")
+            if not injection_finished:
+                self.injection_done(call, None, span, completed=False)
+            if accumulator is not None and not kept:
+                self.record(call, accumulator.result(), "failed")
             span.finish(None, error)
         except asyncio.CancelledError:
-            self.injection_done(call, None, span, completed=False)
-            if accumulator is not None:
-                self.record(call, accumulator.result(), status="partial")
+            if not injection_finished:
+                self.injection_done(call, None, span, completed=False)
+            if accumulator is not None and not kept:
+                self.record(call, accumulator.result(), "partial")
             raise
         finally:
             await stream.aclose()

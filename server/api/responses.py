@@ -117,9 +117,9 @@ class Responses(ModelEndpoint):
             seal=turn.seal,
         )
         await turn.keep(response)  # before the answer: a follow-up sent at once finds it
+        await self.keep(call, chat)  # the record in its file before the answer goes out
         await send_json(send, 200, orjson.dumps(response), relayed_headers(reply.headers))
         span.finish(chat)
-        self.record(call, reply.body)
 
     async def stream(
         self, call: Call, body, tool_map: ToolMap, headers, send, span, turn: Turn, created_at: int
@@ -136,6 +136,7 @@ class Responses(ModelEndpoint):
             echo=turn.echo,
             seal=turn.seal,
         )
+        injection_finished = kept = False
         try:
             await send(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
@@ -149,7 +150,10 @@ class Responses(ModelEndpoint):
                     await send(
                         {"type": "http.response.body", "body": sse.encode_responses_events(events), "more_body": True}
                     )
-            self.injection_done(call, writer.accumulator.result(), span)  # committed before the client sees the end
+            result = writer.accumulator.result()
+            self.injection_done(call, result, span)  # committed before the client sees the end
+            injection_finished = kept = True  # once queued, the completed record is the call's only one
+            await self.keep(call, result)  # and the record is in its file
             closing = writer.finish(completed_at=int(time.time()))
             # Stored before response.completed goes out (its `store` is set here, before encoding).
             await turn.keep(writer.response)
@@ -159,19 +163,21 @@ class Responses(ModelEndpoint):
                     "late-tool-delta",
                     "upstream interleaved tool-call deltas; a closed call's late arguments only reach the final response",
                 )
-            result = writer.accumulator.result()
             span.finish(result)
-            self.record(call, result)
         except OpenAIError as error:
             failing = writer.fail(error.message, error.code)
             await turn.keep(writer.response)
             await send({"type": "http.response.body", "body": sse.encode_responses_events(failing) + sse.DONE})
-            self.injection_done(call, None, span, completed=False)
-            self.record(call, writer.accumulator.result(), status="failed")
+            if not injection_finished:
+                self.injection_done(call, None, span, completed=False)
+            if not kept:
+                self.record(call, writer.accumulator.result(), "failed")
             span.finish(None, error)
         except asyncio.CancelledError:
-            self.injection_done(call, None, span, completed=False)
-            self.record(call, writer.accumulator.result(), status="partial")
+            if not injection_finished:
+                self.injection_done(call, None, span, completed=False)
+            if not kept:
+                self.record(call, writer.accumulator.result(), "partial")
             raise
         finally:
             await stream.aclose()
@@ -205,9 +211,9 @@ class Responses(ModelEndpoint):
         """Relay one /v1/responses call as is; returns the final Responses object, if there was one."""
         if not call.stream:
             reply = await self.state.client.post("/responses", call.payload, headers)
-            await send_json(send, 200, reply.body, relayed_headers(reply.headers))
             final = parse_json(reply.body)
-            self._record_relayed(call, final)
+            await self.keep(call, response_to_chat(final or {}), _relayed_chat_request(call))
+            await send_json(send, 200, reply.body, relayed_headers(reply.headers))
             return final
         upstream = await self.state.client.open_stream("/responses", call.payload, headers)
         final = None
@@ -224,22 +230,24 @@ class Responses(ModelEndpoint):
                 data = event.data
                 if data and any(marker in data for marker in _TERMINAL_MARKERS):
                     payload = parse_json(data) if data != sse.DONE_DATA else None
-                    if payload and payload.get("type") in _TERMINAL_RESPONSE_EVENTS:
+                    if final is None and payload and payload.get("type") in _TERMINAL_RESPONSE_EVENTS:
                         final = payload.get("response")
+                        if final is not None:  # kept before the client sees the end
+                            await self.keep(call, response_to_chat(final), _relayed_chat_request(call))
                 await send({"type": "http.response.body", "body": event.wire(), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         except OpenAIError as error:
             await send({"type": "http.response.body", "body": sse.responses_error(error)})
         finally:
             await upstream.aclose()
-        self._record_relayed(call, final, status="completed" if final else "failed")
+        if final is None and call.capture:
+            self.record(call, response_to_chat({}), "failed", _relayed_chat_request(call))
         return final
 
-    def _record_relayed(self, call: Call, response: dict[str, Any] | None, status: str = "completed") -> None:
-        if not call.capture:
-            return
-        try:
-            call.payload = orjson.dumps(responses_to_chat(call.request).body)
-        except OpenAIError:
-            call.payload = b'{"messages": []}'  # a field only the Responses upstream understands
-        self.record(call, response_to_chat(response or {}), status=status)
+
+def _relayed_chat_request(call: Call) -> dict[str, Any]:
+    """The chat form of a relayed Responses request, for its record."""
+    try:
+        return responses_to_chat(call.request).body
+    except OpenAIError:
+        return {"messages": []}  # a field only the Responses upstream understands

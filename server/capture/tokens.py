@@ -181,16 +181,24 @@ def token_triple(chat: dict[str, Any]) -> Triple | None:
 
 
 def strip_token_fields(chat: dict[str, Any], added: frozenset[str]) -> dict[str, Any]:
-    """Remove (in place) the token fields we asked for but the client did not, so it gets the shape it asked for.
+    """A copy without the token fields we asked for but the client did not, so it gets the shape it asked for.
 
-    Works on a chat answer and on a stream chunk alike.
+    Works on a chat answer and on a stream chunk alike. A copy of the levels it changes, never an
+    edit: the original may be on its way into a capture record on the writer thread.
     """
+    out = dict(chat)
     if "return_token_ids" in added:
-        chat.pop("prompt_token_ids", None)
-        for choice in chat.get("choices") or ():
-            choice.pop("token_ids", None)
-    if "logprobs" in added:
-        for choice in chat.get("choices") or ():
-            if "logprobs" in choice:
-                choice["logprobs"] = None
-    return chat
+        out.pop("prompt_token_ids", None)
+    choices = out.get("choices")
+    if isinstance(choices, list):
+        stripped = []
+        for choice in choices:
+            if isinstance(choice, dict):
+                choice = dict(choice)
+                if "return_token_ids" in added:
+                    choice.pop("token_ids", None)
+                if "logprobs" in added and "logprobs" in choice:
+                    choice["logprobs"] = None
+            stripped.append(choice)
+        out["choices"] = stripped
+    return out

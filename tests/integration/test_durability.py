@@ -224,6 +224,7 @@ def test_a_full_disk_is_loud_marks_the_session_and_recovers(mock_upstream, small
         filler = fill(small_tmpfs)
         reply = talk.say("turn two: its record cannot be written")
         assert reply.status_code == 200  # served anyway (capture_on_failure: serve)
+        assert wait_for(lambda: capture_health(chain)["status"] == "degraded")
         health = capture_health(chain)
         assert health["status"] == "degraded" and health["failed"] >= 1 and health["degraded_reason"]
         assert health["sessions_with_lost_records"] == 1

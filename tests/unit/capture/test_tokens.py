@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -212,3 +213,11 @@ def test_strip_token_fields_removes_only_what_was_added():
     assert "prompt_token_ids" not in stripped and "token_ids" not in stripped["choices"][0]
     assert stripped["choices"][0]["logprobs"] is not None
     assert strip_token_fields(stripped, frozenset({"logprobs"}))["choices"][0]["logprobs"] is None
+
+
+def test_strip_token_fields_leaves_the_original_whole_for_capture():
+    chat = chat_completion({"content": "x"}, token_ids=[1], logprobs=[lp(1, -0.5)])
+    chat["prompt_token_ids"] = [5, 6]
+    before = copy.deepcopy(chat)
+    strip_token_fields(chat, frozenset({"return_token_ids", "logprobs"}))
+    assert chat == before  # the record built from it on the writer thread keeps its token triple
