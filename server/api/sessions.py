@@ -138,7 +138,9 @@ def session_routes(
 
         index = await run_in_threadpool(snapshot)
         try:
-            body = await rollouts_for(store).rollout(index, session_id, allow_partial=allow_partial)
+            body = await rollouts_for(store).rollout(
+                index, session_id, allow_partial=allow_partial, lost_records=store.lost_records
+            )
         except UnknownSession:
             raise _unknown(session_id) from None
         except RolloutError as exc:

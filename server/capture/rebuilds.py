@@ -16,6 +16,7 @@ import logging
 import multiprocessing
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -28,7 +29,8 @@ from server.capture.store import UnknownSession, read_session_records
 
 log = logging.getLogger("switchyard_model.capture")
 
-_CacheKey = tuple[str, bool, tuple[tuple[str, int, str, str], ...]]
+_Lost = tuple[tuple[str, int], ...]  # (session id, records lost to capture failures), non-zero only
+_CacheKey = tuple[str, bool, tuple[tuple[str, int, str, str], ...], _Lost]
 
 
 class RebuildUnavailable(RuntimeError):
@@ -50,7 +52,9 @@ def tree_of(index: IndexView, session_id: str) -> dict[str, list[str]]:
     return tree
 
 
-def rollout_json(sessions_dir: str, session_id: str, tree: dict[str, list[str]], allow_partial: bool) -> bytes:
+def rollout_json(
+    sessions_dir: str, session_id: str, tree: dict[str, list[str]], allow_partial: bool, lost: _Lost = ()
+) -> bytes:
     """The serialized rollout of `session_id` with its sub-agents (raises RolloutError, UnknownSession).
 
     Runs in the worker process: it reads the records itself, so only the ids and the result cross.
@@ -70,7 +74,16 @@ def rollout_json(sessions_dir: str, session_id: str, tree: dict[str, list[str]],
     def children_of(sid: str) -> list[str]:
         return tree.get(sid, [])
 
-    return orjson.dumps(reconstruct_tree(session_id, load_records, children_of, allow_partial=allow_partial))
+    lost_by_session = dict(lost)
+    return orjson.dumps(
+        reconstruct_tree(
+            session_id,
+            load_records,
+            children_of,
+            allow_partial=allow_partial,
+            lost_records=lambda sid: lost_by_session.get(sid, 0),
+        )
+    )
 
 
 class RolloutBuilder:
@@ -97,11 +110,26 @@ class RolloutBuilder:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-rebuild")
             return self._pool
 
-    async def rollout(self, index: IndexView, session_id: str, *, allow_partial: bool = True) -> bytes:
+    async def rollout(
+        self,
+        index: IndexView,
+        session_id: str,
+        *,
+        allow_partial: bool = True,
+        lost_records: Callable[[str], int] | None = None,
+    ) -> bytes:
         """The rollout JSON for `session_id` as of `index` (raises RolloutError, UnknownSession,
-        RebuildUnavailable). Call with an index snapshot taken after the store was flushed."""
+        RebuildUnavailable). Call with an index snapshot taken after the store was flushed.
+
+        `lost_records` (the store's) says which sessions lost records to a capture failure: they are
+        part of the cache key, so a mark made after a rollout was cached is never hidden by it.
+        """
         tree = tree_of(index, session_id)
-        key: _CacheKey = (session_id, allow_partial, _state_of(index, tree))
+        lost: _Lost = ()
+        if lost_records is not None:
+            counts = await asyncio.to_thread(lambda: [(sid, lost_records(sid)) for sid in sorted(tree)])
+            lost = tuple((sid, n) for sid, n in counts if n)
+        key: _CacheKey = (session_id, allow_partial, _state_of(index, tree), lost)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -116,12 +144,12 @@ class RolloutBuilder:
         return await asyncio.shield(task)
 
     async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> bytes:
-        session_id, allow_partial, _ = key
+        session_id, allow_partial, _, lost = key
         self.rebuilds += 1
         loop = asyncio.get_running_loop()
         try:
             body = await loop.run_in_executor(
-                self._executor(), rollout_json, self.sessions_dir, session_id, tree, allow_partial
+                self._executor(), rollout_json, self.sessions_dir, session_id, tree, allow_partial, lost
             )
         except BrokenProcessPool as exc:
             self._reset_pool()

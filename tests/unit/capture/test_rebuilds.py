@@ -152,3 +152,21 @@ def test_a_worker_process_builds_the_same_bytes_as_this_process(store):
         builder.close()
     assert body == rollout_json(str(store.sessions_dir), "root", tree_of(index, "root"), True)
     assert [s["session_id"] for s in orjson.loads(body)["subagents"]] == ["child"]
+
+
+def test_a_lost_record_marked_after_caching_is_never_hidden_by_the_cache(store):
+    builder = RolloutBuilder(store.sessions_dir, workers=0)
+    _first_turn(store)
+    lost = {"ses-a": 0}
+
+    def rollout():
+        store.flush(10)
+        body = asyncio.run(builder.rollout(store.index_view(), "ses-a", lost_records=lambda sid: lost.get(sid, 0)))
+        return orjson.loads(body)
+
+    whole = rollout()
+    assert whole["partial_reason"] is None and whole["mask_sample"] is False  # control: whole, and cached
+    lost["ses-a"] = 1  # the next record failed to write: no new record, only the mark
+    marked = rollout()
+    assert marked["partial_reason"] == "capture_failed" and marked["mask_sample"] is True
+    builder.close()
