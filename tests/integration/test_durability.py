@@ -265,8 +265,11 @@ def test_a_whole_session_stays_whole_without_a_failure(chain):
     assert doc["partial_reason"] is None and doc["mask_sample"] is False and len(doc["record_uuids"]) == 3
 
 
-def test_a_read_only_capture_dir_degrades_then_recovers(mock_upstream, small_tmpfs):
-    chain = launch_chain(mock_upstream, small_tmpfs / "captures")
+def test_a_read_only_capture_dir_degrades_then_recovers(mock_upstream, small_tmpfs, tmp_path):
+    # No stored-responses database in the capture directory: its open writable file would keep the
+    # filesystem from being remounted read-only.
+    config = settings_file(tmp_path, response_store=False)
+    chain = launch_chain(mock_upstream, small_tmpfs / "captures", "--config", config)
     try:
         assert Conversation(chain, "ro").say("first").status_code == 200
         subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
