@@ -32,7 +32,7 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 import psutil  # noqa: E402
 
-from bench import injection, recon  # noqa: E402
+from bench import injection, reads, recon  # noqa: E402
 from bench.chain import Floor, LoadGen, Mock, Proc, Server, Stub, make_log_dir  # noqa: E402
 
 SECTIONS = (
@@ -45,6 +45,7 @@ SECTIONS = (
     "telemetry",
     "injection",
     "reconstruction",
+    "reads",
     "disk",
     "hold",
 )
@@ -861,6 +862,138 @@ class Bench:
             "<= 10x",
             verdict(new["ratio"] <= 10, ""),
         )
+
+    def reads(self) -> None:
+        """Point 6 of the hot-path issue: reads (rollout rebuilds, the session list) beside streaming calls."""
+        self.log("reads: rollout rebuilds and session listing beside streams; startup on a full directory")
+        sessions = 1000 if self.quick else 10_000
+        full_dir, empty_dir = self.log_dir / "captures-reads", self.log_dir / "captures-empty"
+        t0 = time.perf_counter()
+        made = reads.populate(full_dir, sessions=sessions)
+        self.log(
+            f"  populated {made['records']} records, {made['bytes'] / 2**20:.0f} MiB in {time.perf_counter() - t0:.0f} s"
+        )
+        out: dict[str, Any] = {"populated": made}
+
+        # Startup: time until /health answers, on an empty directory and on the full one, alternated.
+        ready: dict[str, list[float]] = {"empty": [], "full": []}
+        for r in range(1 if self.quick else 3):
+            for kind in ("empty", "full") if r % 2 == 0 else ("full", "empty"):
+                t0 = time.perf_counter()
+                started = Server(
+                    f"server-ready-{kind}",
+                    self.mock,
+                    self.log_dir,
+                    capture_dir=full_dir if kind == "full" else empty_dir,
+                )
+                ready[kind].append(time.perf_counter() - t0)
+                started.proc.stop()
+        out["ready_s"] = ready
+        ratio = median(ready["full"]) / median(ready["empty"])
+        self.row(
+            "reads",
+            f"ready on {made['records']} records ({made['bytes'] / 2**20:.0f} MiB) vs an empty directory",
+            f"{median(ready['empty']):.2f} s",
+            f"{median(ready['full']):.2f} s",
+            f"{ratio:.2f}x (full {min(ready['full']):.2f}-{max(ready['full']):.2f} s)",
+            "<= 2x",
+            verdict(ratio <= 2, ""),
+        )
+
+        cache_off = {"rollout_cache_mb": 0}  # every rebuild below is a real one
+        worker = Server("server-reads", self.mock, self.log_dir, capture_dir=full_dir, settings=cache_off)
+        thread = Server(
+            "server-reads-thread",
+            self.mock,
+            self.log_dir,
+            capture_dir=full_dir,
+            settings={**cache_off, "rollout_workers": 0},
+        )
+        try:
+            pages = []
+            for _ in range(2 if self.quick else 5):
+                pages += reads.page_through_sessions(worker.url)
+            out["list_page_s"] = pages
+            self.row(
+                "reads",
+                f"GET /v1/sessions, {made['sessions']} sessions, default page (p50 / p99)",
+                "",
+                fmt_lat(pages),
+                f"{len(pages)} requests",
+                "<= 50 ms p50",
+                verdict(median(pages) <= 0.05, ""),
+            )
+
+            n = 192 if self.quick else 640
+            spec = {
+                "templates": [template(CHAT, chat_body(STREAM, stream=True))],
+                "concurrency": 64,
+                "count": n,
+                "warmup": 64,
+                "stream": True,
+                "marker": CHAT_TOKEN_MARK,
+            }
+            results: dict[str, list[dict[str, Any]]] = {}
+            readers_seen: dict[str, dict[str, Any]] = {}
+            for r in range(1 if self.quick else 2):
+                order = [("quiet", worker), ("reading", worker), ("reading-thread", thread), ("quiet-thread", thread)]
+                for name, server in order if r % 2 == 0 else list(reversed(order)):
+                    if name.startswith("quiet"):
+                        results.setdefault(name, []).append(self.run_one({**spec, "port": server.port}, server))
+                        continue
+                    with reads.Readers(server.url) as readers:
+                        time.sleep(0.5)  # a rebuild is under way when the streams start
+                        results.setdefault(name, []).append(self.run_one({**spec, "port": server.port}, server))
+                    seen = readers_seen.setdefault(name, {"rebuilds": [], "pages": [], "errors": 0})
+                    seen["rebuilds"] += readers.rebuilds
+                    seen["pages"] += readers.pages
+                    seen["errors"] += readers.errors
+            pooled = {name: pool(rs) for name, rs in results.items()}
+            out["ttft"] = {name: summary(p) for name, p in pooled.items()}
+            out["readers"] = readers_seen
+            for label, quiet, busy in (
+                ("rebuilds in a worker process (default)", "quiet", "reading"),
+                ("rebuilds in a server thread (rollout_workers: 0)", "quiet-thread", "reading-thread"),
+            ):
+                q, b = pooled[quiet]["marker"], pooled[busy]["marker"]
+                rise = pct(b, 0.99) - pct(q, 0.99)
+                seen = readers_seen.get(busy, {"rebuilds": [], "pages": [], "errors": 0})
+                self.row(
+                    "reads",
+                    f"c=64 streams, time to first token, quiet vs while reading: {label}",
+                    fmt_lat(q),
+                    fmt_lat(b),
+                    f"p99 {rise * 1000:+.1f} ms, p50 {(median(b) - median(q)) * 1000:+.1f} ms; "
+                    f"{len(seen['rebuilds'])} rebuilds (p50 {median(seen['rebuilds']) if seen['rebuilds'] else float('nan'):.2f} s), "
+                    f"{len(seen['pages'])} list pages"
+                    + (f", {seen['errors']} reader errors" if seen["errors"] else ""),
+                    "p99 rise <= 20 ms" if busy == "reading" else "(control)",
+                    verdict(rise <= 0.02, errors(pooled[quiet], pooled[busy])) if busy == "reading" else "",
+                )
+
+            # Memory: one rebuild, then eight at once, on each server (process tree RSS).
+            memory = {}
+            for name, server in (("worker", worker), ("thread", thread)):
+                memory[name] = {str(k): reads.peak_rss_during(server.proc.pid, k, server.url) for k in (1, 8)}
+            out["memory"] = memory
+            for name, label in (("worker", "worker process"), ("thread", "server thread (control)")):
+                one, eight = memory[name]["1"], memory[name]["8"]
+                grow1 = (one["rss_peak"] - one["rss_before"]) / 2**20
+                grow8 = (eight["rss_peak"] - eight["rss_before"]) / 2**20
+                self.row(
+                    "reads",
+                    f"rebuild memory (RSS rise of server + workers), 1 vs 8 at once: {label}",
+                    f"+{grow1:.0f} MiB",
+                    f"+{grow8:.0f} MiB",
+                    f"8 at once / 1: {grow8 / max(grow1, 1):.1f}x; peak {eight['rss_peak'] / 2**20:.0f} MiB, "
+                    f"{eight['ok']}/8 ok in {eight['seconds']:.1f} s",
+                    "bounded by one session" if name == "worker" else "(control)",
+                    verdict(grow8 <= 1.5 * max(grow1, 1) and eight["ok"] == 8, "") if name == "worker" else "",
+                )
+        finally:
+            worker.proc.stop()
+            thread.proc.stop()
+        self.data["reads"] = out
 
     def disk(self) -> None:
         self.log("capture disk bytes vs unique tokens: plain .json and capture_compress (.json.gz)")

@@ -13,11 +13,13 @@ any later change moves its mtime. (Git's "racily clean" rule, for the same reaso
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,21 +94,19 @@ class IndexView:
         self, parent: str | None = None, roots_only: bool = False, limit: int = 1000, after: str | None = None
     ) -> list[dict]:
         """Sessions sorted by id; `after` is the last id of the previous page."""
-        if parent is not None:
-            ids: list[str] = self._children.get(parent, [])
-        else:
-            ids = self._sorted
-        out: list[dict] = []
-        for session_id in ids:
-            if len(out) >= max(0, limit):
-                break
-            if after is not None and session_id <= after:
-                continue
+        return list(itertools.islice(self.iter_sessions(parent, roots_only, after), max(0, limit)))
+
+    def iter_sessions(
+        self, parent: str | None = None, roots_only: bool = False, after: str | None = None
+    ) -> Iterator[dict]:
+        """Sessions sorted by id after `after`, made into dicts only as they are taken."""
+        ids: list[str] = self._children.get(parent, []) if parent is not None else self._sorted
+        start = bisect.bisect_right(ids, after) if after is not None else 0
+        for session_id in itertools.islice(ids, start, None):
             entry = self._by_id[session_id]
             if roots_only and entry.parent_session_id is not None:
                 continue
-            out.append(entry.as_dict())
-        return out
+            yield entry.as_dict()
 
     def session_info(self, session_id: str) -> dict | None:
         entry = self._by_id.get(session_id)
@@ -160,6 +160,7 @@ class SessionIndex:
         # Per session directory: record file name -> header (None: unreadable). Read once per file.
         self._headers: dict[str, dict[str, RecordHeader | None]] = {}
         self._dirty: set[str] = set()  # directories this process wrote to since the last look
+        self._last_refresh_began_ns = -1  # monotonic
         self._view: IndexView | None = None
 
     # ---- what readers call -------------------------------------------------------------------
@@ -200,8 +201,16 @@ class SessionIndex:
     # ---- refreshing --------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Bring the cache in line with the disk, rescanning only directories whose mtime moved."""
+        """Bring the cache in line with the disk, rescanning only directories whose mtime moved.
+
+        Concurrent callers share work: one that waited for the lock while another refresh ran from
+        start to end takes that refresh's result, which saw the disk as it was after the call began.
+        """
+        asked_ns = time.monotonic_ns()
         with self._refresh_lock:
+            if self._last_refresh_began_ns > asked_ns:
+                return
+            self._last_refresh_began_ns = time.monotonic_ns()
             started_ns = time.time_ns()
             names = self._session_dir_names(started_ns)
             with self._lock:
@@ -209,23 +218,16 @@ class SessionIndex:
                 self._dirty.clear()
             fresh: dict[str, _DirState] = {}
             changed = set(old) != set(names)
-            for name in names:
-                path = os.path.join(self.sessions_dir, name)
-                try:
-                    st = os.stat(path, follow_symlinks=False)
-                except OSError:
-                    changed = True
-                    continue
-                if not stat.S_ISDIR(st.st_mode):
-                    continue
-                state = old.get(name)
-                if state is not None and name not in dirty and self._still_valid(state, st.st_mtime_ns):
-                    fresh[name] = state
-                    continue
-                entry = self._scan_dir(name, path)
-                fresh[name] = _DirState(st.st_mtime_ns, started_ns, entry)
-                if state is None or state.entry != entry:
-                    changed = True
+            try:
+                # Stats relative to the open directory: no path to build or resolve per session.
+                top_fd: int | None = os.open(self.sessions_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            except OSError:
+                top_fd = None
+            try:
+                changed = self._revalidate(names, old, dirty, fresh, top_fd, started_ns) or changed
+            finally:
+                if top_fd is not None:
+                    os.close(top_fd)
             with self._lock:
                 self._dirs = fresh
                 for gone in set(self._headers) - set(fresh):
@@ -234,6 +236,39 @@ class SessionIndex:
                 if changed:
                     self._view = None
                 self._loaded = True
+
+    def _revalidate(
+        self,
+        names: list[str],
+        old: dict[str, _DirState],
+        dirty: set[str],
+        fresh: dict[str, _DirState],
+        top_fd: int | None,
+        started_ns: int,
+    ) -> bool:
+        """Fill `fresh` with every session directory's state, rescanning the changed ones; True if any changed."""
+        changed = False
+        for name in names:
+            path = os.path.join(self.sessions_dir, name)
+            try:
+                if top_fd is not None:
+                    st = os.stat(name, dir_fd=top_fd, follow_symlinks=False)
+                else:
+                    st = os.stat(path, follow_symlinks=False)
+            except OSError:
+                changed = True
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            state = old.get(name)
+            if state is not None and name not in dirty and self._still_valid(state, st.st_mtime_ns):
+                fresh[name] = state
+                continue
+            entry = self._scan_dir(name, path)
+            fresh[name] = _DirState(st.st_mtime_ns, started_ns, entry)
+            if state is None or state.entry != entry:
+                changed = True
+        return changed
 
     def _still_valid(self, state: _DirState, mtime_ns: int) -> bool:
         return mtime_ns == state.mtime_ns and mtime_ns < state.scanned_ns - self._racy_window_ns

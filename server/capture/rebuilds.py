@@ -6,7 +6,8 @@ served feel as stalls. Here the work runs in a separate process (`workers` of th
 rebuild memory is that of one session at a time however many requests arrive), identical requests
 share one rebuild, and the result is cached under the tree's state (each session's record count and
 first and last capture time), so asking again after nothing changed costs a dictionary look-up.
-`workers=0` builds in a thread of the serving process instead, still one at a time.
+`workers=0` builds in a thread of the serving process instead, still one at a time. The worker runs
+at a lower CPU priority (nice 10): on a machine short of cores it yields to the calls being served.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -105,7 +107,9 @@ class RolloutBuilder:
             if self._pool is None:
                 if self.workers:
                     # spawn, not fork: the serving process has threads (and Switchyard's runtime).
-                    self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+                    self._pool = ProcessPoolExecutor(
+                        self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
+                    )
                 else:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-rebuild")
             return self._pool
@@ -182,6 +186,17 @@ class RolloutBuilder:
         self._reset_pool()
         self._cache.clear()
         self._cached_bytes = 0
+
+
+# A rebuild is background work: where CPU is short, the calls being served should win it.
+WORKER_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    try:
+        os.nice(WORKER_NICENESS)
+    except OSError:
+        pass
 
 
 def _state_of(index: IndexView, tree: dict[str, list[str]]) -> tuple[tuple[str, int, str, str], ...]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -261,7 +260,7 @@ def list_page(
     (model, route, status) read a session's records once, then come from the cache.
     """
     view = store.index_view()  # one snapshot for the whole page (each fresh view revalidates the disk)
-    entries = view.list_sessions(parent=query.parent, roots_only=query.kind == "root", limit=sys.maxsize, after=after)
+    entries = view.iter_sessions(parent=query.parent, roots_only=query.kind == "root", after=after)
     needle = query.q.lower() if query.q else None
     rows: list[dict] = []
     for entry in entries:
