@@ -24,7 +24,8 @@ class Stateful:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.db = StateDB(settings.capture_dir)
+        # Stored responses are as durable as capture records: `capture_fsync: always` fsyncs each one.
+        self.db = StateDB(settings.capture_dir, fsync_each_commit=settings.capture_fsync == "always")
         self.responses = ResponseStore(
             self.db,
             Bounds(

@@ -1,20 +1,19 @@
-"""The settings the stateful services read, for unit tests (the full Settings needs a Switchyard)."""
+"""Real Settings for unit tests of the stateful services (attach mode: nothing is started)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from server.config import Settings
 
 
-def stateful_settings(capture_dir, **overrides) -> SimpleNamespace:
+def stateful_settings(capture_dir, **overrides) -> Settings:
     values = {
+        "switchyard_base_url": "http://127.0.0.1:9/v1",  # never contacted by these services
         "capture_dir": str(capture_dir),
-        "api_keys": [],
         "response_store_max_count": 1000,
         "response_store_max_bytes": 10**9,
         "response_store_max_age_s": 3600.0,
         "conversation_store_max_count": 1000,
         "conversation_store_max_bytes": 10**9,
-        "reasoning_seal_key": None,
     }
     values.update(overrides)
-    return SimpleNamespace(**values)
+    return Settings(**values)
