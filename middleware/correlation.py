@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.ids import valid_id
+from server.ids import MAX_ID_LENGTH, valid_id, valid_rollout_id
+from server.logs import RateLimitedLog
+
+log = logging.getLogger("switchyard_model.correlation")
 
 ROLLOUT_PREFIX = b"/ng-rollout/"
+# Set on the response when an id the client sent was refused: the sources, comma-separated.
+REFUSED_ID_HEADER = b"x-switchyard-model-refused-id"
 
 # Header sources in precedence order, split around the `proxy_x_session_id` body field, which ranks
 # between them but can only be read once the handler has parsed the body.
@@ -27,6 +34,8 @@ class Correlation:
     rollout_id: str | None = None
     source: str | None = None  # where session_id came from, for logs and spans
     request_id: str | None = None
+    # Sources (`header:x-session-id`, `path:ng-rollout`, ...) whose id was present but refused.
+    refused: tuple[str, ...] = ()
     # Set when the session came from a source ranked above the body field; the body cannot override.
     _outranks_body: bool = False
 
@@ -36,7 +45,7 @@ class Correlation:
             return self
         session_id = valid_id(body_value)
         if session_id is None:
-            return self
+            return replace(self, refused=(*self.refused, "body:proxy_x_session_id"))
         return replace(self, session_id=session_id, source="body:proxy_x_session_id")
 
 
@@ -52,13 +61,14 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
     """Work out the correlation of a request; returns it and the path with any Gym prefix removed."""
     rollout_id = None
     new_path = None
+    refused: list[str] = []
     if path.startswith("/ng-rollout/"):
         # Like Gym's model-server middleware: strip any prefix, but only trust a well-formed id.
         _, _, rest = path.partition("/ng-rollout/")
         candidate, slash, tail = rest.partition("/")
         if slash:
             new_path = "/" + tail
-            rollout_id = valid_id(candidate)
+            rollout_id = valid_rollout_id(candidate)
 
     found: dict[bytes, bytes] = {}
     for name, value in headers:
@@ -71,15 +81,20 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
         if raw is None:
             return None
         try:
-            return valid_id(raw.decode("ascii"))
+            value = valid_id(raw.decode("ascii"))
         except UnicodeDecodeError:
-            return None
+            value = None
+        if value is None:
+            refused.append("header:" + name.decode("latin-1"))
+        return value
 
     # The first source present decides, in the order docs/http-api.md gives; if its id is malformed the call
     # goes on uncorrelated rather than falling through to a weaker source.
     session_id, source, outranks = None, None, False
     if path.startswith("/ng-rollout/") and new_path is not None:
         session_id, source, outranks = rollout_id, "path:ng-rollout", True
+        if rollout_id is None:
+            refused.append("path:ng-rollout")
     else:
         for name in _HEADERS_ABOVE_BODY:
             if name in found:
@@ -93,9 +108,9 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
     if session_id is None:
         source = None
     parent = None
-    for name in _PARENT_HEADERS:
-        if parent_id := header_id(name):
-            parent = parent_id
+    for name in _PARENT_HEADERS:  # unlike the session, a refused parent falls through to the next
+        if value := header_id(name):
+            parent = value
             break
     request_id = None
     raw_request_id = found.get(b"x-request-id")
@@ -104,15 +119,51 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
             request_id = valid_id(raw_request_id.decode("ascii"))
         except UnicodeDecodeError:
             request_id = None
-    corr = Correlation(session_id, parent, rollout_id, source, request_id, outranks)
+    corr = Correlation(session_id, parent, rollout_id, source, request_id, tuple(refused), outranks)
     return corr, new_path
+
+
+class RefusedIds:
+    """Counts ids refused by the correlation rules, per source, and warns about them (rate-limited).
+
+    A refused session id means a call that is served but not captured: it must never pass unnoticed.
+    """
+
+    def __init__(self, interval_s: float = 30.0) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._warnings = RateLimitedLog(log, interval_s)
+
+    def note(self, sources: tuple[str, ...], path: str) -> None:
+        with self._lock:
+            for source in sources:
+                self._counts[source] = self._counts.get(source, 0) + 1
+        for source in sources:
+            # One window per source (the source is part of the message; sources are a fixed set of
+            # names). The id itself is not logged: it is exactly what was judged unsafe to echo.
+            rule = "in Gym's charset [A-Za-z0-9._-]" if source == "path:ng-rollout" else "without spaces"
+            self._warnings.warning(
+                f"refused the id in {source} on %s (it must be 1-%d printable ASCII characters {rule}); "
+                "the call goes on without it",
+                path,
+                MAX_ID_LENGTH,
+            )
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
 
 
 class CorrelationMiddleware:
     """Pure ASGI: publishes the request's Correlation in a ContextVar and strips `/ng-rollout/<id>`."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, refused_ids: RefusedIds | None = None) -> None:
         self.app = app
+        self.refused_ids = refused_ids if refused_ids is not None else RefusedIds()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -123,8 +174,23 @@ class CorrelationMiddleware:
             scope = dict(scope)
             scope["path"] = new_path
             scope["raw_path"] = new_path.encode("utf-8", "surrogateescape")
+        if corr.refused:
+            self.refused_ids.note(corr.refused, scope["path"])
+            send = _with_refused_header(send, corr.refused)
         token = _current.set(corr)
         try:
             await self.app(scope, receive, send)
         finally:
             _current.reset(token)
+
+
+def _with_refused_header(send: Send, sources: tuple[str, ...]) -> Send:
+    """Wraps `send` so the response says which ids were refused (the client otherwise cannot tell)."""
+    value = ", ".join(sources).encode("ascii")
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (REFUSED_ID_HEADER, value)]}
+        await send(message)
+
+    return sending

@@ -133,7 +133,7 @@ def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | Non
         routes=routes,
         # Outermost first: the Gym prefix is stripped before auth looks at the path.
         middleware=[
-            Middleware(CorrelationMiddleware),
+            Middleware(CorrelationMiddleware, refused_ids=state.refused_ids),
             Middleware(AuthMiddleware, api_keys=settings.api_keys, session_api_keys=settings.session_api_keys),
             Middleware(ModelCallFastPath, handlers=model_handlers),
         ],

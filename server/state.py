@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from middleware.correlation import RefusedIds
 from server.config import Settings
 from server.errors import OpenAIError
 from server.switchyard.proxy import SwitchyardProxy
@@ -39,6 +40,7 @@ class AppState:
     max_model_lens: dict[str, int] = field(default_factory=dict)  # discovered from vLLM upstreams
     injector: Injector | None = None  # when token_injection is on
     closers: list[Callable[[], None]] = field(default_factory=list)  # released at shutdown
+    refused_ids: RefusedIds = field(default_factory=RefusedIds)  # session ids the correlation rules refused
     ready: bool = False
     on_ready: Callable[[AppState], None] | None = None  # called once the server can take calls
     startup_error: BaseException | None = None  # why the lifespan failed, for the CLI's exit message

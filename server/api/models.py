@@ -29,6 +29,8 @@ def model_routes(state: AppState) -> list[Route]:
             "http_server": state.settings.http_server,
             "route": state.route or None,
             "proxy": {"url": state.proxy.root_url, "up": up},
+            # Ids the correlation rules refused: those calls were served but not tied to a session.
+            "correlation": {"refused_ids": state.refused_ids.counts()},
         }
         if state.store is not None:
             body["capture"] = state.store.stats()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import unquote_to_bytes
+from urllib.parse import quote, unquote_to_bytes
 
 import httpx
 import orjson
@@ -156,7 +157,10 @@ def switchyard_session_of(chain: Chain, request_id: str, timeout: float = 10.0) 
     while True:
         for line in chain.proc.output().splitlines():
             if marker in line and "LLM request" in line and "session_id=" in line:
-                return line.split('session_id="', 1)[1].split('"', 1)[0]
+                # Switchyard quotes the value, escaping `"` and `\` with a backslash.
+                quoted = re.match(r'((?:[^"\\]|\\.)*)"', line.split('session_id="', 1)[1])
+                assert quoted is not None, line
+                return re.sub(r"\\(.)", r"\1", quoted.group(1))
         if time.monotonic() > deadline:
             raise AssertionError(f"Switchyard logged no request with {marker}")
         time.sleep(0.05)
@@ -438,18 +442,24 @@ def test_json_deeper_than_the_server_can_reserialise_is_400(chain, endpoint, bod
 # ---- session ids that must never be used -------------------------------------------------------------
 
 BAD_IDS = {
-    "dot-dot path": b"../../etc/passwd",
     "10k chars": b"A" * 10_000,
     "201 chars": b"a" * 201,
     "space": b"a b",
-    "leading dash": b"-abc",
-    "leading dot": b".hidden",
-    "slash": b"a/b",
-    "backslash": b"..\\..\\x",
+    "dot-dot": b"..",
     "non-ascii utf-8": "s\u00e9ance".encode(),
     "invalid utf-8": b"\xff\xfe",
-    "quote": b'a"b',
 }
+# Printable ASCII without spaces is a safe header value, and the capture path is a hash: all accepted.
+ACCEPTED_IDS = [
+    "../../etc/passwd",
+    "swe:django-1234:0",
+    "user@example.com",
+    "a/b",
+    "..\\..\\x",
+    'a"b',
+    "-abc",
+    ".hidden",
+]
 SESSION_HEADERS = ["x-switchyard-session-id", "proxy_x_session_id", "x-session-id", "thread-id", "session-id"]
 
 
@@ -467,6 +477,49 @@ def test_bad_session_id_header_is_never_forwarded_or_captured(chain, header, bad
     with nothing_captured(chain):
         response = post_json(chain, "/responses", {"input": "hi"}, headers={header: bad, "x-request-id": rid})
         _assert_uncorrelated_and_uncaptured(chain, response.status_code, rid, bad)
+    # ... but not silently: the answer names the source that was refused.
+    assert response.headers["x-switchyard-model-refused-id"] == "header:" + header
+
+
+def _refused_counts(chain: Chain) -> dict[str, int]:
+    return httpx.get(chain.url + "/health", trust_env=False, timeout=30).json()["correlation"]["refused_ids"]
+
+
+def _metric_value(chain: Chain, name: str, label: str) -> float:
+    text = httpx.get(chain.url + "/metrics", trust_env=False, timeout=30).text
+    for line in text.splitlines():
+        if line.startswith(name + "{") and label in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("session_id", ACCEPTED_IDS)
+def test_header_ids_with_colons_slashes_and_at_signs_are_forwarded_and_captured(chain, session_id):
+    rid = request_id()
+    response = post_json(
+        chain, "/responses", {"input": "hi"}, headers={"x-session-id": session_id, "x-request-id": rid}
+    )
+    assert response.status_code == 200, response.text
+    assert "x-switchyard-model-refused-id" not in response.headers
+    assert switchyard_session_of(chain, rid) == session_id
+    # The session API names it back (percent-encoded, as any client does with a path segment).
+    reply = httpx.get(f"{chain.v1}/sessions/{quote(session_id, safe='')}/completions", trust_env=False, timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert [r["session_id"] for r in reply.json()["completions"]] == [session_id]
+    # On disk it is one hashed directory directly under sessions/, whatever it holds.
+    assert _session_dir(chain, session_id.encode()).is_dir()
+
+
+def test_refused_ids_are_counted_in_health_and_metrics(chain):
+    before = _refused_counts(chain).get("header:thread-id", 0)
+    metric_before = _metric_value(chain, "switchyard_model_correlation_refused_ids_total", 'source="header:thread-id"')
+    for _ in range(2):
+        response = post_json(chain, "/responses", {"input": "hi"}, headers={"thread-id": "has space"})
+        assert response.status_code == 200
+    assert _refused_counts(chain)["header:thread-id"] == before + 2
+    metric = _metric_value(chain, "switchyard_model_correlation_refused_ids_total", 'source="header:thread-id"')
+    assert metric == metric_before + 2
+    assert "refused the id in header:thread-id" in chain.proc.output()
 
 
 @pytest.mark.parametrize(

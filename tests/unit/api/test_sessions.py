@@ -158,8 +158,8 @@ def test_list_paging(client, store):
         ({"limit": "abc"}, "limit"),
         ({"limit": "100001"}, "limit"),
         ({"roots_only": "maybe"}, "roots_only"),
-        ({"parent": "../x"}, "parent"),
-        ({"after": ".hidden"}, "after"),
+        ({"parent": "../ x"}, "parent"),
+        ({"after": ".."}, "after"),
     ],
 )
 def test_list_rejects_bad_query(client, params, param):
@@ -241,7 +241,7 @@ def test_unknown_session_is_404(client, store):
     [
         "/v1/sessions/%2E%2E/completions",
         "/v1/sessions/..%2Fsecret/completions",
-        "/v1/sessions/.hidden/completions",
+        "/v1/sessions/a%20b/completions",
         "/v1/sessions/a%0Ab/completions",
         "/v1/sessions/" + "x" * 201 + "/completions",
         "/v1/sessions/%2E%2E/tree",

@@ -155,7 +155,7 @@ def test_not_found_and_usage_exit_codes(capture_dir, tmp_path, capsys):
     assert run("list", "--capture-dir", str(tmp_path / "does-not-exist")) == 1
     assert run("list") == 2  # no source
     assert run("list", "--capture-dir", str(capture_dir), "--url", "http://127.0.0.1:9") == 2
-    assert run("show", "../etc", "--capture-dir", str(capture_dir)) == 2
+    assert run("show", "../ etc", "--capture-dir", str(capture_dir)) == 2
     assert run("list", "--capture-dir", str(capture_dir), "--limit", "0") == 2
     with pytest.raises(SystemExit) as exc:
         run("tree", "--capture-dir", str(capture_dir))  # missing ID: argparse usage error

@@ -6,7 +6,14 @@ import asyncio
 
 import pytest
 
-from middleware.correlation import CorrelationMiddleware, current_correlation, resolve, valid_id
+from middleware.correlation import (
+    REFUSED_ID_HEADER,
+    CorrelationMiddleware,
+    RefusedIds,
+    current_correlation,
+    resolve,
+)
+from server.ids import valid_id
 
 
 def h(**headers: str) -> list[tuple[bytes, bytes]]:
@@ -55,11 +62,48 @@ def test_parents_from_opencode_then_codex():
     assert (corr.session_id, corr.parent_session_id) == ("child", "root")
 
 
-@pytest.mark.parametrize("bad", ["bad\r\nx-injected: 1", "../etc", "..", ".hidden", "a/b", "x" * 201, "", "nul\x00"])
-def test_ids_outside_the_charset_are_dropped(bad):
+@pytest.mark.parametrize(
+    "good",
+    ["swe:django-1234:0", "user@example.com", "a/b", "tenant:a", 'a"b', "..\\..\\x", ".hidden", "-lead", "~" * 200],
+)
+def test_header_ids_accept_any_printable_ascii_without_spaces(good):
+    assert valid_id(good) == good
+    corr, _ = resolve("/v1/x", [(b"x-session-id", good.encode()), (b"x-parent-session-id", b"job:7")])
+    assert (corr.session_id, corr.parent_session_id, corr.refused) == (good, "job:7", ())
+
+
+@pytest.mark.parametrize(
+    "bad", ["bad\r\nx-injected: 1", "a b", "tab\there", "x" * 201, "", "nul\x00", "del\x7f", ".", "..", "s\u00e9ance"]
+)
+def test_ids_outside_the_header_rule_are_refused_and_named(bad):
     assert valid_id(bad) is None
     corr, _ = resolve("/v1/x", [(b"x-session-id", bad.encode())])
     assert corr.session_id is None
+    assert corr.refused == ("header:x-session-id",)
+
+
+def test_undecodable_header_bytes_are_refused():
+    corr, _ = resolve("/v1/x", [(b"thread-id", b"\xff\xfe"), (b"x-parent-session-id", b"\xff")])
+    assert corr.session_id is None and corr.parent_session_id is None
+    assert corr.refused == ("header:thread-id", "header:x-parent-session-id")
+
+
+def test_the_rollout_prefix_keeps_gyms_charset():
+    corr, path = resolve("/ng-rollout/swe:django-1:0/v1/responses", [])
+    assert path == "/v1/responses" and corr.session_id is None
+    assert corr.refused == ("path:ng-rollout",)
+
+
+def test_a_refused_parent_falls_through_to_the_next_parent_header():
+    corr, _ = resolve("/v1/x", h(x_session_id="c", x_parent_session_id="a b", x_codex_parent_thread_id="q"))
+    assert corr.parent_session_id == "q"
+    assert corr.refused == ("header:x-parent-session-id",)
+
+
+def test_a_refused_body_field_is_named():
+    low, _ = resolve("/v1/responses", h(x_session_id="opencode"))
+    assert low.with_body_session_id("bad id").refused == ("body:proxy_x_session_id",)
+    assert low.with_body_session_id("bad id").session_id == "opencode"
 
 
 def test_bad_rollout_id_still_strips_the_prefix_but_goes_uncorrelated():
@@ -71,7 +115,7 @@ def test_bad_rollout_id_still_strips_the_prefix_but_goes_uncorrelated():
 
 
 def test_a_malformed_header_id_makes_the_call_uncorrelated():
-    corr, _ = resolve("/v1/x", [(b"x-switchyard-session-id", b"../x"), (b"x-session-id", b"good")])
+    corr, _ = resolve("/v1/x", [(b"x-switchyard-session-id", b"../ x"), (b"x-session-id", b"good")])
     assert corr.session_id is None and corr.source is None
     # ... and the body field, which ranks below it, cannot take over either.
     assert corr.with_body_session_id("from-body").session_id is None
@@ -101,3 +145,46 @@ def test_middleware_publishes_context_and_passes_non_http_untouched():
     assert seen["scope"]["raw_path"] == b"/v1/chat/completions"
     assert seen["corr"].session_id == "r-7"
     assert current_correlation().session_id is None  # reset after the request
+
+
+def run_request(mw: CorrelationMiddleware, headers: list[tuple[bytes, bytes]], path: str = "/v1/x") -> list[dict]:
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": path, "raw_path": path.encode(), "headers": headers}
+    asyncio.run(mw(scope, None, send))
+    return sent
+
+
+async def answer(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_a_refused_id_is_counted_warned_about_and_named_in_the_response(caplog):
+    refused = RefusedIds()
+    mw = CorrelationMiddleware(answer, refused_ids=refused)
+    with caplog.at_level("WARNING", logger="switchyard_model.correlation"):
+        for _ in range(3):
+            sent = run_request(mw, [(b"x-session-id", b"user name@example.com")])
+        start = sent[0]
+        assert (REFUSED_ID_HEADER, b"header:x-session-id") in start["headers"]
+        assert (b"content-type", b"text/plain") in start["headers"]
+        assert refused.counts() == {"header:x-session-id": 3} and refused.total() == 3
+        # Rate-limited: one warning for the three, naming the source but not echoing the refused value.
+        warnings = [r.getMessage() for r in caplog.records if r.name == "switchyard_model.correlation"]
+        assert len(warnings) == 1
+        assert "header:x-session-id" in warnings[0] and "user name" not in warnings[0]
+        # A different source is not hidden by the first one's window.
+        run_request(mw, [], path="/ng-rollout/a:b/v1/responses")
+        warnings = [r.getMessage() for r in caplog.records if r.name == "switchyard_model.correlation"]
+        assert len(warnings) == 2 and "path:ng-rollout" in warnings[1]
+
+
+def test_an_accepted_id_adds_no_header_and_counts_nothing():
+    refused = RefusedIds()
+    sent = run_request(CorrelationMiddleware(answer, refused_ids=refused), [(b"x-session-id", b"swe:django-1234:0")])
+    assert all(name != REFUSED_ID_HEADER for name, _ in sent[0]["headers"])
+    assert refused.total() == 0
