@@ -280,6 +280,22 @@ def load_settings(
     return settings
 
 
+def server_url(config_file: str | Path | None = None) -> str:
+    """Where a client on this machine reaches the server that `serve` runs with these settings
+    (defaults < YAML): `http://127.0.0.1:8080` unless the file moves it. A wildcard bind address is
+    reached on loopback. Only `host` and `port` are read, so a file meant for `serve` works as is."""
+    block = load_yaml(config_file) if config_file else {}
+    host = block.get("host") or Settings.model_fields["host"].default
+    port = block.get("port", Settings.model_fields["port"].default)
+    if not isinstance(host, str) or not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise ConfigError(f"config {config_file}: host must be a string and port a number from 1 to 65535")
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
 def resolve_deployment(name_or_path: str) -> Path:
     """A path as given, or a bare profile name (`demo`, `vllm`) resolved to the shipped file."""
     path = Path(name_or_path).expanduser()

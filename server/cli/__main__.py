@@ -2,6 +2,9 @@
 
 import sys
 
-from server.cli.main import main
+try:
+    from server.cli.main import main
+except KeyboardInterrupt:  # Ctrl-C while the modules load: nothing started, nothing to say
+    sys.exit(130)
 
 sys.exit(main())

@@ -8,8 +8,10 @@ import socket
 import sys
 from typing import Any
 
-from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from server.config import ConfigError, load_settings
+from server.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+
+# Imports stay light here, and heavy ones happen inside main(): a Ctrl-C while they load is then
+# caught by main() like any other, rather than ending in a traceback from the import machinery.
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,6 +86,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    from server.config import ConfigError
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -101,6 +105,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def run_serve(args: argparse.Namespace) -> int:
     from server.app import create_app
+    from server.config import ConfigError, load_settings
     from server.process import die_with_parent_from_env
     from server.state import AppState
 
@@ -143,7 +148,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from server.http.servers import serve
 
     # A failed startup is reported below in one line; the HTTP server would also log the whole traceback.
-    serve(app, sock, settings.http_server, quiet=lambda: state.startup_error is not None)
+    try:
+        serve(app, sock, settings.http_server, quiet=lambda: state.startup_error is not None)
+    except KeyboardInterrupt:
+        # uvicorn re-raises Ctrl-C once its graceful shutdown has finished (records flushed,
+        # Switchyard closed): the stop asked for is done, so it is a clean exit, not a traceback.
+        pass
     if state.startup_error is not None:
         print(f"switchyard-model: startup failed: {state.startup_error}", file=sys.stderr)
         return EXIT_USAGE if isinstance(state.startup_error, (ConfigError, RuntimeError)) else EXIT_FAILED
@@ -209,6 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _run_command(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before the command finished (while starting, mid-demo, mid-export): one line.
+        print("switchyard-model: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run_command(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return run_serve(args)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import orjson
@@ -15,6 +15,7 @@ from server.capture.rollout import RolloutError
 from server.capture.sessions import build_rollout, build_tree
 from server.capture.store import CaptureStore, UnknownSession
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from server.config import ConfigError, server_url
 from server.files import atomic_writer
 from server.ids import is_valid_session_id
 from server.urls import root_url
@@ -34,9 +35,13 @@ class _Failed(Exception):
 def add_sessions_parser(subparsers: Any) -> None:
     """Add `sessions` (with list/tree/show/rollout/export) to an argparse subparsers object."""
     source = argparse.ArgumentParser(add_help=False)
-    where = source.add_argument_group("where the sessions are (one of)")
+    where = source.add_argument_group(
+        "where the sessions are (at most one; default: the server at the address `serve` uses, "
+        "http://127.0.0.1:8080 unless --config moves it)"
+    )
     where.add_argument("--url", help="a running switchyard-model server, e.g. http://127.0.0.1:8000")
     where.add_argument("--capture-dir", help="a capture directory, read directly (read-only, no server)")
+    where.add_argument("--config", help="the settings YAML the server runs with: its host and port give the default")
     source.add_argument("--timeout", type=float, default=60.0, help="HTTP timeout in seconds (default 60)")
 
     parser = subparsers.add_parser(
@@ -83,9 +88,16 @@ def run_sessions(args: argparse.Namespace) -> int:
     """Run one `sessions` subcommand; 0 ok, 1 not found or failed, 2 usage."""
     if args.sessions_command == "view":
         return _view(args.capture_dir, args.port)
-    if bool(args.url) == bool(args.capture_dir):
-        print("error: give exactly one of --url or --capture-dir", file=sys.stderr)
+    if sum(bool(x) for x in (args.url, args.capture_dir, args.config)) > 1:
+        print("error: give at most one of --url, --capture-dir or --config", file=sys.stderr)
         return EXIT_USAGE
+    url = args.url
+    if not url and not args.capture_dir:
+        try:
+            url = server_url(args.config)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     session_id = getattr(args, "session_id", None)
     if session_id is not None and not is_valid_session_id(session_id):
         print(f"error: {session_id!r} is not a valid session id", file=sys.stderr)
@@ -99,7 +111,7 @@ def run_sessions(args: argparse.Namespace) -> int:
 
     try:
         source: _ServerSource | _DirectorySource = (
-            _ServerSource(args.url, args.timeout) if args.url else _DirectorySource(args.capture_dir)
+            _ServerSource(url, args.timeout) if url else _DirectorySource(args.capture_dir)
         )
     except _Failed as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -214,13 +226,20 @@ class _ServerSource:
         return sessions if limit is None else sessions[:limit]
 
     def tree(self, session_id: str) -> dict:
-        return self._get(f"/v1/sessions/{session_id}/tree")
+        return self._get(f"/v1/sessions/{_segment(session_id)}/tree")
 
     def completions(self, session_id: str) -> dict:
-        return self._get(f"/v1/sessions/{session_id}/completions")
+        return self._get(f"/v1/sessions/{_segment(session_id)}/completions")
 
     def rollout(self, session_id: str, *, allow_partial: bool) -> dict:
-        return self._get(f"/v1/sessions/{session_id}/rollout", {"allow_partial": "true" if allow_partial else "false"})
+        return self._get(
+            f"/v1/sessions/{_segment(session_id)}/rollout", {"allow_partial": "true" if allow_partial else "false"}
+        )
+
+
+def _segment(session_id: str) -> str:
+    """A session id as one URL path segment: ids may hold `/`, `?`, `#` or `%`."""
+    return quote(session_id, safe="")
 
 
 class _DirectorySource:

@@ -153,7 +153,7 @@ def test_not_found_and_usage_exit_codes(capture_dir, tmp_path, capsys):
     assert run("tree", "nobody", "--capture-dir", str(capture_dir)) == 1
     assert run("rollout", "nobody", "--capture-dir", str(capture_dir)) == 1
     assert run("list", "--capture-dir", str(tmp_path / "does-not-exist")) == 1
-    assert run("list") == 2  # no source
+    assert run("list", "--url", "http://127.0.0.1:9", "--capture-dir", str(capture_dir)) == 2  # two sources
     assert run("list", "--capture-dir", str(capture_dir), "--url", "http://127.0.0.1:9") == 2
     assert run("show", "../ etc", "--capture-dir", str(capture_dir)) == 2
     assert run("list", "--capture-dir", str(capture_dir), "--limit", "0") == 2
@@ -276,6 +276,36 @@ def test_server_and_directory_give_the_same_answers(live_server, capture_dir, ca
         assert run(*argv, "--capture-dir", str(capture_dir)) == 0
         from_directory = capsys.readouterr().out
         assert from_server == from_directory, argv
+
+
+def test_without_a_source_the_server_address_comes_from_the_settings(live_server, tmp_path, capsys):
+    port = live_server.rsplit(":", 1)[1]
+    config = tmp_path / "serve.yaml"
+    # The same file `serve --config` reads (a wildcard bind is reached on loopback).
+    config.write_text(f"host: 0.0.0.0\nport: {port}\ndeployment: demo\n")
+    assert run("list", "--roots-only", "--json", "--config", str(config)) == 0
+    assert [s["session_id"] for s in orjson.loads(capsys.readouterr().out)["sessions"]] == ["root-1", "root-2"]
+    assert run("tree", "root-1", "--config", str(config)) == 0
+    assert "sub-1" in capsys.readouterr().out
+
+
+def test_without_any_source_the_default_address_is_the_serve_default(monkeypatch, capsys):
+    seen = []
+
+    class Recorder:
+        def __init__(self, url, timeout):
+            seen.append(url)
+
+        def list_sessions(self, **kwargs):
+            return []
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr("server.cli.sessions._ServerSource", Recorder)
+    assert run("list") == 0
+    assert seen == ["http://127.0.0.1:8080"]
+    capsys.readouterr()
 
 
 def test_server_not_found_and_v1_suffix(live_server, capsys):

@@ -1,0 +1,95 @@
+"""Ctrl-C (SIGINT to the whole process group, as a terminal sends it) stops the commands cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.support.procs import Proc, free_port, start_server
+
+pytestmark = pytest.mark.integration
+
+EXIT_INTERRUPTED = 130
+
+
+def ctrl_c(proc: Proc, timeout: float = 60.0) -> int:
+    """SIGINT to the process group, then wait for the exit; returns the exit code."""
+    os.killpg(proc.pid, signal.SIGINT)
+    code = proc.popen.wait(timeout)
+    proc.stop()
+    return code
+
+
+def wait_for_line(proc: Proc, text: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in proc.output():
+        assert proc.popen.poll() is None, proc.output()[-3000:]
+        assert time.monotonic() < deadline, f"{text!r} never printed:\n{proc.output()[-3000:]}"
+        time.sleep(0.1)
+
+
+def test_ctrl_c_on_serve_exits_cleanly_and_keeps_the_records(mock_upstream, tmp_path):
+    capture_dir = tmp_path / "captures"
+    proc, url = start_server(
+        "--deployment", "demo", "--capture-dir", str(capture_dir), env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"}
+    )
+    reply = httpx.post(
+        url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-session-id": "before-ctrl-c"},
+        trust_env=False,
+        timeout=30,
+    )
+    assert reply.status_code == 200
+    code = ctrl_c(proc)
+    output = proc.output()
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert code == 0, output[-3000:]
+    # Records were flushed on the way out, as on SIGTERM.
+    assert len(list((capture_dir / "sessions").glob("*/*.json"))) == 1
+
+
+def test_ctrl_c_while_serve_is_still_starting_exits_without_a_traceback(mock_upstream, tmp_path):
+    proc, _ = start_server(
+        "--deployment",
+        "demo",
+        "--capture-dir",
+        str(tmp_path / "captures"),
+        env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
+        wait=False,
+    )
+    time.sleep(0.2)  # somewhere in the imports or the startup: wherever it lands, the exit must be clean
+    code = ctrl_c(proc)
+    output = proc.output()
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert code in (0, EXIT_INTERRUPTED), output[-3000:]
+
+
+def test_ctrl_c_on_demo_serve_exits_cleanly(tmp_path):
+    proc = Proc(
+        [sys.executable, "-m", "server.cli", "demo", "--serve", "--port", str(free_port())],
+        env={"TMPDIR": str(tmp_path)},
+    )
+    wait_for_line(proc, "Press Ctrl-C to stop.")
+    code = ctrl_c(proc)
+    output = proc.output()
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert code == 0, output[-3000:]
+
+
+def test_mock_upstream_says_where_it_listens(tmp_path):
+    proc = Proc([sys.executable, "-m", "server.cli", "mock-upstream", "--port", "0"])
+    try:
+        wait_for_line(proc, "listening on http://127.0.0.1:", timeout=60)
+        url = proc.output().split("listening on ", 1)[1].split()[0]
+        assert httpx.get(url + "/health", trust_env=False, timeout=10).status_code == 200
+        code = ctrl_c(proc)
+        assert "Traceback" not in proc.output()
+        assert code == 0
+    finally:
+        proc.stop()
