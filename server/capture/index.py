@@ -46,10 +46,13 @@ class SessionEntry:
     first_captured_at: str
     last_captured_at: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, parent_missing: bool = False) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
             "parent_session_id": self.parent_session_id,
+            # The parent it names has no records (it never made a captured call, or was deleted):
+            # the session is then a root for listing and export, so a trainer never loses it.
+            "parent_missing": parent_missing,
             "record_count": self.record_count,
             "first_captured_at": self.first_captured_at,
             "last_captured_at": self.last_captured_at,
@@ -104,13 +107,17 @@ class IndexView:
         start = bisect.bisect_right(ids, after) if after is not None else 0
         for session_id in itertools.islice(ids, start, None):
             entry = self._by_id[session_id]
-            if roots_only and entry.parent_session_id is not None:
+            missing = self._parent_missing(entry)
+            if roots_only and entry.parent_session_id is not None and not missing:
                 continue
-            yield entry.as_dict()
+            yield entry.as_dict(missing)
 
     def session_info(self, session_id: str) -> dict | None:
         entry = self._by_id.get(session_id)
-        return entry.as_dict() if entry is not None else None
+        return entry.as_dict(self._parent_missing(entry)) if entry is not None else None
+
+    def _parent_missing(self, entry: SessionEntry) -> bool:
+        return entry.parent_session_id is not None and entry.parent_session_id not in self._by_id
 
     def children(self, session_id: str) -> list[str]:
         return list(self._children.get(session_id, ()))

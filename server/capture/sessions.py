@@ -7,7 +7,8 @@ from server.capture.store import CaptureStore, UnknownSession
 
 
 def build_tree(store: CaptureStore, session_id: str) -> dict:
-    """The session and its descendants as nested `{session_id, parent_session_id, record_count, children}`."""
+    """The session and its descendants as nested `{session_id, parent_session_id, parent_missing, record_count,
+    children}`."""
     index = store.index_view()  # one snapshot of the disk for the whole tree
     info = index.session_info(session_id)
     if info is None:
@@ -17,6 +18,7 @@ def build_tree(store: CaptureStore, session_id: str) -> dict:
         return {
             "session_id": entry["session_id"],
             "parent_session_id": entry["parent_session_id"],
+            "parent_missing": entry["parent_missing"],
             "record_count": entry["record_count"],
             "children": [],
         }

@@ -264,7 +264,7 @@ def list_page(
     needle = query.q.lower() if query.q else None
     rows: list[dict] = []
     for entry in entries:
-        if query.kind == "child" and entry["parent_session_id"] is None:
+        if query.kind == "child" and (entry["parent_session_id"] is None or entry["parent_missing"]):
             continue
         if needle is not None and needle not in entry["session_id"].lower():
             continue

@@ -290,8 +290,14 @@ class _DirectorySource:
 
 
 def _export(source: _ServerSource | _DirectorySource, out: str | None, *, allow_partial: bool) -> int:
-    """One JSON line per root session's rollout; a session that fails is reported and left out."""
-    roots = source.list_sessions(parent=None, roots_only=True, limit=None)
+    """One JSON line per root session's rollout, and an account of what could not be exported.
+
+    A root is a session without a parent, or whose parent has no records (`parent_missing`). A root
+    whose rollout cannot be rebuilt is reported and left out; so is a session no root reaches (only
+    a parent cycle does that). Either makes the exit code 1.
+    """
+    everything = source.list_sessions(parent=None, roots_only=False, limit=None)
+    roots = [entry for entry in everything if entry.get("parent_session_id") is None or entry.get("parent_missing")]
     failures = 0
 
     def write_all(handle: IO[bytes]) -> None:
@@ -315,8 +321,35 @@ def _export(source: _ServerSource | _DirectorySource, out: str | None, *, allow_
         # Written beside the target and renamed, so a trainer never reads half a file.
         with atomic_writer(out, mode=0o644) as handle:
             write_all(handle)
-    print(f"exported {len(roots) - failures} of {len(roots)} root sessions", file=sys.stderr)
-    return EXIT_FAILED if failures else EXIT_OK
+    summary = f"exported {len(roots) - failures} of {len(roots)} root sessions"
+    if failures:
+        summary += f"; {failures} could not be rebuilt (above)"
+    unreached = _unreached(everything, roots)
+    if unreached:
+        shown = ", ".join(unreached[:20]) + (", ..." if len(unreached) > 20 else "")
+        summary += (
+            f"; {len(unreached)} sessions could not be exported: no root reaches them "
+            f"(their parents form a cycle): {shown}"
+        )
+    print(summary, file=sys.stderr)
+    return EXIT_FAILED if failures or unreached else EXIT_OK
+
+
+def _unreached(sessions: list[dict], roots: list[dict]) -> list[str]:
+    """Ids of the sessions that are in no root's tree, sorted."""
+    children: dict[str, list[str]] = {}
+    for entry in sessions:
+        parent = entry.get("parent_session_id")
+        if parent is not None:
+            children.setdefault(parent, []).append(entry["session_id"])
+    reached = {entry["session_id"] for entry in roots}
+    pending = list(reached)
+    while pending:
+        for child in children.get(pending.pop(), ()):
+            if child not in reached:
+                reached.add(child)
+                pending.append(child)
+    return sorted(entry["session_id"] for entry in sessions if entry["session_id"] not in reached)
 
 
 def _emit_json(obj: Any) -> None:

@@ -269,15 +269,31 @@ def test_tree_is_nested(client, store):
     assert tree == {
         "session_id": "root-1",
         "parent_session_id": None,
+        "parent_missing": False,
         "record_count": 1,
         "children": [
             {
                 "session_id": "sub-1",
                 "parent_session_id": "root-1",
+                "parent_missing": False,
                 "record_count": 1,
-                "children": [{"session_id": "subsub", "parent_session_id": "sub-1", "record_count": 1, "children": []}],
+                "children": [
+                    {
+                        "session_id": "subsub",
+                        "parent_session_id": "sub-1",
+                        "parent_missing": False,
+                        "record_count": 1,
+                        "children": [],
+                    }
+                ],
             },
-            {"session_id": "sub-2", "parent_session_id": "root-1", "record_count": 1, "children": []},
+            {
+                "session_id": "sub-2",
+                "parent_session_id": "root-1",
+                "parent_missing": False,
+                "record_count": 1,
+                "children": [],
+            },
         ],
     }
     assert client.get("/v1/sessions/sub-1/tree").json()["children"][0]["session_id"] == "subsub"
@@ -300,6 +316,32 @@ def test_delete(client, store):
     assert "sub-2" not in [s["session_id"] for s in client.get("/v1/sessions").json()["sessions"]]
     assert [c["session_id"] for c in client.get("/v1/sessions/root-1/tree").json()["children"]] == ["sub-1"]
     assert_openai_error(client.delete("/v1/sessions/sub-2"), 404)
+
+
+def test_a_session_whose_parent_never_made_a_call_is_a_root_marked_parent_missing(client, store):
+    # A worker under a job id that itself never called the model: before, it was nobody's child and no root.
+    add(store, call("worker-1", parent="job-7"), call("root-1"), call("sub-1", parent="root-1"))
+    roots = client.get("/v1/sessions", params={"roots_only": "true"}).json()["sessions"]
+    assert [(s["session_id"], s["parent_session_id"], s["parent_missing"]) for s in roots] == [
+        ("root-1", None, False),
+        ("worker-1", "job-7", True),  # the recorded parent is kept, and said to be missing
+    ]
+    listed = client.get("/v1/sessions").json()["sessions"]
+    assert {s["session_id"]: s["parent_missing"] for s in listed} == {"root-1": False, "sub-1": False, "worker-1": True}
+    assert client.get("/v1/sessions/worker-1/tree").json()["parent_missing"] is True
+
+
+def test_deleting_a_parent_never_hides_its_children(client, store):
+    populate(store)
+    assert client.delete("/v1/sessions/root-1").status_code == 200
+    roots = client.get("/v1/sessions", params={"roots_only": "true"}).json()["sessions"]
+    assert [(s["session_id"], s["parent_missing"]) for s in roots] == [
+        ("root-2", False),
+        ("sub-1", True),
+        ("sub-2", True),
+    ]
+    # The orphan keeps its own sub-tree.
+    assert [c["session_id"] for c in client.get("/v1/sessions/sub-1/tree").json()["children"]] == ["subsub"]
 
 
 def test_capture_disabled_is_503():

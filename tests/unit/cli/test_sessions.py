@@ -230,6 +230,39 @@ def test_rollout_and_export_with_the_real_reconstruction(capture_dir, tmp_path, 
     assert exported[0]["record_uuids"] == rollout["record_uuids"]
 
 
+def test_export_includes_sessions_whose_parent_has_no_records(tmp_path, capsys):
+    directory = tmp_path / "captures"
+    store = CaptureStore(directory)
+    store.start()
+    for kwargs in (call("worker-1", parent="job-7"), call("worker-2", parent="job-7"), call("root-1")):
+        assert store.submit_call(**kwargs)
+    store.close()
+    out = tmp_path / "rollouts.jsonl"
+    assert run("export", "--capture-dir", str(directory), "--out", str(out)) == 0
+    assert [orjson.loads(line)["session_id"] for line in out.read_bytes().splitlines()] == [
+        "root-1",
+        "worker-1",
+        "worker-2",
+    ]
+    assert "exported 3 of 3 root sessions" in capsys.readouterr().err
+
+
+def test_export_counts_sessions_no_root_reaches_and_fails(tmp_path, capsys):
+    # A parent cycle (crafted, or two sessions naming each other): no root reaches either session.
+    directory = tmp_path / "captures"
+    store = CaptureStore(directory)
+    store.start()
+    for kwargs in (call("a", parent="b"), call("b", parent="a"), call("root-1")):
+        assert store.submit_call(**kwargs)
+    store.close()
+    out = tmp_path / "rollouts.jsonl"
+    assert run("export", "--capture-dir", str(directory), "--out", str(out)) == 1
+    assert [orjson.loads(line)["session_id"] for line in out.read_bytes().splitlines()] == ["root-1"]
+    err = capsys.readouterr().err
+    assert "exported 1 of 1 root sessions" in err
+    assert "2 sessions could not be exported" in err and "a, b" in err
+
+
 # ---- against a live server ---------------------------------------------------------------------
 
 SERVER_SCRIPT = """
