@@ -17,7 +17,15 @@ from server.config import ENV_VARS, Settings
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 # The user documentation, and the README that links it.
-GUIDES = ["quickstart.md", "configuration.md", "http-api.md", "capture.md", "architecture.md", "operations.md"]
+GUIDES = [
+    "quickstart.md",
+    "configuration.md",
+    "http-api.md",
+    "capture.md",
+    "harnesses.md",
+    "architecture.md",
+    "operations.md",
+]
 # Written by another engineer; linked from the guides, possibly not there yet.
 LINKED_ELSEWHERE = {"observability.md", "benchmarks.md", "openapi.yaml"}
 # The address the docs' examples use.

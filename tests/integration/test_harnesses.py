@@ -1,0 +1,185 @@
+"""The harness recipes of docs/harnesses.md, run as written against the demo chain.
+
+Each recipe is extracted from the doc (the fenced block after its `<!-- recipe: NAME -->` marker) and
+run in a fresh Python process, with only the base URL and the task replaced: the task carries the
+mock model's directives, so tool loops really loop. Then the capture must hold exactly one new
+session per sample or run, each with every call of that conversation, and each session's rollout
+must be whole (not partial, `mask_sample: false`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.chain import Chain, launch_chain
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "harnesses.md"
+DOC_URL = "http://127.0.0.1:8080"
+_RECIPE = re.compile(r"<!-- recipe: ([\w-]+) -->\n```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_TASK_LINE = re.compile(r'^TASK = ".*"$', re.MULTILINE)
+
+
+def recipes() -> dict[str, str]:
+    return dict(_RECIPE.findall(DOC.read_text()))
+
+
+def needs(*modules: str):
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {missing} (pip install 'switchyard-model[harnesses]')")
+
+
+@pytest.fixture(scope="module")
+def chain(mock_upstream, tmp_path_factory) -> Iterator[Chain]:
+    chain = launch_chain(mock_upstream, tmp_path_factory.mktemp("harness-captures"))
+    try:
+        yield chain
+    finally:
+        chain.proc.stop()
+
+
+def session_ids(chain: Chain) -> set[str]:
+    reply = httpx.get(chain.v1 + "/sessions", params={"limit": "10000"}, trust_env=False, timeout=30)
+    return {s["session_id"] for s in reply.json()["sessions"]}
+
+
+def run_recipe(chain: Chain, name: str, task: str, tmp_path: Path, *, edit=None) -> tuple[set[str], str]:
+    """Run the doc's recipe with the chain's URL and `task`; returns the sessions it created and its last line."""
+    source = recipes()[name]
+    assert DOC_URL in source and _TASK_LINE.search(source), f"recipe {name} has no base URL or TASK line"
+    source = source.replace(DOC_URL, chain.url)
+    source = _TASK_LINE.sub(lambda _: f"TASK = {task!r}", source, count=1)
+    if edit is not None:
+        source = edit(source)
+    script = tmp_path / f"{name}.py"
+    script.write_text(source)
+    before = session_ids(chain)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "NO_PROXY": "127.0.0.1,localhost",
+            "HF_HUB_OFFLINE": "1",  # nothing may reach for a hub: the recipes must work offline
+        },
+    )
+    assert done.returncode == 0, f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    # Each recipe ends by printing its session (or run) id first; harnesses print banners before.
+    return session_ids(chain) - before, done.stdout.strip().splitlines()[-1]
+
+
+def completions(chain: Chain, session_id: str) -> list[dict]:
+    reply = httpx.get(f"{chain.v1}/sessions/{session_id}/completions", trust_env=False, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["completions"]
+
+
+def assert_whole_rollout(chain: Chain, session_id: str, calls: int) -> dict:
+    records = completions(chain, session_id)
+    assert len(records) == calls, [r["messages"][-1] for r in records]
+    assert all(r["is_valid"] for r in records), [r.get("invalid_reason") for r in records]
+    reply = httpx.get(f"{chain.v1}/sessions/{session_id}/rollout", trust_env=False, timeout=30)
+    assert reply.status_code == 200, reply.text
+    rollout = reply.json()
+    assert rollout.get("partial_reason") is None and rollout["mask_sample"] is False, rollout.get("partial_reason")
+    return rollout
+
+
+WEATHER_TASK = 'What is the weather in Paris? [[mock:tool get_weather {"city": "Paris"}]]'
+
+
+@needs("openai")
+def test_openai_sdk_recipe(chain, tmp_path):
+    new, out = run_recipe(chain, "openai-sdk", "Say hello.", tmp_path)
+    assert len(new) == 1
+    (session,) = new
+    assert out.startswith(session)
+    assert_whole_rollout(chain, session, calls=2)
+
+
+@needs("agents")
+def test_openai_agents_recipe(chain, tmp_path):
+    new, out = run_recipe(chain, "openai-agents", WEATHER_TASK, tmp_path)
+    assert len(new) == 1
+    (session,) = new
+    assert "sunny, 21 C in Paris" in out  # the tool ran and the model saw its result
+    assert_whole_rollout(chain, session, calls=2)
+
+
+@needs("langchain_openai")
+def test_langchain_recipe(chain, tmp_path):
+    new, out = run_recipe(chain, "langchain", WEATHER_TASK, tmp_path)
+    assert len(new) == 1
+    (session,) = new
+    assert "sunny, 21 C in Paris" in out
+    assert_whole_rollout(chain, session, calls=2)
+
+
+ADD_TASK = 'What is 2 + 3? [[mock:tool add {"x": 2, "y": 3}]]'
+
+
+@needs("inspect_ai")
+def test_inspect_ai_recipe_gives_each_sample_its_own_whole_session(chain, tmp_path):
+    new, out = run_recipe(chain, "inspect-ai", ADD_TASK, tmp_path)
+    run = out.split()[0]
+    assert new == {f"{run}-s1-e1", f"{run}-s2-e1"}
+    for session in new:
+        records = completions(chain, session)
+        assert records[-1]["messages"][-1]["content"].startswith("Done. The tool said: 5")
+        assert_whole_rollout(chain, session, calls=2)
+
+
+@needs("inspect_ai")
+def test_inspect_ai_with_a_run_wide_header_is_one_broken_session(chain, tmp_path):
+    """The negative control: the run-wide header the doc warns about puts both samples in one session."""
+
+    def run_wide(source: str) -> str:
+        source = source.replace(
+            'return await generate(state, extra_headers={"x-session-id": session})', "return await generate(state)"
+        )
+        return source.replace(
+            'model="openai/demo",', 'model="openai/demo", model_args={"default_headers": {"x-session-id": RUN}},'
+        )
+
+    new, out = run_recipe(chain, "inspect-ai", ADD_TASK, tmp_path, edit=run_wide)
+    run = out.split()[0]
+    assert new == {run}
+    calls = completions(chain, run)
+    assert len(calls) >= 4  # both samples' tool loops
+    rollout = httpx.get(f"{chain.v1}/sessions/{run}/rollout", trust_env=False, timeout=30).json()
+    # One rollout for two samples: the other sample's calls are set aside (as retries or side calls),
+    # so a trainer would get one sample where the eval ran two.
+    assert len(rollout["record_uuids"]) == 2 < len(calls)
+    assert rollout["discarded_record_uuids"] or rollout["side_calls"]
+
+
+MINI_TASK = (
+    'Print the working directory, then submit. [[mock:tool bash {"command": "pwd"}]] [[mock:next]] '
+    '[[mock:tool bash {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}]]'
+)
+
+
+@needs("minisweagent", "litellm")
+def test_mini_swe_agent_recipe_is_one_whole_session_per_run(chain, tmp_path):
+    new, out = run_recipe(chain, "mini-swe-agent", MINI_TASK, tmp_path)
+    assert len(new) == 1
+    (session,) = new
+    assert out.split() == [session, "Submitted"]
+    records = completions(chain, session)
+    # The first command really ran: its output is in the second call's prompt.
+    assert str(tmp_path) in str(records[1]["messages"])
+    assert_whole_rollout(chain, session, calls=2)
