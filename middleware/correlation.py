@@ -109,8 +109,8 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
         source = None
     parent = None
     for name in _PARENT_HEADERS:  # unlike the session, a refused parent falls through to the next
-        if value := header_id(name):
-            parent = value
+        if parent_id := header_id(name):
+            parent = parent_id
             break
     request_id = None
     raw_request_id = found.get(b"x-request-id")

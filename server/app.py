@@ -100,6 +100,7 @@ def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | Non
     the lifespan, on the event-loop thread (the hosted server is thread-affine). `on_ready(state)` is
     called once the server can take calls."""
     state = AppState(settings=settings, proxy=build_proxy(settings), telemetry=Telemetry(settings), on_ready=on_ready)
+    state.telemetry.refused_ids_source(state.refused_ids.counts)
 
     model_handlers = {
         "/v1/chat/completions": _RequiresReady(state, ChatCompletions(state)),

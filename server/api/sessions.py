@@ -163,12 +163,14 @@ def session_routes(
         count = await run_in_threadpool(remove)
         return _json_bytes(orjson.dumps({"deleted": True, "session_id": session_id, "records": count}))
 
+    # `:path`: a session id may hold `/` (sent percent-encoded; the server decodes it before routing).
+    # The suffix routes come first, so `/v1/sessions/a/b/tree` is the tree of `a/b`.
     return [
         Route("/v1/sessions", _as_error_responses(list_sessions), methods=["GET"]),
-        Route("/v1/sessions/{session_id}/completions", _as_error_responses(completions), methods=["GET"]),
-        Route("/v1/sessions/{session_id}/tree", _as_error_responses(tree), methods=["GET"]),
-        Route("/v1/sessions/{session_id}/rollout", _as_error_responses(rollout), methods=["GET"]),
-        Route("/v1/sessions/{session_id}", _as_error_responses(delete), methods=["DELETE"]),
+        Route("/v1/sessions/{session_id:path}/completions", _as_error_responses(completions), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/tree", _as_error_responses(tree), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/rollout", _as_error_responses(rollout), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}", _as_error_responses(delete), methods=["DELETE"]),
     ]
 
 

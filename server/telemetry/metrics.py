@@ -27,6 +27,7 @@ ACTIVE_METRIC = "switchyard_model.calls.active"
 CAPTURE_RECORDS_METRIC = "switchyard_model.capture.records"
 CAPTURE_QUEUE_METRIC = "switchyard_model.capture.queue.depth"
 INJECTION_METRIC = "switchyard_model.injection.calls"
+REFUSED_IDS_METRIC = "switchyard_model.correlation.refused_ids"
 
 Attrs = tuple[tuple[str, Any], ...]  # metric attributes, hashable and in a fixed order
 
@@ -38,6 +39,7 @@ DESCRIPTIONS = {
     CAPTURE_RECORDS_METRIC: "Capture records by outcome: written, failed (write error), dropped (queue full)",
     CAPTURE_QUEUE_METRIC: "Capture records waiting to be written",
     INJECTION_METRIC: "Correlated calls under token injection by outcome: injected, or the fallback reason",
+    REFUSED_IDS_METRIC: "Session ids the correlation rules refused, by source (those calls went uncorrelated)",
 }
 CAPTURE_OUTCOMES = ("written", "failed", "dropped")
 
@@ -79,6 +81,7 @@ class CallMetrics:
         self.active: dict[Attrs, int] = {}
         self.injection: dict[Attrs, int] = {}  # (route, outcome) -> calls
         self.capture_stats: Callable[[], Mapping[str, int]] | None = None
+        self.refused_ids: Callable[[], Mapping[str, int]] | None = None  # source -> count
         self._sdk: tuple[Any, Any, Any] | None = None  # duration, ttfc, tokens SDK histograms
 
     def mirror_histograms_to(self, meter: Any) -> None:
@@ -104,6 +107,12 @@ class CallMetrics:
             callbacks=[self._observe_injection],
             unit="{call}",
             description=DESCRIPTIONS[INJECTION_METRIC],
+        )
+        meter.create_observable_counter(
+            REFUSED_IDS_METRIC,
+            callbacks=[self._observe_refused_ids],
+            unit="{id}",
+            description=DESCRIPTIONS[REFUSED_IDS_METRIC],
         )
         meter.create_observable_gauge(
             CAPTURE_QUEUE_METRIC,
@@ -162,6 +171,10 @@ class CallMetrics:
             _limited.warning("reading the capture store's counters failed", exc_info=True)
             return None
 
+    def read_refused_ids(self) -> list[tuple[Attrs, int]]:
+        counts = self.refused_ids() if self.refused_ids is not None else {}
+        return [((("source", source),), count) for source, count in sorted(counts.items())]
+
     # The SDK calls these from its export thread: copy the dict before walking it.
     def _observe_active(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(count, dict(attrs)) for attrs, count in list(self.active.items())]
@@ -172,6 +185,9 @@ class CallMetrics:
 
     def _observe_injection(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(count, dict(attrs)) for attrs, count in list(self.injection.items())]
+
+    def _observe_refused_ids(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(count, dict(attrs)) for attrs, count in self.read_refused_ids()]
 
     def _observe_capture_queue(self, options: CallbackOptions) -> Iterable[Observation]:
         stats = self.read_capture_stats()

@@ -19,6 +19,7 @@ from server.telemetry.metrics import (
     DESCRIPTIONS,
     DURATION_METRIC,
     INJECTION_METRIC,
+    REFUSED_IDS_METRIC,
     TOKEN_METRIC,
     TTFC_METRIC,
     Attrs,
@@ -53,6 +54,8 @@ def prometheus_text(metrics: CallMetrics) -> str:
         _histogram_family(out, name, unit, histogram)
     if metrics.injection:
         _value_family(out, INJECTION_METRIC, "{call}", "counter", sorted(metrics.injection.items()))
+    if refused := metrics.read_refused_ids():
+        _value_family(out, REFUSED_IDS_METRIC, "{id}", "counter", refused)
     stats = metrics.read_capture_stats()
     if stats:
         _value_family(

@@ -228,6 +228,11 @@ class Telemetry:
         if self.metrics is not None:
             self.metrics.capture_stats = fn
 
+    def refused_ids_source(self, fn: Callable[[], Mapping[str, int]]) -> None:
+        """Register the correlation's refused-id counts (source -> count)."""
+        if self.metrics is not None:
+            self.metrics.refused_ids = fn
+
     # ---- calls ---------------------------------------------------------------------------------
     def start_call(
         self, *, api: str, route: str, request: dict, correlation: Any, stream: bool, scope: dict

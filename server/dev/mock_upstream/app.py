@@ -334,4 +334,18 @@ def run(host: str = "127.0.0.1", port: int = 8000, **kw: Any) -> None:
     except ImportError:
         pass
     settings.update(kw)
-    uvicorn.run(create_app(**app_kw), host=host, port=port, **settings)
+
+    class AnnouncingServer(uvicorn.Server):
+        """Says where it listens once it does (with `--port 0` that is the only way to know)."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and self.servers and self.servers[0].sockets:
+                bound_host, bound_port = self.servers[0].sockets[0].getsockname()[:2]
+                print(f"mock upstream listening on http://{bound_host}:{bound_port}", flush=True)
+
+    server = AnnouncingServer(uvicorn.Config(create_app(**app_kw), host=host, port=port, **settings))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises Ctrl-C after its clean shutdown: a requested stop, not an error

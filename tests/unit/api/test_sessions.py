@@ -240,7 +240,7 @@ def test_unknown_session_is_404(client, store):
     "path",
     [
         "/v1/sessions/%2E%2E/completions",
-        "/v1/sessions/..%2Fsecret/completions",
+        "/v1/sessions/..%2F%20x/completions",
         "/v1/sessions/a%20b/completions",
         "/v1/sessions/a%0Ab/completions",
         "/v1/sessions/" + "x" * 201 + "/completions",
