@@ -22,6 +22,7 @@ class ChatCompletions(ModelEndpoint):
 
     async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         validate_chat(body)
+        drop_usage_chunk = _ask_for_usage(body)
         call = self.prepare(
             body,
             corr,
@@ -39,7 +40,7 @@ class ChatCompletions(ModelEndpoint):
             async with self.limit():
                 span.upstream_headers(headers)  # the CLIENT span starts once the call may go out
                 if call.stream:
-                    await self._stream(call, headers, send, span)
+                    await self._stream(call, headers, send, span, drop_usage_chunk)
                 else:
                     reply = await self.post_chat(call, headers)
                     chat = parse_reply(reply.body)
@@ -54,7 +55,7 @@ class ChatCompletions(ModelEndpoint):
             span.finish(None, exc)
             raise
 
-    async def _stream(self, call: Call, headers: dict[str, str], send, span) -> None:
+    async def _stream(self, call: Call, headers: dict[str, str], send, span, drop_usage_chunk: bool) -> None:
         stream = await self.open_chat_stream(call, headers)
         # Telemetry wants the finish reason and usage even of calls that are not recorded.
         accumulator = ChatStreamAccumulator() if call.capture or self.state.telemetry.enabled else None
@@ -65,10 +66,12 @@ class ChatCompletions(ModelEndpoint):
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
             )
             async for event, data in chat_events(stream, span):
-                if parse:
+                if parse or (drop_usage_chunk and _USAGE_ONLY_MARK in data):
                     chunk = orjson.loads(data)
                     if accumulator is not None:
-                        accumulator.feed(chunk)
+                        accumulator.feed(chunk)  # the usage chunk too: capture and spans keep the usage
+                    if drop_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:
+                        continue  # asked for by us (or by Switchyard), not by the client
                     if call.added_fields:
                         out = sse.encode(orjson.dumps(strip_token_fields(chunk, call.added_fields)))
                     else:
@@ -100,6 +103,28 @@ class ChatCompletions(ModelEndpoint):
             raise
         finally:
             await stream.aclose()
+
+
+# A usage-only chunk has `"choices": []`; only chunks holding this are parsed to check (compact JSON,
+# as vLLM and Switchyard write it; a spaced variant would only be relayed, never lost).
+_USAGE_ONLY_MARK = b'"choices":[]'
+
+
+def _ask_for_usage(body: dict[str, Any]) -> bool:
+    """Make a stream ask the model server for usage (for capture and spans); True if the client did not.
+
+    Switchyard sets `stream_options.include_usage: true` upstream itself when the client sent no
+    `stream_options`, and the model server then ends the stream with `{"choices": [], "usage": ...}`.
+    A client that did not ask for that chunk breaks on it (`chunk.choices[0]`), so it is asked for
+    here explicitly, in every case, and dropped on the way back unless the client asked for it.
+    """
+    options = body.get("stream_options")
+    if body.get("stream") is not True or not (options is None or isinstance(options, dict)):
+        return False
+    if options is not None and options.get("include_usage") is True:
+        return False
+    body["stream_options"] = {**(options or {}), "include_usage": True}
+    return True
 
 
 def validate_chat(body: dict[str, Any]) -> None:
