@@ -27,7 +27,14 @@ def ids(client, **params) -> list[str]:
 
 def test_the_plain_list_is_unchanged_and_summaries_are_opt_in(client):
     plain = client.get("/v1/sessions").json()["sessions"]
-    assert set(plain[0]) == {"session_id", "parent_session_id", "record_count", "first_captured_at", "last_captured_at"}
+    assert set(plain[0]) == {
+        "session_id",
+        "parent_session_id",
+        "parent_missing",
+        "record_count",
+        "first_captured_at",
+        "last_captured_at",
+    }
     rich = client.get("/v1/sessions", params={"summary": "true", "q": "agent-main"}).json()["sessions"]
     summary = rich[0]["summary"]
     assert summary["calls"] == rich[0]["record_count"] == 3
@@ -81,7 +88,7 @@ def test_filtered_pages_follow_on_without_gaps_or_repeats(client):
         ({"summary": "maybe"}, "summary"),
         ({"q": "x" * 201}, "q"),
         ({"roots_only": "true", "kind": "child"}, "kind"),
-        ({"after": "../x"}, "after"),
+        ({"after": "../ x"}, "after"),
     ],
 )
 def test_bad_list_parameters_are_a_400_naming_the_parameter(client, params, param):
