@@ -454,7 +454,7 @@ ACCEPTED_IDS = [
     "../../etc/passwd",
     "swe:django-1234:0",
     "user@example.com",
-    "a/b",
+    "job/7/worker-2",
     "..\\..\\x",
     'a"b',
     "-abc",
