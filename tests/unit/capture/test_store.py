@@ -506,6 +506,7 @@ def test_indexing_reads_headers_not_whole_records(tmp_path, monkeypatch):
     assert reader.session_info("ses-big") == {
         "session_id": "ses-big",
         "parent_session_id": "ses-root",
+        "parent_missing": False,
         "record_count": 1,
         "first_captured_at": big["captured_at"],
         "last_captured_at": big["captured_at"],
