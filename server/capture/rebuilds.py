@@ -16,6 +16,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -37,6 +38,13 @@ _CacheKey = tuple[str, bool, tuple[tuple[str, int, str, str], ...], _Lost]
 
 class RebuildUnavailable(RuntimeError):
     """The rebuild worker died (e.g. out of memory); the next request starts a fresh one."""
+
+
+def _init_worker() -> None:
+    """A rebuild worker runs below the serving process's priority, and ignores Ctrl-C: the signal
+    reaches the whole process group, but the server stops the pool itself (no traceback from here)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _lower_priority()
 
 
 def tree_of(index: IndexView, session_id: str) -> dict[str, list[str]]:
@@ -108,7 +116,7 @@ class RolloutBuilder:
                 if self.workers:
                     # spawn, not fork: the serving process has threads (and Switchyard's runtime).
                     self._pool = ProcessPoolExecutor(
-                        self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
+                        self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker
                     )
                 else:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-rebuild")
