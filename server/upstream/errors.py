@@ -27,6 +27,10 @@ def error_from_reply(status: int, body: bytes, headers: Mapping[str, str]) -> Op
             message = doc["message"]
     except (orjson.JSONDecodeError, AttributeError):
         pass
+    if isinstance(message, str) and message.startswith("{"):
+        message, inner_type, inner_code, inner_param = _unwrap(message)
+        # The engine's own fields win where it gave them; Switchyard's stay where it did not.
+        err_type, code, param = inner_type or err_type, inner_code or code, inner_param or param
     if not isinstance(message, str) or not message:
         text = body[:500].decode("utf-8", "replace").strip()
         message = f"upstream returned HTTP {status}" + (f": {text}" if text else "")
@@ -43,6 +47,30 @@ def error_from_reply(status: int, body: bytes, headers: Mapping[str, str]) -> Op
         param=param if isinstance(param, str) else None,
         headers=extra,
     )
+
+
+def _unwrap(message: str) -> tuple[str, str | None, str | None, str | None]:
+    """The engine's error inside Switchyard's: message, type, code and param (None where absent).
+
+    Switchyard 0.3.0 answers some engine errors (a context-length error, for one) with the engine's
+    whole JSON error body as the text of its own `error.message`: JSON inside JSON. A message that
+    is not such a body is returned as it is.
+    """
+    try:
+        doc = orjson.loads(message)
+    except orjson.JSONDecodeError:
+        return message, None, None, None
+    inner = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(inner, str) and inner:
+        return inner, None, None, None
+    if not isinstance(inner, dict) or not isinstance(inner.get("message"), str) or not inner["message"]:
+        return message, None, None, None
+
+    def text(key: str) -> str | None:
+        value = inner.get(key)
+        return value if isinstance(value, str) and value else None
+
+    return inner["message"], text("type"), text("code"), text("param")
 
 
 def error_from_exception(exc: http1.HTTPError, target: str) -> OpenAIError:

@@ -299,3 +299,23 @@ def test_shutdown_closes_the_hosted_proxy(mock_upstream, tmp_path):
     assert "shutdown signal received; draining" in chain.proc.output()  # Switchyard's close() ran
     with pytest.raises(httpx.ConnectError):
         httpx.get(proxy_url + "/health", trust_env=False)
+
+
+@pytest.mark.parametrize("endpoint", ["/chat/completions", "/responses"])
+def test_an_engine_error_reaches_the_client_unwrapped(chain, endpoint):
+    """Switchyard wraps a context-length error's JSON body inside its own message; the client gets the engine's."""
+    long_text = "word " * 40_000  # over the mock's 32768-token context
+    body = (
+        {"messages": [{"role": "user", "content": long_text}]}
+        if endpoint == "/chat/completions"
+        else {"input": long_text}
+    )
+    reply = httpx.post(chain.v1 + endpoint, json=body, trust_env=False, timeout=60)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["message"].startswith("This model's maximum context length is 32768 tokens.")
+    assert (error["code"], error["param"], error["type"]) == (
+        "context_length_exceeded",
+        "messages",
+        "invalid_request_error",
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import orjson
 import pytest
 
 from server.errors import OpenAIError
@@ -155,3 +156,50 @@ def test_get_json_with_nothing_listening_is_502_unreachable():
 
     error = asyncio.run(scenario())
     assert (error.status, error.code) == (502, "upstream_unreachable")
+
+
+def test_switchyards_wrapped_engine_error_is_unwrapped():
+    # Switchyard 0.3.0 puts the engine's whole JSON error, as text, in its own error's message.
+    engine = {
+        "error": {
+            "message": "This model's maximum context length is 32768 tokens. However, your request has 40009 input tokens.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+    wrapped = {
+        "error": {
+            "message": orjson.dumps(engine).decode(),
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "context_length_exceeded",
+        }
+    }
+    error = error_from_reply(400, orjson.dumps(wrapped), {})
+    assert error.status == 400
+    body = orjson.loads(error.to_json())["error"]
+    assert body == engine["error"]
+
+
+@pytest.mark.parametrize(
+    "message",
+    ['{"not": "an error"}', "{broken json", '{"error": {"message": ""}}', '{"error": 5}', "[1, 2]"],
+)
+def test_a_message_that_only_looks_like_json_is_kept_as_it_is(message):
+    wrapped = {"error": {"message": message, "type": "invalid_request_error", "code": "x"}}
+    body = orjson.loads(error_from_reply(400, orjson.dumps(wrapped), {}).to_json())["error"]
+    assert body["message"] == message and body["code"] == "x"
+
+
+def test_the_outer_code_and_param_stay_when_the_engine_gave_none():
+    inner = {"error": {"message": "engine says no", "type": "BadRequestError"}}
+    wrapped = {"error": {"message": orjson.dumps(inner).decode(), "param": "model", "code": "outer_code"}}
+    body = orjson.loads(error_from_reply(400, orjson.dumps(wrapped), {}).to_json())["error"]
+    assert (body["message"], body["param"], body["code"]) == ("engine says no", "model", "outer_code")
+
+
+def test_an_engine_error_given_as_a_plain_string_is_unwrapped_too():
+    wrapped = {"error": {"message": '{"error": "engine overloaded"}', "code": "upstream_busy"}}
+    body = orjson.loads(error_from_reply(503, orjson.dumps(wrapped), {}).to_json())["error"]
+    assert (body["message"], body["code"]) == ("engine overloaded", "upstream_busy")
