@@ -43,6 +43,7 @@ test: $(STAMP) node chromium lint
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # Unit tests only: no processes, no node clients.
 test-fast: $(STAMP)

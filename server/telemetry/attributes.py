@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 from opentelemetry.trace import Status, StatusCode
@@ -145,11 +145,11 @@ def response_attributes(response: dict[str, Any]) -> dict[str, Any]:
             ),
         ):
             for path in paths:
-                value: Any = usage
+                found: Any = usage
                 for key in path:
-                    value = value.get(key) if isinstance(value, dict) else None
-                if is_int(value):
-                    attrs[attr] = value
+                    found = found.get(key) if isinstance(found, dict) else None
+                if is_int(found):
+                    attrs[attr] = found
                     break
     return attrs
 
@@ -171,7 +171,8 @@ def content_output_attributes(response: dict[str, Any]) -> dict[str, str]:
     for choice in response.get("choices") or ():
         if not isinstance(choice, dict):
             continue
-        message = _message_parts(choice.get("message") if isinstance(choice.get("message"), dict) else {})
+        raw_message = choice.get("message")
+        message = _message_parts(raw_message if isinstance(raw_message, dict) else {})
         message["role"] = "assistant"
         if isinstance(choice.get("finish_reason"), str):
             message["finish_reason"] = choice["finish_reason"]
@@ -200,7 +201,8 @@ def _message_parts(message: dict[str, Any]) -> dict[str, Any]:
         parts.insert(0, {"type": "reasoning", "content": reasoning})
     for call in message.get("tool_calls") or ():
         if isinstance(call, dict):
-            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+            raw_fn = call.get("function")
+            fn = raw_fn if isinstance(raw_fn, dict) else {}
             parts.append(
                 {"type": "tool_call", "id": call.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments")}
             )
@@ -212,11 +214,11 @@ def _json(value: Any) -> str:
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

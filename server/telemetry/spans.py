@@ -19,10 +19,10 @@ from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanKind, set_span_in_context
+from opentelemetry.trace import SpanKind, Tracer, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from server.logs import OncePerInterval, RateLimitedLog
@@ -122,7 +122,7 @@ class Telemetry:
         )
         self.disabled = _env_true("OTEL_SDK_DISABLED")
         self.enabled = False  # spans are being made
-        self._tracer = None
+        self._tracer: Tracer | None = None
         self._tracer_provider: TracerProvider | None = None
         self._meter_provider: MeterProvider | None = None
         self.metrics: CallMetrics | None = None
@@ -143,7 +143,7 @@ class Telemetry:
     # ---- setup ---------------------------------------------------------------------------------
     def _setup_tracing(self, settings: Any, resource: Resource, test_exporter: SpanExporter | None) -> None:
         chosen = _exporter_names("OTEL_TRACES_EXPORTER")
-        processors = []
+        processors: list[SpanProcessor] = []
         targets = []
         if test_exporter is not None:
             # Tests want finished spans at once, not after a batch delay.
@@ -324,6 +324,7 @@ class _MeteredCall(CallSpan):
     __slots__ = ("_metrics", "_attrs", "_incoming", "_started", "_ttfc", "_done")
 
     def __init__(self, tel: Telemetry, metric_attrs: Attrs, incoming: dict[str, str]) -> None:
+        assert tel.metrics is not None, "start_call makes metered calls only when metrics are on"
         self._metrics = tel.metrics
         self._attrs = metric_attrs
         self._incoming = incoming
@@ -461,6 +462,7 @@ class _TracedCall(_MeteredCall):
         if self._capture_content:
             client_attrs.update(content_input_attributes(request))
         tracer = tel._tracer
+        assert tracer is not None, "start_call makes traced calls only when tracing is on"
         self._server = tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=server_attrs)
         self._client = tracer.start_span(
             name, context=set_span_in_context(self._server, parent), kind=SpanKind.CLIENT, attributes=client_attrs
