@@ -6,7 +6,6 @@ The attributes come from attributes.py, the metrics from metrics.py, `/metrics` 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -25,7 +24,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Tracer, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from server.logs import OncePerInterval, RateLimitedLog
+from server.logs import RateLimitedLog
 from server.telemetry import otel_metrics
 from server.telemetry.attributes import (
     OPERATION,
@@ -39,6 +38,16 @@ from server.telemetry.attributes import (
     response_attributes,
     session_attributes,
 )
+from server.telemetry.environment import (
+    EXPORT_LOG_INTERVAL_S,
+    env_true,
+    exporter_names,
+    otlp_endpoint,
+    package_version,
+    resource_for,
+    tame_exporter_logs,
+    warn_if_not_http_protobuf,
+)
 from server.telemetry.metrics import (
     DURATION_BUCKETS,
     DURATION_METRIC,
@@ -49,6 +58,7 @@ from server.telemetry.metrics import (
     CallMetrics,
 )
 from server.telemetry.prometheus import prometheus_text
+from server.telemetry.sampling import RateCappedSampler
 
 log = logging.getLogger("switchyard_model.telemetry")
 
@@ -57,22 +67,10 @@ log = logging.getLogger("switchyard_model.telemetry")
 SEMCONV_VERSION = "1.41.1"
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
 INSTRUMENTATION_NAME = "switchyard_model"
-DEFAULT_SERVICE_NAME = "switchyard-model"
 
-# Exporter complaints (collector down) are let through once per this many seconds per logger.
-EXPORT_LOG_INTERVAL_S = 60.0
-_EXPORTER_LOGGERS = (
-    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
-    "opentelemetry.exporter.otlp.common.http",
-    "opentelemetry.sdk._shared_internal",
-    "opentelemetry.sdk.trace.export",
-    "opentelemetry.sdk.metrics._internal.export",
-)
 _limited = RateLimitedLog(log, EXPORT_LOG_INTERVAL_S)  # our own repeating complaints, likewise
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-_TRUE = {"1", "true", "yes", "on"}
 _clock = time.perf_counter  # call timings; tests replace it to get exact durations
 
 
@@ -117,10 +115,10 @@ class Telemetry:
         metric_reader: MetricReader | None = None,
     ) -> None:
         self.settings = settings
-        self.capture_content = bool(getattr(settings, "otel_capture_content", False)) or _env_true(
+        self.capture_content = bool(getattr(settings, "otel_capture_content", False)) or env_true(
             "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
         )
-        self.disabled = _env_true("OTEL_SDK_DISABLED")
+        self.disabled = env_true("OTEL_SDK_DISABLED")
         self.enabled = False  # spans are being made
         self._tracer: Tracer | None = None
         self._tracer_provider: TracerProvider | None = None
@@ -135,14 +133,14 @@ class Telemetry:
             self.set_upstream(base_url)
         if self.disabled:
             return
-        _tame_exporter_logs()
-        resource = _resource(getattr(settings, "otel_service_name", None))
+        tame_exporter_logs()
+        resource = resource_for(getattr(settings, "otel_service_name", None))
         self._setup_tracing(settings, resource, span_exporter)
         self._setup_metrics(resource, metric_reader)
 
     # ---- setup ---------------------------------------------------------------------------------
     def _setup_tracing(self, settings: Any, resource: Resource, test_exporter: SpanExporter | None) -> None:
-        chosen = _exporter_names("OTEL_TRACES_EXPORTER")
+        chosen = exporter_names("OTEL_TRACES_EXPORTER")
         processors: list[SpanProcessor] = []
         targets = []
         if test_exporter is not None:
@@ -150,10 +148,10 @@ class Telemetry:
             processors.append(SimpleSpanProcessor(test_exporter))
             targets.append(type(test_exporter).__name__)
         if "none" not in chosen:
-            if "otlp" in chosen and _otlp_endpoint("TRACES"):
+            if "otlp" in chosen and otlp_endpoint("TRACES"):
                 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-                _warn_if_not_http_protobuf("TRACES")
+                warn_if_not_http_protobuf("TRACES")
                 exporter = OTLPSpanExporter()
                 processors.append(BatchSpanProcessor(exporter))
                 targets.append(f"OTLP {getattr(exporter, '_endpoint', '')}".strip())
@@ -170,18 +168,18 @@ class Telemetry:
         for processor in processors:
             provider.add_span_processor(processor)
         self._tracer_provider = provider
-        self._tracer = provider.get_tracer(INSTRUMENTATION_NAME, _package_version(), schema_url=SCHEMA_URL)
+        self._tracer = provider.get_tracer(INSTRUMENTATION_NAME, package_version(), schema_url=SCHEMA_URL)
         self.enabled = True
 
     def _setup_metrics(self, resource: Resource, test_reader: MetricReader | None) -> None:
         self.metrics = CallMetrics()
         readers: list[MetricReader] = [] if test_reader is None else [test_reader]
         exporting = False
-        chosen = _exporter_names("OTEL_METRICS_EXPORTER")
-        if "none" not in chosen and "otlp" in chosen and _otlp_endpoint("METRICS"):
+        chosen = exporter_names("OTEL_METRICS_EXPORTER")
+        if "none" not in chosen and "otlp" in chosen and otlp_endpoint("METRICS"):
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-            _warn_if_not_http_protobuf("METRICS")
+            warn_if_not_http_protobuf("METRICS")
             # The export interval comes from OTEL_METRIC_EXPORT_INTERVAL, read by the SDK.
             readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
             exporting = True
@@ -203,10 +201,10 @@ class Telemetry:
             shutdown_on_exit=exporting,
         )
         self._meter_provider = provider
-        meter = provider.get_meter(INSTRUMENTATION_NAME, _package_version(), schema_url=SCHEMA_URL)
+        meter = provider.get_meter(INSTRUMENTATION_NAME, package_version(), schema_url=SCHEMA_URL)
         self.metrics.observe_from(meter)
         if all(otel_metrics.reads_cumulative_histograms(reader) for reader in readers):
-            scope = InstrumentationScope(INSTRUMENTATION_NAME, _package_version(), SCHEMA_URL)
+            scope = InstrumentationScope(INSTRUMENTATION_NAME, package_version(), SCHEMA_URL)
             otel_metrics.attach(readers, self.metrics, resource, scope)
         else:
             self.metrics.mirror_histograms_to(meter)
@@ -379,36 +377,6 @@ class _MeteredCall(CallSpan):
         pass
 
 
-class RateCappedSampler:
-    """Which calls get spans: parent-based, and at most `per_s` new traces a second.
-
-    A caller's traceparent decides for its call (sampled flag set: traced; clear: not). A call that
-    starts a trace is traced while the rate stays under `per_s` (a token bucket holding one second of
-    burst), so above that rate the traced share is per_s / rate. 0 traces every call. The decision is
-    made before any span object exists: an unsampled call costs what a span-less call costs."""
-
-    __slots__ = ("per_s", "_tokens", "_last")
-
-    def __init__(self, per_s: float) -> None:
-        self.per_s = per_s
-        self._tokens = per_s
-        self._last = time.monotonic()
-
-    def sample(self, incoming: Mapping[str, str]) -> bool:
-        traceparent = incoming.get("traceparent")
-        if traceparent:  # well-formed (incoming_trace_headers checked): "00-<trace>-<span>-<flags>"
-            return bool(int(traceparent[-2:], 16) & 1)
-        if self.per_s <= 0:
-            return True
-        now = time.monotonic()
-        self._tokens = min(self.per_s, self._tokens + (now - self._last) * self.per_s)
-        self._last = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
-
-
 class _UnsampledCall(_MeteredCall):
     """A call the sampler left out: metrics only, and Switchyard is told the trace is not sampled, so
     its own (parent-based) exporter leaves the call out too instead of starting a trace of its own."""
@@ -509,67 +477,3 @@ class _TracedCall(_MeteredCall):
         finally:
             client.end()
             server.end()
-
-
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
-
-
-def _exporter_names(var: str) -> set[str]:
-    return {n.strip().lower() for n in os.environ.get(var, "otlp").split(",") if n.strip()}
-
-
-def _otlp_endpoint(signal: str) -> str | None:
-    """The OTLP endpoint for a signal, only if one is configured: we never export to a default."""
-    return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-
-
-def _warn_if_not_http_protobuf(signal: str) -> None:
-    protocol = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-    if protocol and protocol.strip() != "http/protobuf":
-        log.warning(
-            "OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; exporting %s as OTLP http/protobuf",
-            protocol,
-            signal.lower(),
-        )
-
-
-def _resource(service_name: str | None) -> Resource:
-    """The `otel_service_name` setting wins, then OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, then ours.
-
-    The setting exists because a hosted Switchyard reads the same process environment: there,
-    OTEL_SERVICE_NAME would give both services one name."""
-    resource = Resource.create({"service.version": _package_version()})
-    if service_name:
-        resource = resource.merge(Resource({"service.name": service_name}))
-    elif str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
-    return resource
-
-
-_VERSION: str | None = None
-
-
-def _package_version() -> str:
-    global _VERSION
-    if _VERSION is None:
-        try:
-            from importlib.metadata import version
-
-            _VERSION = version("switchyard-model")
-        except Exception:
-            _VERSION = "0"
-    return _VERSION
-
-
-_tame_lock = threading.Lock()
-
-
-def _tame_exporter_logs() -> None:
-    """The OTLP exporter logs every failed export (and each retry); a dead collector would flood the
-    log. Once per process, limit each exporter logger to one warning per EXPORT_LOG_INTERVAL_S."""
-    with _tame_lock:
-        for name in _EXPORTER_LOGGERS:
-            logger = logging.getLogger(name)
-            if not any(isinstance(f, OncePerInterval) for f in logger.filters):
-                logger.addFilter(OncePerInterval(EXPORT_LOG_INTERVAL_S))

@@ -1,4 +1,4 @@
-"""The layout keeps its promises: no import cycles between the project's modules."""
+"""The layout keeps its promises: no import cycles, and no module past ~500 lines without saying why."""
 
 from __future__ import annotations
 
@@ -84,3 +84,15 @@ def test_cycle_finder_finds_a_cycle():
     # Negative control for the test above: the finder does report a cycle when there is one.
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+LONG_MODULE_LINES = 500
+LONG_MODULE_REASON = "Longer than 500 lines because"
+
+
+def test_long_modules_are_split_or_say_why():
+    for name, path in _modules().items():
+        text = path.read_text()
+        if text.count("\n") > LONG_MODULE_LINES:
+            head = ast.get_docstring(ast.parse(text)) or ""
+            assert LONG_MODULE_REASON in head, f"{name} is over {LONG_MODULE_LINES} lines: split it, or say why at its top"

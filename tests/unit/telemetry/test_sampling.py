@@ -9,8 +9,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from middleware.correlation import Correlation
-from server.telemetry import spans as spans_module
-from server.telemetry.spans import RateCappedSampler, Telemetry
+from server.telemetry import sampling as sampling_module
+from server.telemetry.sampling import RateCappedSampler
+from server.telemetry.spans import Telemetry
 from tests.support.telemetry import CALLER_TRACE_ID, REQUEST, RESPONSE, metric_points, scope, settings
 
 UNSAMPLED = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-00$")
@@ -33,7 +34,7 @@ class FrozenTime:
 @pytest.fixture
 def frozen(monkeypatch) -> FrozenTime:
     fake = FrozenTime()
-    monkeypatch.setattr(spans_module, "time", fake)
+    monkeypatch.setattr(sampling_module, "time", fake)
     return fake
 
 

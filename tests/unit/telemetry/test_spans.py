@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from middleware.correlation import Correlation
 from server.errors import OpenAIError
 from server.logs import OncePerInterval
-from server.telemetry import spans as spans_module
+from server.telemetry import environment
 from server.telemetry.metrics import DURATION_BUCKETS
 from server.telemetry.spans import CallSpan, Telemetry
 from tests.support.otlp_receiver import OtlpReceiver
@@ -395,7 +395,7 @@ def test_a_dead_collector_never_affects_calls_and_is_logged_once_per_interval(mo
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # seconds, as the Python exporter reads it
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    for name in spans_module._EXPORTER_LOGGERS:
+    for name in environment.EXPORTER_LOGGERS:
         for f in logging.getLogger(name).filters:
             if isinstance(f, OncePerInterval):
                 f.reset()

@@ -1,0 +1,91 @@
+"""What the OTEL_* environment asks of this server: exporters, endpoints, the resource; and quieter exporter logs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from opentelemetry.sdk.resources import Resource
+
+from server.logs import OncePerInterval
+
+log = logging.getLogger("switchyard_model.telemetry")
+
+DEFAULT_SERVICE_NAME = "switchyard-model"
+_TRUE = {"1", "true", "yes", "on"}
+
+# Exporter complaints (collector down) are let through once per this many seconds per logger.
+EXPORT_LOG_INTERVAL_S = 60.0
+EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.sdk._shared_internal",
+    "opentelemetry.sdk.trace.export",
+    "opentelemetry.sdk.metrics._internal.export",
+)
+
+
+def env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def exporter_names(var: str) -> set[str]:
+    return {n.strip().lower() for n in os.environ.get(var, "otlp").split(",") if n.strip()}
+
+
+def otlp_endpoint(signal: str) -> str | None:
+    """The OTLP endpoint for a signal, only if one is configured: we never export to a default."""
+    return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def warn_if_not_http_protobuf(signal: str) -> None:
+    protocol = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if protocol and protocol.strip() != "http/protobuf":
+        log.warning(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; exporting %s as OTLP http/protobuf",
+            protocol,
+            signal.lower(),
+        )
+
+
+def resource_for(service_name: str | None) -> Resource:
+    """The `otel_service_name` setting wins, then OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, then ours.
+
+    The setting exists because a hosted Switchyard reads the same process environment: there,
+    OTEL_SERVICE_NAME would give both services one name."""
+    resource = Resource.create({"service.version": package_version()})
+    if service_name:
+        resource = resource.merge(Resource({"service.name": service_name}))
+    elif str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
+    return resource
+
+
+_VERSION: str | None = None
+
+
+def package_version() -> str:
+    global _VERSION
+    if _VERSION is None:
+        try:
+            from importlib.metadata import version
+
+            _VERSION = version("switchyard-model")
+        except Exception:
+            _VERSION = "0"
+    return _VERSION
+
+
+_tame_lock = threading.Lock()
+
+
+def tame_exporter_logs() -> None:
+    """The OTLP exporter logs every failed export (and each retry); a dead collector would flood the
+    log. Once per process, limit each exporter logger to one warning per EXPORT_LOG_INTERVAL_S."""
+    with _tame_lock:
+        for name in EXPORTER_LOGGERS:
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, OncePerInterval) for f in logger.filters):
+                logger.addFilter(OncePerInterval(EXPORT_LOG_INTERVAL_S))
