@@ -14,7 +14,6 @@ from server.logs import RateLimitedLog
 
 log = logging.getLogger("switchyard_model.correlation")
 
-ROLLOUT_PREFIX = b"/ng-rollout/"
 # Set on the response when an id the client sent was refused: the sources, comma-separated.
 REFUSED_ID_HEADER = b"x-switchyard-model-refused-id"
 

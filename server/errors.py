@@ -51,7 +51,3 @@ class OpenAIError(Exception):
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict())
-
-
-def bad_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> OpenAIError:
-    return OpenAIError(400, message, param=param, code=code)

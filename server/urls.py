@@ -7,8 +7,3 @@ def root_url(url: str) -> str:
     """`http://h:p/v1/` or `http://h:p/v1` or `http://h:p` → `http://h:p` (the server's root)."""
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def v1_url(url: str) -> str:
-    """The same base with exactly one `/v1` on the end."""
-    return root_url(url) + "/v1"

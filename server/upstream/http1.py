@@ -45,7 +45,6 @@ class _Connection(asyncio.Protocol):
         self.reused = False
         self._parser: httptools.HttpResponseParser | None = None
         self._headers: dict[str, str] = {}
-        self._header_name = b""
         self._chunks: deque[bytes] = deque()
         self._waiter: asyncio.Future | None = None  # woken by body bytes, the end, or a failure
         self._complete = False

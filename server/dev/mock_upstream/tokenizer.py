@@ -15,7 +15,6 @@ SPECIAL_TOKENS: dict[str, int] = {
     "<think>": 5,
     "</think>": 6,
 }
-IM_START_ID = SPECIAL_TOKENS["<|im_start|>"]
 IM_END_ID = SPECIAL_TOKENS["<|im_end|>"]
 IM_END = "<|im_end|>"
 
