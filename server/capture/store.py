@@ -249,6 +249,38 @@ class CaptureStore:
         """The session's records ordered by (captured_at, uuid), and how many files were skipped."""
         return read_session_records(self.sessions_dir, session_id)
 
+    def session_bytes(self, session_id: str) -> int:
+        """How many bytes the session's record files hold (0 if it has none): what a full read costs."""
+        directory = os.path.join(self.sessions_dir, session_dir_name(check_session_id(session_id)))
+        total = 0
+        for path in _record_files(directory):
+            try:
+                total += os.stat(path, follow_symlinks=False).st_size
+            except OSError:
+                continue
+        return total
+
+    def read_record_heads(self, session_id: str) -> list[dict] | None:
+        """The small leading fields of each of the session's records (ids, times, model, route, latency,
+        validity, finish reason, token counts), read from each file's first block, in record order.
+
+        None when any file is not one this server wrote whole with its token counts set (compressed,
+        foreign, torn, counts missing): the caller then reads the records in full.
+        """
+        directory = os.path.join(self.sessions_dir, session_dir_name(check_session_id(session_id)))
+        if os.path.islink(directory) or not os.path.isdir(directory):
+            raise UnknownSession(session_id)
+        heads = []
+        for path in _record_files(directory):
+            head = _peek_head(path) if path.endswith(".json") else None
+            if head is None:
+                return None
+            if head.get("session_id") != session_id:
+                continue  # filed under another session: not served here (as in read_session_records)
+            heads.append(head)
+        heads.sort(key=_record_key)
+        return heads
+
     def delete_session(self, session_id: str) -> int:
         """Remove a session's files and directory; returns how many records were removed."""
         check_session_id(session_id)
@@ -362,18 +394,25 @@ _HEAD = re.compile(
 _HEAD_BYTES = 1024
 
 
-def _peek_header(path: str) -> RecordHeader | None:
-    """The header fields from a record file's first block, or None to fall back to a full parse."""
+def _first_block(path: str) -> tuple[bytes, bytes] | None:
+    """A record file's first block and its last byte (to see that the file is whole), or None."""
     try:
         fd = os.open(path, _OPEN_READ)
         try:
             size = os.fstat(fd).st_size
-            head = os.pread(fd, _HEAD_BYTES, 0)
-            last = os.pread(fd, 1, size - 1) if size > 0 else b""
+            return os.pread(fd, _HEAD_BYTES, 0), (os.pread(fd, 1, size - 1) if size > 0 else b"")
         finally:
             os.close(fd)
     except OSError:
         return None
+
+
+def _peek_header(path: str) -> RecordHeader | None:
+    """The header fields from a record file's first block, or None to fall back to a full parse."""
+    block = _first_block(path)
+    if block is None:
+        return None
+    head, last = block
     match = _HEAD.match(head)
     if match is None or last != b"}":
         return None
@@ -384,6 +423,31 @@ def _peek_header(path: str) -> RecordHeader | None:
     if parent == session_id or not is_valid_session_id(parent):
         parent = None
     return RecordHeader(session_id, parent, captured_at, uuid)
+
+
+# Where the small leading fields of a record end: the `usage` object follows `token_count`.
+_HEAD_END = b',"usage":'
+
+
+def _peek_head(path: str) -> dict | None:
+    """A record's leading fields up to and including `token_count` from its first block, or None."""
+    block = _first_block(path)
+    if block is None:
+        return None
+    head, last = block
+    end = head.find(_HEAD_END)
+    if last != b"}" or end < 0 or _HEAD.match(head) is None:
+        return None
+    try:
+        fields = orjson.loads(head[:end] + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    counts = fields.get("token_count")
+    if not isinstance(counts, dict) or not all(
+        type(counts.get(name)) is int and counts[name] > 0 for name in ("prompt_tokens", "completion_tokens")
+    ):
+        return None  # the counts fall back to the token id lists, which are not in the first block
+    return fields
 
 
 def _load_record(path: str) -> dict | None:

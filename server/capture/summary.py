@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +19,8 @@ from server.capture.store import CaptureStore, UnknownSession
 # reconstructable at all, or a sub-agent session below it is).
 STATUSES = ("whole", "partial", "masked")
 KINDS = ("root", "child")
+
+log = logging.getLogger("switchyard_model.capture")
 
 
 def started_at(record: dict) -> str | None:
@@ -95,10 +99,28 @@ def session_facts(
 ) -> SessionFacts:
     """Summarise one session's records (already in `(captured_at, uuid)` order); `outcome` is
     `rollout_outcome(session_id, records)` if the caller has it already."""
+    summary = summary_columns(records)
+    rollout, error = outcome if outcome is not None else rollout_outcome(session_id, records)
+    if rollout is None:
+        status, reason = "failed", error
+    elif rollout["partial_reason"] is not None:
+        status, reason = "partial", rollout["partial_reason"]
+    else:
+        status, reason = "whole", None
+    summary.update(rollout=status, partial_reason=reason, mask_sample=status != "whole")
+    calls = [
+        (record.get("captured_at"), started_at(record), record.get("uuid"), reply_has_tool_calls(record))
+        for record in records
+    ]
+    return SessionFacts(summary, calls)
+
+
+def summary_columns(records: list[dict]) -> dict[str, Any]:
+    """The list's columns for one session from its records, or from just their leading fields (see
+    `CaptureStore.read_record_heads`): everything but the rollout status, which is left pending."""
     finish_reasons: dict[str, int] = {}
     models: set[str] = set()
     routes: set[str] = set()
-    calls = []
     total_in = total_out = invalid = 0
     first_start: str | None = None
     last_end: str | None = None
@@ -120,15 +142,6 @@ def session_facts(
             first_start = begin
         if isinstance(end, str) and (last_end is None or end > last_end):
             last_end = end
-        calls.append((end, begin, record.get("uuid"), reply_has_tool_calls(record)))
-
-    rollout, error = outcome if outcome is not None else rollout_outcome(session_id, records)
-    if rollout is None:
-        status, reason = "failed", error
-    elif rollout["partial_reason"] is not None:
-        status, reason = "partial", rollout["partial_reason"]
-    else:
-        status, reason = "whole", None
     duration_ms = None
     begin_time, end_time = parse_time(first_start), parse_time(last_end)
     if begin_time is not None and end_time is not None:
@@ -144,23 +157,29 @@ def session_facts(
         "models": sorted(models),
         "routes": sorted(routes),
         "invalid_calls": invalid,
-        # This session's own chain: whole, partial (a prefix kept) or failed (nothing usable).
-        "rollout": status,
-        "partial_reason": reason,
-        # What GET /rollout would say, sub-agents included.
-        "mask_sample": status != "whole",
+        # This session's own chain: whole, partial (a prefix kept) or failed (nothing usable);
+        # "pending" while not yet rebuilt (only on a list page's display, never under `status=`).
+        "rollout": "pending",
+        "partial_reason": None,
+        # What GET /rollout would say, sub-agents included (None while pending).
+        "mask_sample": None,
         "degraded_reason": None,
     }
-    return SessionFacts(summary, calls)
+    return summary
 
 
 class SummaryCache:
     """Session facts by id, rebuilt only when the session gained records; bounded (least recently used goes)."""
 
-    def __init__(self, max_sessions: int = 100_000) -> None:
+    def __init__(self, max_sessions: int = 100_000, *, full_read_bytes: int = 4_000_000) -> None:
         self._max = max_sessions
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, tuple[tuple[int, str | None], SessionFacts]] = OrderedDict()
+        # A list page shows a session whose records exceed this (not yet summarised) from the leading
+        # fields of its records, rollout "pending", and rebuilds it here in the background, one at a time.
+        self._full_read_bytes = full_read_bytes
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="session-summary")
+        self._pending: set[str] = set()
 
     def facts(self, store: CaptureStore, view: IndexView, session_id: str) -> SessionFacts | None:
         """The session's facts (from cache when `view` shows it unchanged), or None if it is gone.
@@ -203,15 +222,64 @@ class SummaryCache:
             self._entries[session_id] = ((info["record_count"], info["last_captured_at"]), facts)
             self._entries.move_to_end(session_id)
 
-    def summary(self, store: CaptureStore, view: IndexView, session_id: str) -> dict | None:
-        """The session's summary with sub-agent sessions folded in: masked when any session below is."""
-        facts = self.facts(store, view, session_id)
-        if facts is None:
+    def quick_summary(self, store: CaptureStore, view: IndexView, session_id: str) -> dict | None:
+        """The session's facts' summary if cached or cheap to make; for a session with many MB of
+        records, its columns from the records' leading fields with rollout "pending", while the full
+        facts are made in the background (a later request finds them cached)."""
+        info = view.session_info(session_id)
+        if info is None:
             return None
-        summary = dict(facts.summary)
+        with self._lock:
+            cached = self._entries.get(session_id)
+            if cached is not None and cached[0] == (info["record_count"], info["last_captured_at"]):
+                return cached[1].summary
+        try:
+            heads = (
+                store.read_record_heads(session_id) if store.session_bytes(session_id) > self._full_read_bytes else None
+            )
+        except UnknownSession:
+            return None
+        if not heads:
+            facts = self.facts(store, view, session_id)
+            return facts.summary if facts is not None else None
+        with self._lock:
+            if session_id in self._pending:
+                return summary_columns(heads)
+            self._pending.add(session_id)
+        self._background.submit(self._summarise_later, store, session_id)
+        return summary_columns(heads)
+
+    def _summarise_later(self, store: CaptureStore, session_id: str) -> None:
+        try:
+            self.facts(store, store.index_view(), session_id)
+        except Exception:  # a failed background summary only leaves the row pending; the next page retries
+            log.exception("summarising session %r failed", session_id)
+        finally:
+            with self._lock:
+                self._pending.discard(session_id)
+
+    def summary(self, store: CaptureStore, view: IndexView, session_id: str, *, wait: bool = True) -> dict | None:
+        """The session's summary with sub-agent sessions folded in: masked when any session below is.
+
+        `wait=False` (a list page's display) may answer with the rollout status "pending" (and
+        `mask_sample` None) rather than read a large session's records now; see `quick_summary`.
+        """
+        own = self.facts(store, view, session_id) if wait else None
+        summary = dict(own.summary if own is not None else self.quick_summary(store, view, session_id) or {})
+        if not summary:
+            return None
         for descendant in descendants(view, session_id):
-            below = self.facts(store, view, descendant)
-            if below is not None and below.summary["rollout"] != "whole":
+            if wait:
+                below_facts = self.facts(store, view, descendant)
+                below = below_facts.summary if below_facts is not None else None
+            else:
+                below = self.quick_summary(store, view, descendant)
+            if below is None:
+                continue
+            if below["rollout"] == "pending":
+                if summary["mask_sample"] is False:
+                    summary["mask_sample"] = None  # unknown until that one is rebuilt, unless another is partial
+            elif below["rollout"] != "whole":
                 summary["mask_sample"] = True
                 summary["degraded_reason"] = f"subagent session {descendant!r} is partial"
                 break
@@ -286,7 +354,7 @@ def list_page(
     if query.summary:
         for row in rows:
             if "summary" not in row:
-                row["summary"] = cache.summary(store, view, row["session_id"])
+                row["summary"] = cache.summary(store, view, row["session_id"], wait=False)
     return rows, has_more
 
 

@@ -88,6 +88,9 @@ function filterForm(params) {
 
 function statusBadge(summary) {
   if (!summary) return badge("?", "");
+  // A large session not yet rebuilt: the server fills it in on a later request (see refreshPending).
+  if (summary.rollout === "pending" || (summary.rollout === "whole" && summary.mask_sample === null))
+    return badge("…", "pending");
   if (summary.rollout === "whole" && !summary.mask_sample) return badge("whole", "ok");
   if (summary.rollout === "partial") return badge("partial", "warn");
   if (summary.rollout === "failed") return badge("failed", "bad");
@@ -120,7 +123,7 @@ function row(session) {
     h("td", {}, fmtTime(s.started_at || session.first_captured_at)),
     h("td", {}, finishText(s.finish_reasons)),
     h("td", {}, (s.models || []).join(", ")),
-    h("td", {}, statusBadge(session.summary)),
+    h("td", { class: "status" }, statusBadge(session.summary)),
   );
 }
 
@@ -194,4 +197,27 @@ export async function renderList(main, params) {
     page.sessions.length ? table : h("p", { class: "muted", id: "no-sessions" }, "No sessions match."),
     pager,
   );
+  refreshPending(table, query, page.sessions);
+}
+
+const isPending = (summary) => !!summary && (summary.rollout === "pending" || summary.mask_sample === null);
+
+// Rows whose rollout status was still pending are asked for again until the server has them,
+// while the same page is on screen.
+async function refreshPending(table, query, sessions, delayMs = 500) {
+  if (!sessions.some((s) => isPending(s.summary))) return;
+  await new Promise((resolve) => setTimeout(resolve, delayMs));
+  if (!table.isConnected) return;
+  let page;
+  try {
+    page = await getJSON("/v1/sessions", query);
+  } catch {
+    return; // the badges stay pending; reloading the page asks again
+  }
+  if (!table.isConnected) return;
+  for (const session of page.sessions) {
+    const cell = table.querySelector(`tr[data-session-id="${CSS.escape(session.session_id)}"] td.status`);
+    if (cell) clear(cell).append(statusBadge(session.summary));
+  }
+  refreshPending(table, query, page.sessions, Math.min(delayMs * 2, 4000));
 }

@@ -214,3 +214,49 @@ def test_a_partial_subagent_masks_its_ancestors_in_the_summary(tree_store):
     assert top["rollout"] == "whole"  # its own chain holds ...
     assert top["mask_sample"] is True  # ... but the rollout as a whole may not be trained on
     assert "s-sub-sub" in top["degraded_reason"]
+
+
+def _wait_for_background(cache):
+    cache._background.submit(lambda: None).result(timeout=30)  # one worker: runs after what was queued
+
+
+def test_a_large_session_is_listed_from_record_heads_and_filled_in_later(tree_store):
+    from server.capture.summary import ListQuery, list_page
+
+    full = SummaryCache().summary(tree_store, tree_store.index_view(), "s")
+    cache = SummaryCache(full_read_bytes=0)  # every session counts as large
+    rows, _ = list_page(tree_store, cache, ListQuery(q="s", kind="root", summary=True), limit=10, after=None)
+    quick = rows[0]["summary"]
+    assert quick["rollout"] == "pending" and quick["mask_sample"] is None
+    # Every column but the status comes out the same from the records' first block alone.
+    columns = ("calls", "tokens_in", "tokens_out", "started_at", "ended_at", "duration_ms", "finish_reasons")
+    assert {k: quick[k] for k in columns} == {k: full[k] for k in columns}
+    assert (quick["models"], quick["routes"], quick["invalid_calls"]) == (full["models"], full["routes"], 0)
+    _wait_for_background(cache)
+    rows, _ = list_page(tree_store, cache, ListQuery(q="s", kind="root", summary=True), limit=10, after=None)
+    assert rows[0]["summary"] == full
+
+
+def test_the_status_filter_never_sees_pending(tree_store):
+    from server.capture.summary import ListQuery, list_page
+
+    tree_store.submit(
+        record("s-sub-sub", [{"role": "user", "content": "go"}], {"content": "z"}, [99], [2], at=5, parent="s-sub")
+    )
+    tree_store.flush()
+    cache = SummaryCache(full_read_bytes=0)
+    query = ListQuery(status="partial", summary=True)
+    rows, _ = list_page(tree_store, cache, query, limit=10, after=None)
+    assert [(r["session_id"], r["summary"]["rollout"]) for r in rows] == [("s-sub-sub", "partial")]
+    masked, _ = list_page(tree_store, SummaryCache(full_read_bytes=0), ListQuery(status="masked"), limit=10, after=None)
+    assert [r["session_id"] for r in masked] == ["s", "s-sub", "s-sub-sub"]
+
+
+def test_record_heads_refuse_files_they_cannot_vouch_for(tree_store, tmp_path):
+    from server.capture.store import session_dir_name
+
+    assert len(tree_store.read_record_heads("s")) == 2
+    # A record written by something else (keys in another order) is not read by its first block.
+    directory = tmp_path / "sessions" / session_dir_name("s")
+    (directory / "foreign.json").write_text('{"uuid": "foreign", "schema_version": 1}')
+    assert tree_store.read_record_heads("s") is None
