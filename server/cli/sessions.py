@@ -80,6 +80,12 @@ def add_sessions_parser(subparsers: Any) -> None:
     )
     view.add_argument("--capture-dir", required=True, help="the capture directory to serve (never written)")
     view.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default 0: a free port, printed)")
+    view.add_argument(
+        "--summary-read-limit-mb",
+        type=float,
+        default=4.0,
+        help="a list page shows a session with more MB of records than this as pending, summarised in the background",
+    )
 
     parser.set_defaults(func=run_sessions)
 
@@ -87,7 +93,7 @@ def add_sessions_parser(subparsers: Any) -> None:
 def run_sessions(args: argparse.Namespace) -> int:
     """Run one `sessions` subcommand; 0 ok, 1 not found or failed, 2 usage."""
     if args.sessions_command == "view":
-        return _view(args.capture_dir, args.port)
+        return _view(args.capture_dir, args.port, args.summary_read_limit_mb)
     if sum(bool(x) for x in (args.url, args.capture_dir, args.config)) > 1:
         print("error: give at most one of --url, --capture-dir or --config", file=sys.stderr)
         return EXIT_USAGE
@@ -150,9 +156,12 @@ def run_sessions(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _view(capture_dir: str, port: int) -> int:
+def _view(capture_dir: str, port: int, summary_read_limit_mb: float = 4.0) -> int:
     if not 0 <= port <= 65535:
         print("error: --port must be from 0 to 65535", file=sys.stderr)
+        return EXIT_USAGE
+    if not summary_read_limit_mb >= 0:
+        print("error: --summary-read-limit-mb must be 0 or more", file=sys.stderr)
         return EXIT_USAGE
     if not Path(capture_dir).is_dir():
         print(f"error: no such capture directory: {capture_dir}", file=sys.stderr)
@@ -160,7 +169,7 @@ def _view(capture_dir: str, port: int) -> int:
     from server.viewer.offline import serve  # the web stack loads only for this command
 
     try:
-        serve(capture_dir, port=port)
+        serve(capture_dir, port=port, summary_full_read_bytes=int(summary_read_limit_mb * 1_000_000))
     except OSError as exc:
         print(f"error: cannot serve on 127.0.0.1:{port}: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -22,10 +22,12 @@ from server.errors import OpenAIError
 from server.viewer import ui_routes
 
 
-def create_view_app(capture_dir: str | Path) -> Starlette:
-    """An app that reads `capture_dir` and never writes to it: GET session endpoints and `/ui/`."""
+def create_view_app(capture_dir: str | Path, *, summary_full_read_bytes: int = 4_000_000) -> Starlette:
+    """An app that reads `capture_dir` and never writes to it: GET session endpoints and `/ui/`.
+
+    `summary_full_read_bytes`: see `SummaryCache` (larger sessions are listed pending at first)."""
     store = CaptureStore.open_read_only(capture_dir)
-    cache = SummaryCache()
+    cache = SummaryCache(full_read_bytes=summary_full_read_bytes)
     read_routes: list[BaseRoute] = [
         route
         for route in session_routes(lambda: store, cache=cache)
@@ -59,12 +61,13 @@ def serve(
     port: int = 0,
     host: str = "127.0.0.1",
     announce: Callable[[str], None] | None = None,
+    summary_full_read_bytes: int = 4_000_000,
 ) -> None:
     """Serve until interrupted. The socket is bound and listening before the URL is announced, so
     whoever reads the URL (a person, a test) can connect at once; port 0 picks a free port."""
     if not Path(capture_dir).is_dir():
         raise FileNotFoundError(f"no such capture directory: {capture_dir}")
-    app = create_view_app(capture_dir)
+    app = create_view_app(capture_dir, summary_full_read_bytes=summary_full_read_bytes)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

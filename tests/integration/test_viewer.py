@@ -52,9 +52,9 @@ def launch_browser(playwright):
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
-def start_view(capture_dir: Path) -> tuple[Proc, str]:
+def start_view(capture_dir: Path, *options: str) -> tuple[Proc, str]:
     """`switchyard-model sessions view --capture-dir D --port 0`; the URL is read from what it prints."""
-    proc = Proc([sys.executable, "-m", "server.cli", "sessions", "view", "--capture-dir", str(capture_dir)])
+    proc = Proc([sys.executable, "-m", "server.cli", "sessions", "view", "--capture-dir", str(capture_dir), *options])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         match = re.search(r"(http://127\.0\.0\.1:\d+/ui/)", proc.output())
@@ -194,6 +194,32 @@ def test_list_columns_show_the_summary(demo, pages):
     assert cells[7] == "tool_calls×2 stop×1"
     assert cells[8] == "mock-model"
     assert cells[9] == "whole"
+
+
+def test_pending_statuses_are_filled_in_on_the_page(demo, pages):
+    # Every session counts as large here: the first answer has no status yet, the page asks again.
+    proc, url = start_view(demo["store"].capture_dir, "--summary-read-limit-mb", "0")
+    try:
+        page = pages.open(url + "#/?q=agent&limit=25")
+        first = badges(page)
+        assert first and set(first.values()) == {"…"}  # nothing was summarised before this page asked
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "…" in badges(page).values():
+            time.sleep(0.2)
+        # The control: the default server (4 MB limit) shows these small sessions' statuses at once.
+        reference = pages.open(demo["url"] + "#/?q=agent&limit=25")
+        assert badges(page) == badges(reference) and "…" not in badges(reference).values()
+    finally:
+        proc.stop()
+
+
+def badges(page) -> dict[str, str]:
+    return dict(
+        page.eval_on_selector_all(
+            "#sessions tbody tr",
+            "rows => rows.map(r => [r.dataset.sessionId, r.querySelector('td.status').textContent])",
+        )
+    )
 
 
 @pytest.mark.parametrize(
