@@ -82,7 +82,11 @@ class ModelEndpoint:
     async def _read_request(self, receive) -> tuple[dict[str, Any], Correlation]:
         body = parse_json_object(await read_body(receive, self.state.settings.max_body_bytes))
         # Always removed: it is ours, never the upstream's.
-        corr = current_correlation().with_body_session_id(body.pop("proxy_x_session_id", None))
+        before = current_correlation()
+        corr = before.with_body_session_id(body.pop("proxy_x_session_id", None))
+        if len(corr.refused) > len(before.refused):  # a refused body field: counted and warned about too
+            path = "/v1/chat/completions" if self.api == "chat" else "/v1/responses"
+            self.state.refused_ids.note(corr.refused[len(before.refused) :], path)
         return body, corr
 
     def wants_token_ids(self, body: dict[str, Any]) -> bool:

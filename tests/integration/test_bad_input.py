@@ -538,6 +538,8 @@ def test_bad_session_id_body_field_is_never_forwarded_or_captured(chain, bad):
         )
         _assert_uncorrelated_and_uncaptured(chain, response.status_code, rid, bad.encode("utf-8", "surrogatepass"))
     assert "proxy_x_session_id" not in chain.mock_requests()[-1]["body"]
+    # Not silent either: counted under its source.
+    assert _refused_counts(chain).get("body:proxy_x_session_id", 0) > 0
 
 
 def test_bad_parent_id_is_dropped_but_the_call_is_still_captured(chain):
