@@ -22,6 +22,9 @@ MODES = ("honor", "ignore")
 def _validated(name: str, value: Any) -> list[int]:
     if not isinstance(value, list) or not value:
         raise OpenAIError(400, f"{name} must be a non-empty list of token ids", param=name, code="invalid_value")
+    # The common case checked in C (types, then range); the loop below only names the first bad id.
+    if set(map(type, value)) == {int} and min(value) >= 0 and max(value) < VOCAB_SIZE:
+        return value
     for token in value:
         if type(token) is not int or token < 0 or token >= VOCAB_SIZE:
             raise OpenAIError(400, f"{name}: token id {token!r} is out of vocabulary (size {VOCAB_SIZE})", param=name)

@@ -63,7 +63,7 @@ def test_required_prefix_is_spliced_after_its_last_end_of_turn():
     assert spliced[len(history) :] == plain[cut + 1 :]
 
 
-@pytest.mark.parametrize("bad", [[], [-1], [VOCAB_SIZE], ["7"], "1 2"])
+@pytest.mark.parametrize("bad", [[], [-1], [VOCAB_SIZE], ["7"], "1 2", [3, True], [3, 2.0], [3, -1], [3, VOCAB_SIZE]])
 def test_invalid_ids_are_rejected_naming_the_field(bad):
     app = AppClient()
     response = app.post(
