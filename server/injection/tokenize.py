@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -25,7 +25,7 @@ log = logging.getLogger("switchyard_model.injection")
 _ID_LIST_CHARS = b"0123456789,"
 
 
-def _is_id_list(value: Any) -> bool:
+def _is_id_list(value: Any) -> TypeGuard[list[int]]:
     """A list of non-negative ints (no bools, floats, strings, nulls or nested lists).
 
     Checked on the list's own compact JSON (one C pass; ~6x faster than a per-element type check
