@@ -119,13 +119,19 @@ def get_rollouts(refs: Sequence[ray.ObjectRef], timeout: float | None = None) ->
 
 
 def _node_id() -> str | None:
+    # Outside Ray, get_runtime_context() would start or join a cluster (Ray's auto-init), and a stale
+    # /tmp/ray address from an earlier cluster makes that hang: ask only when Ray is already up.
+    if not ray.is_initialized():
+        return None
     try:
         return ray.get_runtime_context().get_node_id()
-    except Exception:  # not inside Ray
+    except Exception:
         return None
 
 
 def _task_id() -> str | None:
+    if not ray.is_initialized():
+        return None
     try:
         return ray.get_runtime_context().get_task_id()
     except Exception:

@@ -139,10 +139,15 @@ def test_sigkill_mid_burst_loses_no_completed_call(mock_upstream, tmp_path, fsyn
 def test_sigkill_mid_burst_loses_completed_calls_when_the_answer_does_not_wait(mock_upstream, tmp_path):
     """Negative control: the former hand-off (record queued after the answer) fails the test above."""
     config = settings_file(tmp_path, capture_before_answer=False, capture_fsync="always")
-    completed, records = burst_then_kill(mock_upstream, tmp_path / "captures", config)
-    lost = completed - set(records)
-    print(f"former hand-off: {len(lost)} of {len(completed)} completed calls lost their record")
-    assert lost, "every completed call has its record even without waiting"
+    # The loss is a race (the kill must land while completed calls' records are still queued), so
+    # the control gets three bursts; one loss is enough to show the test above can fail.
+    for attempt in range(3):
+        completed, records = burst_then_kill(mock_upstream, tmp_path / f"captures-{attempt}", config)
+        lost = completed - set(records)
+        print(f"former hand-off, burst {attempt + 1}: {len(lost)} of {len(completed)} completed calls lost")
+        if lost:
+            break
+    assert lost, "every completed call had its record in three bursts even without waiting"
 
 
 # ---- a disk that fills up, turns read-only, or refuses -----------------------------------------
