@@ -52,22 +52,22 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-def tokens_in(record: dict) -> int:
+def _token_total(record: dict, count_key: str, ids_key: str) -> int:
+    """The usage count when the upstream gave one, else the length of the captured token ids."""
     counts = record.get("token_count")
-    value = counts.get("prompt_tokens") if isinstance(counts, dict) else None
+    value = counts.get(count_key) if isinstance(counts, dict) else None
     if type(value) is int and value > 0:
         return value
-    prompt = record.get("prompt_token_ids")
-    return len(prompt) if isinstance(prompt, list) else 0
+    ids = record.get(ids_key)
+    return len(ids) if isinstance(ids, list) else 0
+
+
+def tokens_in(record: dict) -> int:
+    return _token_total(record, "prompt_tokens", "prompt_token_ids")
 
 
 def tokens_out(record: dict) -> int:
-    counts = record.get("token_count")
-    value = counts.get("completion_tokens") if isinstance(counts, dict) else None
-    if type(value) is int and value > 0:
-        return value
-    generation = record.get("generation_token_ids")
-    return len(generation) if isinstance(generation, list) else 0
+    return _token_total(record, "completion_tokens", "generation_token_ids")
 
 
 def reply_has_tool_calls(record: dict) -> bool:
