@@ -1,4 +1,4 @@
-"""The query parameters of the stored-object endpoints: cursor lists (after, limit, order), flags, object ids."""
+"""Query parameters of the list endpoints: cursor pages (after, limit, order), page sizes, flags, object ids."""
 
 from __future__ import annotations
 
@@ -30,22 +30,24 @@ def list_params(request: Request) -> tuple[str | None, int, str]:
     """(after, limit 1-100 default 20, order asc|desc default desc)."""
     query = request.query_params
     after = query.get("after") or None
-    raw_limit = query.get("limit")
-    if raw_limit in (None, ""):
-        limit = DEFAULT_LIMIT
-    else:
-        try:
-            limit = int(raw_limit)
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= MAX_LIMIT:
-            raise OpenAIError(
-                400, f"`limit` must be an integer from 1 to {MAX_LIMIT}", param="limit", code="invalid_value"
-            )
+    limit = limit_param(query.get("limit"), default=DEFAULT_LIMIT, maximum=MAX_LIMIT)
     order = query.get("order") or "desc"
     if order not in ("asc", "desc"):
         raise OpenAIError(400, "`order` must be asc or desc", param="order", code="invalid_value")
     return after, limit, order
+
+
+def limit_param(value: str | None, *, default: int, maximum: int, code: str = "invalid_value") -> int:
+    """A page size from 1 to `maximum`; `default` when absent. Shared by every list endpoint."""
+    if value is None or value == "":
+        return default
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= maximum:
+        raise OpenAIError(400, f"`limit` must be an integer from 1 to {maximum}", param="limit", code=code)
+    return limit
 
 
 def flag(request: Request, name: str) -> bool:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from server.api.cursor import limit_param
 from server.capture.index import IndexView
 from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
 from server.capture.record import SCHEMA_VERSION
@@ -71,7 +72,9 @@ def session_routes(
         store = store_or_error()
         query = request.query_params
         after = _optional_id(query.get("after"), "after")
-        limit = _limit_param(query.get("limit"))
+        limit = limit_param(
+            query.get("limit"), default=DEFAULT_LIST_LIMIT, maximum=MAX_LIST_LIMIT, code="invalid_request"
+        )
         filters = _list_query(query)
 
         def page() -> bytes:
@@ -262,17 +265,3 @@ def _bool_param(value: str | None, name: str, *, default: bool) -> bool:
     if lowered in _FALSE:
         return False
     raise OpenAIError(400, f"{name} must be true or false", param=name, code="invalid_request")
-
-
-def _limit_param(value: str | None) -> int:
-    if value is None or value == "":
-        return DEFAULT_LIST_LIMIT
-    try:
-        limit = int(value)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise OpenAIError(
-            400, f"limit must be an integer from 1 to {MAX_LIST_LIMIT}", param="limit", code="invalid_request"
-        )
-    return limit
