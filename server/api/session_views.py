@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown
+from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown, read_records
 from server.capture.record import SCHEMA_VERSION
 from server.capture.store import CaptureStore, UnknownSession
 from server.capture.summary import SummaryCache, rollout_outcome
@@ -53,12 +53,7 @@ def view_routes(get_store: Callable[[], CaptureStore | None], cache: SummaryCach
                 if key in timelines:
                     timelines.move_to_end(key)
                     return timelines[key]
-            try:
-                records, skipped = store.read_completions(session_id)
-            except UnknownSession:
-                raise _unknown(session_id) from None
-            if not records:
-                raise _unknown(session_id, skipped=skipped)
+            records, skipped = read_records(store, session_id)
             outcome = rollout_outcome(session_id, records)  # rebuilt once, for the timeline and the summary
             cache.remember(view, session_id, records, outcome)
             body = build_timeline(session_id, records, outcome=outcome)

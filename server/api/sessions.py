@@ -97,12 +97,7 @@ def session_routes(
 
         def read() -> bytes:
             store.flush(READ_SETTLE_TIMEOUT_S)
-            try:
-                records, skipped = store.read_completions(session_id)
-            except UnknownSession:
-                raise _unknown(session_id) from None
-            if not records:
-                raise _unknown(session_id, skipped=skipped)
+            records, skipped = read_records(store, session_id)
             # Serialised here, off the event loop: these envelopes can hold many long token lists.
             return orjson.dumps(
                 {
@@ -193,6 +188,18 @@ def _as_error_responses(endpoint: Callable[[Request], Any]) -> Callable[[Request
 
 def _json_bytes(body: bytes, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
+
+
+def read_records(store: CaptureStore, session_id: str) -> tuple[list[dict], int]:
+    """A session's records and how many files were skipped, or the 404 for a session with none
+    (blocking: call from a thread)."""
+    try:
+        records, skipped = store.read_completions(session_id)
+    except UnknownSession:
+        raise _unknown(session_id) from None
+    if not records:
+        raise _unknown(session_id, skipped=skipped)
+    return records, skipped
 
 
 def _unknown(session_id: str, *, skipped: int = 0) -> OpenAIError:

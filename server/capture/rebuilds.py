@@ -28,6 +28,7 @@ import orjson
 
 from server.capture.index import IndexView
 from server.capture.rollout import reconstruct_tree
+from server.capture.sessions import tree_records
 from server.capture.store import UnknownSession, read_session_records
 
 log = logging.getLogger("switchyard_model.capture")
@@ -69,17 +70,7 @@ def rollout_json(
 
     Runs in the worker process: it reads the records itself, so only the ids and the result cross.
     """
-    root_records, _ = read_session_records(sessions_dir, session_id)
-    if not root_records:
-        raise UnknownSession(session_id)
-
-    def load_records(sid: str) -> list[dict]:
-        if sid == session_id:
-            return root_records
-        try:
-            return read_session_records(sessions_dir, sid)[0]
-        except UnknownSession:
-            return []  # a child without records: reconstruction reports it
+    load_records = tree_records(lambda sid: read_session_records(sessions_dir, sid), session_id)
 
     def children_of(sid: str) -> list[str]:
         return tree.get(sid, [])

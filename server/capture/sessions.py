@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from server.capture.rollout import reconstruct_tree
 from server.capture.store import CaptureStore, UnknownSession
 
@@ -40,9 +42,13 @@ def build_tree(store: CaptureStore, session_id: str) -> dict:
     return root
 
 
-def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool = True) -> dict:
-    """Reconstruct the session's rollout with its sub-agent sessions (raises RolloutError, UnknownSession)."""
-    root_records, _ = store.read_completions(session_id)
+def tree_records(read: Callable[[str], tuple[list[dict], int]], session_id: str) -> Callable[[str], list[dict]]:
+    """A record loader for a session's tree from `read(session_id) -> (records, skipped)`.
+
+    The root must have records (UnknownSession otherwise, read now); a sub-agent without any loads
+    as empty, which reconstruction reports.
+    """
+    root_records, _ = read(session_id)
     if not root_records:
         raise UnknownSession(session_id)
 
@@ -50,10 +56,16 @@ def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool =
         if sid == session_id:
             return root_records
         try:
-            return store.read_completions(sid)[0]
+            return read(sid)[0]
         except UnknownSession:
-            return []  # a child without records: reconstruction reports it
+            return []
 
+    return load_records
+
+
+def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool = True) -> dict:
+    """Reconstruct the session's rollout with its sub-agent sessions (raises RolloutError, UnknownSession)."""
+    load_records = tree_records(store.read_completions, session_id)
     return reconstruct_tree(
         session_id,
         load_records,
