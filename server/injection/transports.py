@@ -22,10 +22,6 @@ class Transport:
     field_path: tuple[str, ...]  # where the ids go in the chat body
     sends_history_only: bool  # nemo_rl: the engine appends the suffix itself
 
-    @property
-    def field_name(self) -> str:
-        return ".".join(self.field_path)
-
     def attach(self, body: dict[str, Any], history: list[int], suffix: list[int]) -> list[int]:
         """Put the ids into `body` (in place; a caller's sibling keys are kept) and return what was sent."""
         ids = list(history) if self.sends_history_only else history + suffix
@@ -46,10 +42,6 @@ class Transport:
         if self.sends_history_only:
             return len(echoed) > len(sent) and echoed[: len(sent)] == sent
         return echoed == sent
-
-    def mentions(self, message: str) -> bool:
-        """Whether an upstream error message is about this transport's field."""
-        return any(part in message for part in self.field_path)
 
 
 def make_transport(name: str, vllm_field: str = DEFAULT_VLLM_FIELD) -> Transport:
