@@ -3,7 +3,8 @@
 httpx costs about 1 ms of event-loop CPU per call here and its pool walks every connection on every
 request (measured in docs/benchmarks.md), which made this server 10x slower than one Python hop
 needs to be. This client does only what that hop needs: POST a body, read a fixed-length or
-chunked answer (whole, or chunk by chunk for streams), keep idle connections newest-first.
+chunked answer (whole, or chunk by chunk for streams), keep idle connections newest-first and close
+those left idle longer than `keepalive_expiry` (an idle pool must not hold sockets for ever).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.lost = False
         self.reused = False
+        self.expiry: asyncio.TimerHandle | None = None  # set while the connection waits in the idle pool
         self._parser: httptools.HttpResponseParser | None = None
         self._headers: dict[str, str] = {}
         self._chunks: deque[bytes] = deque()
@@ -194,6 +196,7 @@ class Pool:
         read_timeout: float,
         max_connections: int,
         headers: dict[str, str],
+        keepalive_expiry: float = 5.0,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
@@ -203,6 +206,7 @@ class Pool:
         self.prefix = parts.path.rstrip("/")
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.keepalive_expiry = keepalive_expiry
         self._idle: list[_Connection] = []
         self._busy = asyncio.Semaphore(max_connections)
         fixed = {"host": f"{self.host}:{self.port}", **{k.lower(): v for k, v in headers.items()}}
@@ -225,6 +229,9 @@ class Pool:
     def _idle_connection(self) -> _Connection | None:
         while self._idle:
             connection = self._idle.pop()
+            if connection.expiry is not None:
+                connection.expiry.cancel()
+                connection.expiry = None
             if not connection.lost:
                 connection.reused = True
                 return connection
@@ -274,12 +281,22 @@ class Pool:
     def release(self, connection: _Connection, reusable: bool) -> None:
         if reusable:
             self._idle.append(connection)
+            # One timer per idle connection (about 1 µs); cancelled when it is taken again.
+            connection.expiry = asyncio.get_running_loop().call_later(self.keepalive_expiry, self._expire, connection)
         else:
             connection.close()
         self._busy.release()
 
+    def _expire(self, connection: _Connection) -> None:
+        connection.expiry = None
+        if connection in self._idle:
+            self._idle.remove(connection)
+            connection.close()
+
     def close(self) -> None:
         for connection in self._idle:
+            if connection.expiry is not None:
+                connection.expiry.cancel()
             connection.close()
         self._idle.clear()
 

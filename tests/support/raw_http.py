@@ -11,6 +11,7 @@ class RawServer:
     def __init__(self, reply) -> None:
         self.reply = reply
         self.connections = 0
+        self.hung_up_by_client = 0  # connections the client closed between requests
         self.requests: list[bytes] = []
 
     async def __aenter__(self) -> RawServer:
@@ -26,7 +27,12 @@ class RawServer:
         self.connections += 1
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError as exc:
+                    if not exc.partial:
+                        self.hung_up_by_client += 1
+                    raise
                 lengths = [
                     int(line.split(b":")[1])
                     for line in head.split(b"\r\n")

@@ -300,3 +300,22 @@ def test_a_per_call_header_overrides_a_fixed_one():
             client.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("expiry, connections, hung_up", [(0.1, 2, 1), (30.0, 1, 0)])
+def test_an_idle_connection_is_closed_after_the_keepalive_expiry(expiry, connections, hung_up):
+    # With a long expiry the same sequence keeps and reuses the one connection: the negative control.
+    async def scenario():
+        async def reply(request):
+            return fixed(b"{}")
+
+        async with RawServer(reply) as server:
+            client = pool(server.port, keepalive_expiry=expiry)
+            assert await within((await client.request("/x", b"{}", {})).read()) == b"{}"
+            await asyncio.sleep(0.4)
+            assert server.hung_up_by_client == hung_up
+            assert await within((await client.request("/x", b"{}", {})).read()) == b"{}"
+            assert server.connections == connections
+            client.close()
+
+    run(scenario())
