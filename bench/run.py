@@ -199,6 +199,15 @@ class Bench:
                 settings={"http_server": self.alt_impl},
             )
             self.procs.append(self.alt.proc)
+            # Responses with the response store off, beside the default (stored): what storing costs.
+            self.nostore = Server(
+                "server-nostore",
+                self.mock,
+                self.log_dir,
+                capture_dir=self.log_dir / "captures-nostore",
+                settings={"response_store": False},
+            )
+            self.procs.append(self.nostore.proc)
         if self.only & {"capture", "telemetry"}:
             self.nocap = Server("server-nocapture", self.mock, self.log_dir, capture_dir=None)
             self.procs.append(self.nocap.proc)
@@ -248,6 +257,7 @@ class Bench:
         for server in (
             self.cap,
             getattr(self, "alt", None),
+            getattr(self, "nostore", None),
             getattr(self, "nocap", None),
             getattr(self, "otel", None),
             *getattr(self, "side_servers", {}).values(),
@@ -502,6 +512,9 @@ class Bench:
             "direct_64": spec(proxy, CHAT, chat_body(SMALL), 64),
             "server_chat_64": spec(server, CHAT, chat_body(SMALL), 64),
             "server_responses_64": spec(server, RESPONSES, responses_body(SMALL), 64),
+            "server_responses_nostore_64": spec(
+                self.nostore.port, RESPONSES, responses_body(SMALL), 64, srv=self.nostore
+            ),
             "alt_chat_64": spec(alt, CHAT, chat_body(SMALL), 64, srv=self.alt),
             "alt_responses_64": spec(alt, RESPONSES, responses_body(SMALL), 64, srv=self.alt),
             "floor_proxy_64": spec(self.floor.port, CHAT, chat_body(SMALL), 64),
@@ -520,6 +533,13 @@ class Bench:
         for via_name, base_name, label, target in (
             ("server_chat_64", "direct_64", "chat, c=64", 0.8),
             ("server_responses_64", "direct_64", "Responses, c=64", 0.8),
+            ("server_responses_nostore_64", "direct_64", "Responses, c=64, response_store: false", None),
+            (
+                "server_responses_64",
+                "server_responses_nostore_64",
+                "Responses, c=64, stored / response_store: false",
+                None,
+            ),
             ("alt_chat_64", "direct_64", f"chat, c=64, under {self.alt_impl}", None),
             ("alt_responses_64", "direct_64", f"Responses, c=64, under {self.alt_impl}", None),
             ("floor_proxy_64", "direct_64", "floor (bench/floor.py), c=64", None),

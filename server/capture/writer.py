@@ -3,14 +3,13 @@
 A handler awaits `RecordWriter.write`, which returns once the record is in its final file (and
 synced too under `capture_fsync: always`), so a crash never loses a call whose answer was sent.
 The thread takes whatever queued up meanwhile as one batch and wakes the batch's handlers with one
-call into their event loop. Under `batch` a committer thread syncs each window's files at once
+call into their event loop (`server.batching`). Under `batch` a committer thread syncs each window's files at once
 (`durable.GroupSync`). A write that fails marks its session (`marks.LostRecords`) and degrades
 capture until a probe shows the disk works again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import logging
 import os
@@ -18,12 +17,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from server.batching import Waiter, answer, settle, take_batch
 from server.capture.durable import FSYNC_MODES, GroupSync
 from server.capture.marks import LostRecords
 from server.capture.record import build_record
@@ -42,38 +41,6 @@ _MAX_BATCH = 256
 # While capture is degraded, how often the idle writer checks whether the disk works again.
 _PROBE_INTERVAL_S = 1.0
 _PROBE_BYTES = 64 * 1024
-
-
-@dataclass(slots=True)
-class _Ack:
-    """A handler waiting on its record: the writer answers it on the handler's event loop."""
-
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    answered: bool = False  # set by the writer; False after a wait means it timed out
-
-
-def _settle(future: asyncio.Future, value: bool) -> None:
-    if not future.done():  # a handler whose client left has cancelled its wait
-        future.set_result(value)
-
-
-def _settle_all(results: list[tuple[asyncio.Future, bool]]) -> None:
-    for future, value in results:
-        _settle(future, value)
-
-
-def _answer(acks: list[tuple[_Ack, bool]]) -> None:
-    """Wake the waiting handlers: one call into each event loop per batch, not one per record."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, bool]]] = {}
-    for ack, kept in acks:
-        ack.answered = True
-        by_loop.setdefault(ack.loop, []).append((ack.future, kept))
-    for loop, results in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_settle_all, results)
-        except RuntimeError:  # that loop is closed: nobody is waiting any more
-            pass
 
 
 class RecordWriter:
@@ -105,7 +72,7 @@ class RecordWriter:
         self.io_lock = io_lock
         self.made_dirs: set[str] = set()
 
-        self._queue: queue.Queue[tuple[str, Any, _Ack | None]] = queue.Queue(maxsize=max(1, queue_size))
+        self._queue: queue.Queue[tuple[str, Any, Waiter | None]] = queue.Queue(maxsize=max(1, queue_size))
         self._state_lock = threading.Lock()  # closed, and enqueueing against close
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -188,7 +155,7 @@ class RecordWriter:
 
     # ---- enqueueing --------------------------------------------------------------------------
 
-    def enqueue(self, kind: str, payload: Any, ack: _Ack | None = None) -> bool:
+    def enqueue(self, kind: str, payload: Any, ack: Waiter | None = None) -> bool:
         """Queue a call's kwargs or a prebuilt record; any thread, never blocks. False if dropped."""
         with self._state_lock:
             if not self._closed:
@@ -204,11 +171,10 @@ class RecordWriter:
 
     async def write(self, kind: str, payload: Any, timeout: float) -> bool:
         """Queue one record and wait (without blocking the event loop) until it is kept; see CaptureStore.write_call."""
-        loop = asyncio.get_running_loop()
-        ack = _Ack(loop, loop.create_future())
+        ack = Waiter.here()
         if not self.enqueue(kind, payload, ack):
             return False
-        give_up = loop.call_later(timeout, _settle, ack.future, False)
+        give_up = ack.loop.call_later(timeout, settle, ack.future, False)
         try:
             kept = await ack.future
         finally:
@@ -253,12 +219,7 @@ class RecordWriter:
             except queue.Empty:
                 self._probe()
                 continue
-            batch = [first]
-            while len(batch) < _MAX_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch = take_batch(self._queue, first, _MAX_BATCH)
             if not self._handle_batch(batch):
                 return
 
@@ -271,11 +232,11 @@ class RecordWriter:
                 break
         self._handle_batch(batch)
 
-    def _handle_batch(self, batch: list[tuple[str, Any, _Ack | None]]) -> bool:
+    def _handle_batch(self, batch: list[tuple[str, Any, Waiter | None]]) -> bool:
         """Write a batch, sync it as `fsync` says, answer its waiters. False once told to stop."""
         running = True
         written: list[tuple[str, str]] = []  # (file, directory) of each record kept
-        acks: list[tuple[_Ack, bool]] = []
+        acks: list[tuple[Waiter, bool]] = []
         flushes: list[threading.Event] = []
         for kind, payload, ack in batch:
             if kind == _STOP:
@@ -298,7 +259,7 @@ class RecordWriter:
                 self._commit_files.extend(f for f, _ in written)
                 self._commit_dirs.update(d for _, d in written)
                 self._commit_cond.notify()
-        _answer(acks)
+        answer(acks)
         if written and self._degraded_reason is not None and not self.lost.pending:
             self._recovered()
         elif self._degraded_reason is not None and time.monotonic() >= self._next_probe:

@@ -5,8 +5,9 @@ Each stored response is the Responses object as the client got it, the full inpu
 A background run is stored when it starts and updated as it goes; its stream events are kept too,
 so any worker can replay or resume it. Blocking (SQLite): call from a worker thread.
 
-Bounds are enforced in the same transaction as each write: expired responses go first, then the
-oldest until the count and byte limits hold. Runs still going are never evicted.
+Bounds are enforced in the same transaction as each write (a batch of responses is one write):
+expired responses go first, then the oldest until the count and byte limits hold. Runs still going
+are never evicted.
 """
 
 from __future__ import annotations
@@ -48,6 +49,43 @@ class StoredResponse:
         return self.status in RUNNING
 
 
+# Stored is the Responses object as the client got it and the input it ran on.
+_UPSERT = (
+    "INSERT INTO responses (id, owner, session_id, status, background, stored_at, heartbeat, size, body)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, session_id = excluded.session_id,"
+    " status = excluded.status, background = excluded.background, heartbeat = excluded.heartbeat,"
+    " size = excluded.size"
+    " + (SELECT COALESCE(SUM(LENGTH(data)), 0) FROM response_events WHERE response_id = excluded.id),"
+    " body = excluded.body"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """One response to store, already encoded (by its caller: an object that cannot be encoded fails that call alone)."""
+
+    id: str
+    owner: str
+    session_id: str | None
+    status: str
+    background: bool
+    body: bytes  # the response object and the input it ran on
+
+    @classmethod
+    def of(
+        cls,
+        response: dict[str, Any],
+        *,
+        owner: str,
+        session_id: str | None,
+        input_items: list[dict[str, Any]],
+        background: bool = False,
+    ) -> Put:
+        status = response.get("status") or "completed"
+        return cls(response["id"], owner, session_id, status, background, _body(response, input_items))
+
+
 def _body(response: dict[str, Any], input_items: list[dict[str, Any]]) -> bytes:
     return orjson.dumps({"response": response, "input": input_items})
 
@@ -72,47 +110,36 @@ class ResponseStore:
     ) -> bool:
         """Store (or replace) a response; True if it is stored once the bounds have been applied.
 
-        A response too big for `max_bytes` on its own is evicted at once and reported not stored.
+        A response too big for `max_bytes` on its own is not stored (and a former version of it is dropped).
         """
-        body = _body(response, input_items)
+        put = Put.of(response, owner=owner, session_id=session_id, input_items=input_items, background=background)
+        return self.put_many([put])[0]
+
+    def put_many(self, puts: list[Put]) -> list[bool]:
+        """Store a batch of responses in one transaction, the bounds applied once; for each, whether it is stored.
+
+        One commit (and, under `capture_fsync: always`, one sync) for the whole batch: the store's
+        writer thread (`stateful.writer`) hands every response that queued up meanwhile here at once.
+        """
         now = time.time()
-        with self.db.transaction() as conn:
-            events = conn.execute(
-                "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM response_events WHERE response_id = ?", (response["id"],)
-            ).fetchone()[0]
-            # Replacing keeps the row's age and its events (a delete would drop them with it).
-            updated = conn.execute(
-                "UPDATE responses SET owner = ?, session_id = ?, status = ?, background = ?, heartbeat = ?,"
-                " size = ?, body = ? WHERE id = ?",
-                (
-                    owner,
-                    session_id,
-                    response.get("status") or "completed",
-                    int(background),
-                    now,
-                    len(body) + events,
-                    body,
-                    response["id"],
-                ),
+        rows = []
+        oversized = []
+        for put in puts:
+            if len(put.body) > self.bounds.max_bytes:
+                oversized.append((put.id,))
+                continue
+            rows.append(
+                (put.id, put.owner, put.session_id, put.status, int(put.background), now, now, len(put.body), put.body)
             )
-            if updated.rowcount == 0:
-                conn.execute(
-                    "INSERT INTO responses (id, owner, session_id, status, background, stored_at, heartbeat, size, body)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        response["id"],
-                        owner,
-                        session_id,
-                        response.get("status") or "completed",
-                        int(background),
-                        now,
-                        now,
-                        len(body) + events,
-                        body,
-                    ),
-                )
-            self._evict(conn, now)
-            return conn.execute("SELECT 1 FROM responses WHERE id = ?", (response["id"],)).fetchone() is not None
+        with self.db.transaction() as conn:
+            if oversized:
+                conn.executemany("DELETE FROM responses WHERE id = ?", oversized)
+            # New ids (nearly all) are one INSERT; replacing keeps the row's age and its events, whose
+            # bytes stay counted in its size (a delete would drop them with it).
+            conn.executemany(_UPSERT, rows)
+            evicted = self._evict(conn, now)
+        dropped = evicted.union(row[0] for row in oversized)
+        return [put.id not in dropped for put in puts]
 
     def update_running(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> bool:
         """Replace a running (background) response's object; False if it is gone (deleted or evicted)."""
@@ -160,12 +187,18 @@ class ResponseStore:
             )
         return self.get(response_id, owner)
 
-    def _evict(self, conn, now: float) -> None:
+    def _evict(self, conn, now: float) -> set[str]:
+        """Apply the bounds: expired responses first, then the oldest finished until count and bytes hold; their ids."""
         bounds = self.bounds
-        conn.execute(f"DELETE FROM responses WHERE stored_at < ? AND {_NOT_RUNNING}", (now - bounds.max_age_s,))
+        gone = {
+            row[0]
+            for row in conn.execute(
+                f"DELETE FROM responses WHERE stored_at < ? AND {_NOT_RUNNING} RETURNING id", (now - bounds.max_age_s,)
+            )
+        }
         count, size = conn.execute("SELECT count, bytes FROM totals WHERE name = 'responses'").fetchone()
         if count <= bounds.max_count and size <= bounds.max_bytes:
-            return
+            return gone
         victims: list[tuple[str]] = []
         cursor = conn.execute(f"SELECT id, size FROM responses WHERE {_NOT_RUNNING} ORDER BY stored_at, id")
         while count > bounds.max_count or size > bounds.max_bytes:
@@ -177,6 +210,8 @@ class ResponseStore:
             size -= row[1]
         cursor.close()
         conn.executemany("DELETE FROM responses WHERE id = ?", victims)
+        gone.update(victim for (victim,) in victims)
+        return gone
 
     # ---- reads -------------------------------------------------------------------------------
 

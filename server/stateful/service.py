@@ -14,6 +14,7 @@ from server.stateful.conversations import ConversationStore
 from server.stateful.db import StateDB
 from server.stateful.responses import Bounds, ResponseStore
 from server.stateful.sealing import ReasoningSeal, load_key
+from server.stateful.writer import StoreWriter
 
 if TYPE_CHECKING:
     from server.config import Settings
@@ -42,6 +43,7 @@ class Stateful:
                 max_age_s=settings.response_store_max_age_s,
             ),
         )
+        self.writer = StoreWriter(self.responses)  # how handlers store responses: batched, one commit per batch
         self.runs = BackgroundRuns(self.responses)
         self.seal: ReasoningSeal | None = None
         self.auth_on = bool(settings.api_keys)
@@ -49,8 +51,10 @@ class Stateful:
     def open(self) -> None:
         self.db.open()
         self.seal = ReasoningSeal(load_key(self.settings.reasoning_seal_key, self.settings.capture_dir))
+        self.writer.start()
 
     def close(self) -> None:
+        self.writer.close()  # what is queued is committed first
         self.db.close()
 
     def owner(self, scope) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from server.stateful.context import Expanded, echo_fields
 from server.stateful.items import stored_output
+from server.stateful.responses import Put
 from server.stateful.service import Stateful
 
 log = logging.getLogger("switchyard_model.stateful")
@@ -62,14 +63,14 @@ class Turn:
         if not expanded.store or self.stateful is None:
             return False
         try:
-            stored = await asyncio.to_thread(
-                self.stateful.responses.put,
+            put = Put.of(
                 response,
                 owner=expanded.owner,
                 session_id=self.session_id,
                 input_items=expanded.input_items,
                 background=expanded.background,
             )
+            stored = await self.stateful.writer.put(put)
             if stored and expanded.conversation_id and response.get("status") in _FINISHED:
                 turn = expanded.new_items + stored_output(response.get("output") or [])
                 await asyncio.to_thread(

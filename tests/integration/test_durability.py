@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import threading
 import time
@@ -39,8 +40,11 @@ def settings_file(tmp_path: Path, **settings) -> str:
     return str(path)
 
 
-def one_call(client: httpx.Client, v1: str, kind: str, session_id: str, request_id: str, text: str) -> bool:
-    """One correlated call; True only when the client got the whole answer (the stream's last event too)."""
+def one_call(
+    client: httpx.Client, v1: str, kind: str, session_id: str, request_id: str, text: str
+) -> tuple[bool, str | None]:
+    """One correlated call: True only when the client got the whole answer (the stream's last event too),
+    and the Responses id the client was given (None for chat)."""
     headers = {"x-session-id": session_id, "x-request-id": request_id}
     stream = kind.endswith("stream")
     if kind.startswith("chat"):
@@ -50,17 +54,22 @@ def one_call(client: httpx.Client, v1: str, kind: str, session_id: str, request_
         url, body = v1 + "/responses", {"model": "x", "input": text}
         last = '"type":"response.completed"'
     body["stream"] = stream
+    responses = kind.startswith("responses")
     if not stream:
         response = client.post(url, json=body, headers=headers)
         response.read()
-        return response.status_code == 200 and bool(response.json().get("id"))
+        answer_id = response.json().get("id") if response.status_code == 200 else None
+        return bool(answer_id), answer_id if responses else None
     with client.stream("POST", url, json=body, headers=headers) as response:
         if response.status_code != 200:
-            return False
+            return False, None
         seen = False
+        answer_id = None
         for line in response.iter_lines():
-            seen = seen or (last in line.replace(" ", "") if last.startswith('"') else line == last)
-        return seen
+            if last.startswith('"') and last in line.replace(" ", ""):
+                seen, answer_id = True, json.loads(line.removeprefix("data:"))["response"]["id"]
+            seen = seen or line == last
+        return seen, answer_id
 
 
 def records_on_disk(capture_dir: Path) -> dict[str, dict]:
@@ -72,9 +81,18 @@ def records_on_disk(capture_dir: Path) -> dict[str, dict]:
     return found
 
 
-def burst_then_kill(mock_upstream: str, capture_dir: Path, config: str) -> tuple[set[str], dict[str, dict]]:
+def stored_response_ids(capture_dir: Path) -> set[str]:
+    """Every response id committed to the state database (a fresh connection recovers its write-ahead log)."""
+    with sqlite3.connect(capture_dir / "state.sqlite3") as db:
+        return {row[0] for row in db.execute("SELECT id FROM responses")}
+
+
+def burst_then_kill(
+    mock_upstream: str, capture_dir: Path, config: str, answered: set[str] | None = None
+) -> tuple[set[str], dict[str, dict]]:
     """Eight threads send correlated calls of every kind; the server gets SIGKILL mid-burst, at a
-    moment when its capture queue holds records. Returns the completed calls and the records on disk."""
+    moment when its capture queue holds records. Returns the completed calls and the records on disk;
+    the ids of the completed Responses calls are added to `answered`."""
     chain = launch_chain(mock_upstream, capture_dir, "--config", config)
     completed: set[str] = set()
     lock = threading.Lock()
@@ -89,12 +107,16 @@ def burst_then_kill(mock_upstream: str, capture_dir: Path, config: str) -> tuple
                 request_id = f"burst-{worker}-{next(ids)}"
                 kind = KINDS[(worker + i) % len(KINDS)]
                 try:
-                    ok = one_call(client, chain.v1, kind, f"burst-{worker}", request_id, f"call {i} [[mock:tokens 40]]")
+                    ok, answer_id = one_call(
+                        client, chain.v1, kind, f"burst-{worker}", request_id, f"call {i} [[mock:tokens 40]]"
+                    )
                 except (httpx.HTTPError, json.JSONDecodeError):
                     return  # the server is gone: this call did not complete
                 if ok:
                     with lock:
                         completed.add(request_id)
+                        if answer_id is not None and answered is not None:
+                            answered.add(answer_id)
 
     workers = [threading.Thread(target=load, args=(w,)) for w in range(8)]
     for thread in workers:
@@ -119,10 +141,15 @@ def burst_then_kill(mock_upstream: str, capture_dir: Path, config: str) -> tuple
 @pytest.mark.parametrize("fsync", ["batch", "always"])
 def test_sigkill_mid_burst_loses_no_completed_call(mock_upstream, tmp_path, fsync):
     capture = tmp_path / "captures"
-    completed, records = burst_then_kill(mock_upstream, capture, settings_file(tmp_path, capture_fsync=fsync))
+    answered: set[str] = set()
+    config = settings_file(tmp_path, capture_fsync=fsync)
+    completed, records = burst_then_kill(mock_upstream, capture, config, answered)
     missing = sorted(completed - set(records))
     print(f"capture_fsync {fsync}: {len(completed)} completed calls, {len(records)} records, {len(missing)} missing")
     assert not missing, f"{len(missing)} of {len(completed)} completed calls have no record: {missing[:5]}"
+    # Every Responses answer the clients completed was stored (batched commits) before it ended.
+    unstored = sorted(answered - stored_response_ids(capture))
+    assert answered and not unstored, f"{len(unstored)} of {len(answered)} answered responses not stored"
     assert all(r["status"] in ("completed", "partial") for r in records.values())
     # The next server on the directory serves every one of them.
     after = launch_chain(mock_upstream, capture)

@@ -1,0 +1,83 @@
+"""The response store's writer thread: every response that queued up meanwhile goes into one transaction.
+
+A handler awaits `StoreWriter.put`, which returns once the response is committed (in SQLite's
+write-ahead log; synced too under `capture_fsync: always`), so a follow-up sent the instant the
+answer ends finds it, and a crash of this process never loses a response whose answer was sent.
+One thread with one connection takes the queue in batches (`server.batching`, as the capture
+writer does): at c=64 one commit, one bound check and one wake-up of the event loop serve many
+responses, and writers in one process never wait on each other's SQLite locks.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from server.batching import Waiter, answer, take_batch
+from server.stateful.responses import Put, ResponseStore
+
+# Most responses in one transaction: bounds how long one commit holds the write lock other workers wait for.
+_MAX_BATCH = 128
+_STOP = None
+
+
+class StoreWriter:
+    """The queue and the thread; `put` from any coroutine, `close` once (blocking: from a thread)."""
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+        self._queue: queue.SimpleQueue[tuple[Put, Waiter] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # closing against enqueueing
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="response-store", daemon=True)
+        self.batches = 0  # transactions committed (tests read it: many responses, fewer commits)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def put(self, put: Put) -> bool:
+        """Store one response with whatever else is queued; True once it is committed and within the bounds.
+
+        Raises when the transaction fails (the caller reports it as `store: false`) or the writer is closed.
+        """
+        waiter = Waiter.here()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the response store is closed")
+            self._queue.put((put, waiter))
+        result = await waiter.future
+        if isinstance(result, BaseException):
+            raise result
+        return bool(result)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Commit what is queued, then stop the thread. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            batch = take_batch(self._queue, first, _MAX_BATCH)
+            jobs = [job for job in batch if job is not _STOP]
+            if jobs:
+                self._commit(jobs)
+            if len(jobs) < len(batch):
+                return
+
+    def _commit(self, jobs: list[tuple[Put, Waiter]]) -> None:
+        results: list[bool] | BaseException
+        try:
+            results = self.store.put_many([put for put, _ in jobs])
+            self.batches += 1
+        except Exception as exc:  # every caller gets the error (and logs it with its id); the thread goes on
+            results = exc
+        if isinstance(results, BaseException):
+            answer([(waiter, results) for _, waiter in jobs])
+        else:
+            answer([(waiter, kept) for (_, waiter), kept in zip(jobs, results)])
