@@ -95,11 +95,16 @@ class ModelCallFastPath:
         await self.app(scope, receive, send)
 
 
-def create_app(settings: Settings, *, on_ready: Callable[[AppState], None] | None = None) -> Starlette:
+def create_app(
+    settings: Settings, *, on_ready: Callable[[AppState], None] | None = None, server_run: str | None = None
+) -> Starlette:
     """Build the ASGI app. Nothing starts here: Switchyard, the upstream client and capture start in
     the lifespan, on the event-loop thread (the hosted server is thread-affine). `on_ready(state)` is
-    called once the server can take calls."""
+    called once the server can take calls. `server_run` is the run id its records carry (the
+    workers of one `serve` share the parent's); by default a fresh one."""
     state = AppState(settings=settings, proxy=build_proxy(settings), telemetry=Telemetry(settings), on_ready=on_ready)
+    if server_run is not None:
+        state.server_run = server_run
     state.telemetry.refused_ids_source(state.refused_ids.counts)
 
     model_handlers = {

@@ -64,6 +64,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 compress=settings.capture_compress,
                 fsync=settings.capture_fsync,
                 fsync_window_ms=settings.capture_fsync_window_ms,
+                server_run=state.server_run,
             )
             await asyncio.to_thread(state.store.start)  # indexes what earlier runs recorded
             from server.capture.rebuilds import RolloutBuilder
@@ -97,7 +98,13 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
             await asyncio.to_thread(stateful.open)
             state.stateful = stateful
         state.ready = True
-        log.info("serving route %r through Switchyard at %s (%s)", state.route, state.proxy.root_url, state.proxy.mode)
+        log.info(
+            "serving route %r through Switchyard at %s (%s); server run %s",
+            state.route,
+            state.proxy.root_url,
+            state.proxy.mode,
+            state.server_run,
+        )
         if settings.condition_dir:
             await asyncio.to_thread(
                 provenance.write_manifest,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from middleware.correlation import RefusedIds
+from server.capture.runs import new_run_id
 from server.config import Settings
 from server.errors import OpenAIError
 from server.switchyard.proxy import SwitchyardProxy
@@ -41,6 +42,8 @@ class AppState:
     injector: Injector | None = None  # when token_injection is on
     closers: list[Callable[[], None]] = field(default_factory=list)  # released at shutdown
     refused_ids: RefusedIds = field(default_factory=RefusedIds)  # session ids the correlation rules refused
+    # This server run's id, on every record it captures; the workers of one `serve` share it.
+    server_run: str = field(default_factory=new_run_id)
     ready: bool = False
     on_ready: Callable[[AppState], None] | None = None  # called once the server can take calls
     startup_error: BaseException | None = None  # why the lifespan failed, for the CLI's exit message

@@ -16,6 +16,7 @@ from server.capture.index import IndexView
 from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
 from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import RolloutError
+from server.capture.runs import ALL, LATEST, UnknownRun, parse_run
 from server.capture.sessions import build_tree
 from server.capture.store import CaptureStore, UnknownSession
 from server.capture.summary import KINDS, STATUSES, ListQuery, SummaryCache, format_time, list_page, parse_time
@@ -115,13 +116,16 @@ def session_routes(
     async def tree(request: Request) -> Response:
         store = store_or_error()
         session_id = path_session_id(request)
+        run = run_param(request, default=ALL)
 
         def build() -> bytes:
             store.flush(READ_SETTLE_TIMEOUT_S)
             try:
-                return orjson.dumps(build_tree(store, session_id))
+                return orjson.dumps(build_tree(store, session_id, run=run))
             except UnknownSession:
                 raise _unknown(session_id) from None
+            except UnknownRun:
+                raise _unknown_run(session_id, run) from None
 
         return _json_bytes(await run_in_threadpool(build))
 
@@ -129,6 +133,7 @@ def session_routes(
         store = store_or_error()
         session_id = path_session_id(request)
         allow_partial = _bool_param(request.query_params.get("allow_partial"), "allow_partial", default=True)
+        run = run_param(request, default=LATEST)
 
         def snapshot() -> IndexView:
             store.flush(READ_SETTLE_TIMEOUT_S)
@@ -137,10 +142,12 @@ def session_routes(
         index = await run_in_threadpool(snapshot)
         try:
             body = await rollouts_for(store).rollout(
-                index, session_id, allow_partial=allow_partial, lost_records=store.lost_records
+                index, session_id, allow_partial=allow_partial, lost_records=store.lost_records, run=run
             )
         except UnknownSession:
             raise _unknown(session_id) from None
+        except UnknownRun:
+            raise _unknown_run(session_id, run) from None
         except RolloutError as exc:
             raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
         except RebuildUnavailable as exc:
@@ -207,6 +214,21 @@ def _unknown(session_id: str, *, skipped: int = 0) -> OpenAIError:
     if skipped:
         message += f" ({skipped} unreadable record files skipped)"
     return OpenAIError(404, message, param="session_id", code="session_not_found")
+
+
+def run_param(request: Request, *, default: str) -> str:
+    """The `run` query parameter: `latest`, `all`, `legacy` or a run id (a 400 naming it otherwise)."""
+    value = request.query_params.get("run")
+    try:
+        return parse_run(value) if value else default
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), param="run", code="invalid_request") from None
+
+
+def _unknown_run(session_id: str, run: str) -> OpenAIError:
+    return OpenAIError(
+        404, f"session {session_id[:200]!r} has no records from server run {run!r}", param="run", code="run_not_found"
+    )
 
 
 def _optional_id(value: str | None, name: str) -> str | None:

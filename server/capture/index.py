@@ -36,6 +36,7 @@ class RecordHeader:
     parent_session_id: str | None  # already checked to be a valid id other than the session's own
     captured_at: str
     uuid: str
+    server_run: str | None = None  # the run that wrote it; None for records from before runs were recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class SessionEntry:
     record_count: int
     first_captured_at: str
     last_captured_at: str
+    runs: tuple[str | None, ...] = (None,)  # the server runs that wrote it, in order of their first record
 
     def as_dict(self, parent_missing: bool = False) -> dict[str, Any]:
         return {
@@ -56,6 +58,8 @@ class SessionEntry:
             "record_count": self.record_count,
             "first_captured_at": self.first_captured_at,
             "last_captured_at": self.last_captured_at,
+            # More than one: the session id was used again by a later server run (docs/capture.md#server-runs).
+            "runs": list(self.runs),
         }
 
 
@@ -68,12 +72,18 @@ def summarise(headers: list[RecordHeader]) -> SessionEntry | None:
         return None
     with_parent = [(h.captured_at, h.uuid, h.parent_session_id) for h in headers if h.parent_session_id]
     times = [h.captured_at for h in headers]
+    first_of_run: dict[str | None, tuple[str, str]] = {}
+    for h in headers:
+        key = (h.captured_at, h.uuid)
+        if h.server_run not in first_of_run or key < first_of_run[h.server_run]:
+            first_of_run[h.server_run] = key
     return SessionEntry(
         session_id=headers[0].session_id,
         parent_session_id=min(with_parent)[2] if with_parent else None,
         record_count=len(headers),
         first_captured_at=min(times),
         last_captured_at=max(times),
+        runs=tuple(sorted(first_of_run, key=first_of_run.__getitem__)),
     )
 
 
@@ -194,6 +204,12 @@ class SessionIndex:
         with self._lock:
             self._headers.setdefault(dir_name, {})[file_name] = header
             self._dirty.add(dir_name)
+
+    def known_runs(self, dir_name: str) -> set[str | None]:
+        """The runs of the records this process knows in a session directory (from its scans and its
+        own writes); reads nothing, so the writer may ask on every new session."""
+        with self._lock:
+            return {h.server_run for h in self._headers.get(dir_name, {}).values() if h is not None}
 
     def forget(self, dir_name: str) -> None:
         """A session directory this process just removed."""

@@ -28,13 +28,14 @@ import orjson
 
 from server.capture.index import IndexView
 from server.capture.rollout import reconstruct_tree
-from server.capture.sessions import tree_records
+from server.capture.runs import LATEST, RunChoice, children_in
+from server.capture.sessions import pick, tree_records
 from server.capture.store import UnknownSession, read_session_records
 
 log = logging.getLogger("switchyard_model.capture")
 
 _Lost = tuple[tuple[str, int], ...]  # (session id, records lost to capture failures), non-zero only
-_CacheKey = tuple[str, bool, tuple[tuple[str, int, str, str], ...], _Lost]
+_CacheKey = tuple[str, bool, RunChoice | None, tuple[tuple[str, int, str, str], ...], _Lost]
 
 
 class RebuildUnavailable(RuntimeError):
@@ -48,8 +49,9 @@ def _init_worker() -> None:
     _lower_priority()
 
 
-def tree_of(index: IndexView, session_id: str) -> dict[str, list[str]]:
-    """The session and its descendants as {session id: child ids}, from one index snapshot."""
+def tree_of(index: IndexView, session_id: str, choice: RunChoice | None = None) -> dict[str, list[str]]:
+    """The session and its descendants with records in the chosen run (None: any) as {session id:
+    child ids}, from one index snapshot."""
     if index.session_info(session_id) is None:
         raise UnknownSession(session_id)
     tree: dict[str, list[str]] = {}
@@ -58,19 +60,25 @@ def tree_of(index: IndexView, session_id: str) -> dict[str, list[str]]:
         current = pending.pop()
         if current in tree:
             continue
-        tree[current] = children = [c for c in index.children(current) if index.session_info(c) is not None]
+        tree[current] = children = children_in(index, current, choice)
         pending.extend(children)
     return tree
 
 
 def rollout_json(
-    sessions_dir: str, session_id: str, tree: dict[str, list[str]], allow_partial: bool, lost: _Lost = ()
+    sessions_dir: str,
+    session_id: str,
+    tree: dict[str, list[str]],
+    allow_partial: bool,
+    lost: _Lost = (),
+    choice: RunChoice | None = None,
 ) -> bytes:
-    """The serialized rollout of `session_id` with its sub-agents (raises RolloutError, UnknownSession).
+    """The serialized rollout of `session_id` with its sub-agents, from the chosen run's records
+    (None: all runs) (raises RolloutError, UnknownSession).
 
     Runs in the worker process: it reads the records itself, so only the ids and the result cross.
     """
-    load_records = tree_records(lambda sid: read_session_records(sessions_dir, sid), session_id)
+    load_records = tree_records(lambda sid: read_session_records(sessions_dir, sid), session_id, choice)
 
     def children_of(sid: str) -> list[str]:
         return tree.get(sid, [])
@@ -120,19 +128,22 @@ class RolloutBuilder:
         *,
         allow_partial: bool = True,
         lost_records: Callable[[str], int] | None = None,
+        run: str = LATEST,
     ) -> bytes:
-        """The rollout JSON for `session_id` as of `index` (raises RolloutError, UnknownSession,
+        """The rollout JSON for `session_id` as of `index`, from the records of the server run `run`
+        picks (`latest`, a run id, `legacy`, `all`) (raises RolloutError, UnknownSession, UnknownRun,
         RebuildUnavailable). Call with an index snapshot taken after the store was flushed.
 
         `lost_records` (the store's) says which sessions lost records to a capture failure: they are
         part of the cache key, so a mark made after a rollout was cached is never hidden by it.
         """
-        tree = tree_of(index, session_id)
+        choice = pick(index, session_id, run)
+        tree = tree_of(index, session_id, choice)
         lost: _Lost = ()
         if lost_records is not None:
             counts = await asyncio.to_thread(lambda: [(sid, lost_records(sid)) for sid in sorted(tree)])
             lost = tuple((sid, n) for sid, n in counts if n)
-        key: _CacheKey = (session_id, allow_partial, _state_of(index, tree), lost)
+        key: _CacheKey = (session_id, allow_partial, choice, _state_of(index, tree), lost)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -147,12 +158,12 @@ class RolloutBuilder:
         return await asyncio.shield(task)
 
     async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> bytes:
-        session_id, allow_partial, _, lost = key
+        session_id, allow_partial, choice, _, lost = key
         self.rebuilds += 1
         loop = asyncio.get_running_loop()
         try:
             body = await loop.run_in_executor(
-                self._executor(), rollout_json, self.sessions_dir, session_id, tree, allow_partial, lost
+                self._executor(), rollout_json, self.sessions_dir, session_id, tree, allow_partial, lost, choice
             )
         except BrokenProcessPool as exc:
             self._reset_pool()

@@ -49,6 +49,7 @@ def build_record(
     record_uuid: str | None = None,
     injection: dict[str, Any] | None = None,
     response_id: str | None = None,
+    server_run: str | None = None,
 ) -> dict[str, Any]:
     """Build the record for one call. Never raises on odd upstream output: it marks the record invalid.
 
@@ -94,6 +95,9 @@ def build_record(
         "session_id": session_id,
         "parent_session_id": parent_session_id,
         "captured_at": captured_at or utc_timestamp(),
+        # Ours: the server run that wrote the record (docs/capture.md#server-runs); read from the
+        # first block by the index, so it sits with the identity fields.
+        "server_run": server_run,
         "request_id": request_id,
         "response_id": response_id,
         "model": model,
@@ -220,6 +224,8 @@ def validate_record(obj: object) -> str | None:
         return "parent_session_id is not a string"
     if not isinstance(obj.get("captured_at"), str):
         return "no captured_at"
+    if obj.get("server_run") is not None and not isinstance(obj["server_run"], str):
+        return "server_run is not a string"
     if not isinstance(obj.get("messages"), list):
         return "messages is not a list"
     if not isinstance(obj.get("is_valid"), bool):

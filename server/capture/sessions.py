@@ -4,17 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from server.capture.index import IndexView
 from server.capture.rollout import reconstruct_tree
+from server.capture.runs import ALL, LATEST, RunChoice, children_in, choose, keep
 from server.capture.store import CaptureStore, UnknownSession
 
 
-def build_tree(store: CaptureStore, session_id: str) -> dict:
-    """The session and its descendants as nested `{session_id, parent_session_id, parent_missing, record_count,
-    children}`."""
-    index = store.index_view()  # one snapshot of the disk for the whole tree
+def pick(index: IndexView, session_id: str, wanted: str) -> RunChoice | None:
+    """The run `wanted` picks among a session's runs (None: all), from one index snapshot (raises
+    UnknownSession when the session has no records, UnknownRun)."""
     info = index.session_info(session_id)
     if info is None:
         raise UnknownSession(session_id)
+    return choose(info["runs"], wanted)
+
+
+def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict:
+    """The session and its descendants as nested `{session_id, parent_session_id, parent_missing, record_count,
+    runs, children}`; with a `run` other than `all`, only the sub-agents with records in that run
+    (raises UnknownSession, UnknownRun)."""
+    index = store.index_view()  # one snapshot of the disk for the whole tree
+    info = index.session_info(session_id)
+    choice = pick(index, session_id, run)
+    assert info is not None  # pick raised otherwise
 
     def node(entry: dict) -> dict:
         return {
@@ -22,6 +34,7 @@ def build_tree(store: CaptureStore, session_id: str) -> dict:
             "parent_session_id": entry["parent_session_id"],
             "parent_missing": entry["parent_missing"],
             "record_count": entry["record_count"],
+            "runs": entry["runs"],
             "children": [],
         }
 
@@ -31,7 +44,7 @@ def build_tree(store: CaptureStore, session_id: str) -> dict:
     # Iterative, with a visited set: crafted parent ids could otherwise form a cycle or a deep chain.
     while pending:
         current = pending.pop()
-        for child_id in index.children(current["session_id"]):
+        for child_id in children_in(index, current["session_id"], choice):
             child_info = index.session_info(child_id)
             if child_id in seen or child_info is None:
                 continue
@@ -42,13 +55,16 @@ def build_tree(store: CaptureStore, session_id: str) -> dict:
     return root
 
 
-def tree_records(read: Callable[[str], tuple[list[dict], int]], session_id: str) -> Callable[[str], list[dict]]:
-    """A record loader for a session's tree from `read(session_id) -> (records, skipped)`.
+def tree_records(
+    read: Callable[[str], tuple[list[dict], int]], session_id: str, choice: RunChoice | None = None
+) -> Callable[[str], list[dict]]:
+    """A record loader for a session's tree from `read(session_id) -> (records, skipped)`, each
+    session's records narrowed to the chosen server run (None: all runs).
 
     The root must have records (UnknownSession otherwise, read now); a sub-agent without any loads
     as empty, which reconstruction reports.
     """
-    root_records, _ = read(session_id)
+    root_records = keep(read(session_id)[0], choice)
     if not root_records:
         raise UnknownSession(session_id)
 
@@ -56,20 +72,23 @@ def tree_records(read: Callable[[str], tuple[list[dict], int]], session_id: str)
         if sid == session_id:
             return root_records
         try:
-            return read(sid)[0]
+            return keep(read(sid)[0], choice)
         except UnknownSession:
             return []
 
     return load_records
 
 
-def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool = True) -> dict:
-    """Reconstruct the session's rollout with its sub-agent sessions (raises RolloutError, UnknownSession)."""
-    load_records = tree_records(store.read_completions, session_id)
+def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST) -> dict:
+    """Reconstruct the session's rollout with its sub-agent sessions, from the records of one server
+    run (`latest`, a run id, `legacy`) or of `all` (raises RolloutError, UnknownSession, UnknownRun)."""
+    index = store.index_view()
+    choice = pick(index, session_id, run)
+    load_records = tree_records(store.read_completions, session_id, choice)
     return reconstruct_tree(
         session_id,
         load_records,
-        store.index_view().children,
+        lambda sid: children_in(index, sid, choice),
         allow_partial=allow_partial,
         lost_records=store.lost_records,
     )

@@ -21,6 +21,7 @@ import orjson
 
 from server.capture.index import IndexView, RecordHeader, SessionIndex
 from server.capture.record import validate_record
+from server.capture.runs import LEGACY
 from server.capture.writer import CALL, RECORD, RecordWriter
 from server.ids import is_valid_session_id, uncorrelated_session_id
 from server.logs import RateLimitedLog
@@ -77,8 +78,14 @@ class CaptureStore:
         shared_index: bool = True,
         fsync: str = "batch",
         fsync_window_ms: float = 10.0,
+        server_run: str | None = None,
     ) -> None:
         self.capture_dir = Path(capture_dir)
+        # The id of this server run, written into every record it builds (docs/capture.md#server-runs).
+        self.server_run = server_run
+        # Session directories this process has written into since it started: the first write into
+        # each is checked against the runs the index already knows there (no disk read).
+        self._sessions_written: set[str] = set()
         # Opt-in compact encoding: `<uuid>.json.gz` (gzip, level 1). Both kinds are always read, so
         # the setting can change between runs on one directory; readers of the former layout
         # (plain `.json`) see only the uncompressed records.
@@ -189,10 +196,11 @@ class CaptureStore:
                 "record_uuid": record_uuid,
                 "session_id": uncorrelated_session_id(record_uuid),
                 "parent_session_id": None,
+                "server_run": self.server_run,
             }
         if kwargs.get("parent_session_id") is not None and not is_valid_session_id(kwargs["parent_session_id"]):
-            return {**kwargs, "parent_session_id": None}
-        return kwargs
+            kwargs = {**kwargs, "parent_session_id": None}
+        return {**kwargs, "server_run": self.server_run}
 
     def submit(self, record: dict) -> bool:
         """Queue a prebuilt record. False (and counted) if it is malformed, the queue is full or closed."""
@@ -221,7 +229,26 @@ class CaptureStore:
     def _note(self, record: dict) -> None:
         """Tell the index about a record this process wrote, so no rescan has to parse it again."""
         name = f"{record['uuid']}.json.gz" if self.compress else f"{record['uuid']}.json"
-        self._index.note_written(session_dir_name(record["session_id"]), name, _header(record))
+        dir_name = session_dir_name(record["session_id"])
+        header = _header(record)
+        if dir_name not in self._sessions_written:
+            self._sessions_written.add(dir_name)
+            self._warn_if_reused(record["session_id"], header.server_run, self._index.known_runs(dir_name))
+        self._index.note_written(dir_name, name, header)
+
+    def _warn_if_reused(self, session_id: str, run: str | None, known: set[str | None]) -> None:
+        """Once per session and run: say so when this run writes into a session an earlier run wrote."""
+        earlier = known - {run}
+        if not earlier:
+            return
+        shown = ", ".join(sorted(r or LEGACY for r in earlier))
+        log.warning(
+            "session %r was already written by an earlier server run (%s); server run %s now writes into it. "
+            "Its rollout covers the latest run by default; ?run=all merges the runs (docs/capture.md#server-runs)",
+            session_id[:200],
+            shown,
+            run or LEGACY,
+        )
 
     # ---- reads (sync; HTTP handlers call them from a worker thread) --------------------------
 
@@ -308,6 +335,7 @@ class CaptureStore:
         counts = writer.counts
         return {
             "status": "degraded" if writer.degraded_reason is not None else "ok",
+            "server_run": self.server_run,
             "degraded_reason": writer.degraded_reason,
             "written": counts["written"],
             "failed": counts["failed"],
@@ -365,7 +393,10 @@ def _header(record: dict) -> RecordHeader:
     parent = record.get("parent_session_id")
     if parent == record["session_id"] or not is_valid_session_id(parent):
         parent = None
-    return RecordHeader(record["session_id"], parent, record["captured_at"], record["uuid"])
+    run = record.get("server_run")
+    return RecordHeader(
+        record["session_id"], parent, record["captured_at"], record["uuid"], run if isinstance(run, str) else None
+    )
 
 
 def _read_header(path: str, dir_name: str) -> RecordHeader | None:
@@ -390,6 +421,7 @@ def _read_header(path: str, dir_name: str) -> RecordHeader | None:
 _HEAD = re.compile(
     rb'\{"schema_version":1,"uuid":"([^"\\]+)","session_id":"([^"\\]+)",'
     rb'"parent_session_id":(?:null|"([^"\\]*)"),"captured_at":"([^"\\]+)",'
+    rb'(?:"server_run":(?:null|"([^"\\]*)"),)?'  # absent from records written before runs were recorded
 )
 _HEAD_BYTES = 1024
 
@@ -416,13 +448,13 @@ def _peek_header(path: str) -> RecordHeader | None:
     match = _HEAD.match(head)
     if match is None or last != b"}":
         return None
-    uuid, session_id, parent, captured_at = (g.decode() if g is not None else None for g in match.groups())
+    uuid, session_id, parent, captured_at, run = (g.decode() if g is not None else None for g in match.groups())
     if not (is_valid_session_id(session_id) and captured_at and uuid):
         return None
     assert session_id is not None and captured_at is not None and uuid is not None
     if parent == session_id or not is_valid_session_id(parent):
         parent = None
-    return RecordHeader(session_id, parent, captured_at, uuid)
+    return RecordHeader(session_id, parent, captured_at, uuid, run)
 
 
 # Where the small leading fields of a record end: the `usage` object follows `token_count`.

@@ -12,6 +12,7 @@ from typing import Any
 
 from server.capture.index import IndexView
 from server.capture.rollout import RolloutError, reconstruct_session
+from server.capture.runs import RunChoice, children_in, latest_run_records
 from server.capture.store import CaptureStore, UnknownSession
 
 # What `status=` may ask for. `whole`: the rollout is not masked; `partial`: a valid prefix was kept
@@ -78,9 +79,12 @@ def reply_has_tool_calls(record: dict) -> bool:
 
 
 def rollout_outcome(session_id: str, records: list[dict]) -> tuple[dict | None, str | None]:
-    """The session's own rollout (without sub-agents), or None and why it could not be rebuilt."""
+    """The session's own rollout (without sub-agents), or None and why it could not be rebuilt.
+
+    Like GET /rollout by default, it covers the records of the session's latest server run only.
+    """
     try:
-        return reconstruct_session(session_id, records), None
+        return reconstruct_session(session_id, latest_run_records(records)), None
     except RolloutError as exc:
         return None, str(exc)
 
@@ -268,7 +272,10 @@ class SummaryCache:
         summary = dict(own.summary if own is not None else self.quick_summary(store, view, session_id) or {})
         if not summary:
             return None
-        for descendant in descendants(view, session_id):
+        info = view.session_info(session_id)
+        # The sub-agents of the run the rollout covers by default (the latest), as GET /rollout has them.
+        choice = RunChoice(info["runs"][-1]) if info is not None else None
+        for descendant in descendants(view, session_id, choice):
             if wait:
                 below_facts = self.facts(store, view, descendant)
                 below = below_facts.summary if below_facts is not None else None
@@ -286,18 +293,19 @@ class SummaryCache:
         return summary
 
 
-def descendants(view: IndexView, session_id: str) -> list[str]:
-    """Every session below `session_id`, depth first; a visited set stops crafted cycles."""
+def descendants(view: IndexView, session_id: str, choice: RunChoice | None = None) -> list[str]:
+    """Every session below `session_id` with records in the chosen run (None: any), depth first; a
+    visited set stops crafted cycles."""
     out: list[str] = []
     seen = {session_id}
-    stack = list(reversed(view.children(session_id)))
+    stack = list(reversed(children_in(view, session_id, choice)))
     while stack:
         child = stack.pop()
         if child in seen:
             continue
         seen.add(child)
         out.append(child)
-        stack.extend(reversed(view.children(child)))
+        stack.extend(reversed(children_in(view, child, choice)))
     return out
 
 

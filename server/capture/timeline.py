@@ -57,6 +57,7 @@ def build_timeline(
                 "uuid": record.get("uuid"),
                 "started_at": started_at(record),
                 "captured_at": record.get("captured_at"),
+                "server_run": record.get("server_run"),
                 "latency_ms": record.get("latency_ms"),
                 "ttft_ms": record.get("ttft_ms"),
                 "tokens_in": tokens_in(record),

@@ -12,6 +12,7 @@ import httpx
 import orjson
 
 from server.capture.rollout import RolloutError
+from server.capture.runs import ALL, LATEST, LEGACY, UnknownRun, parse_run
 from server.capture.sessions import build_rollout, build_tree
 from server.capture.store import CaptureStore, UnknownSession
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -43,6 +44,12 @@ def add_sessions_parser(subparsers: Any) -> None:
     where.add_argument("--capture-dir", help="a capture directory, read directly (read-only, no server)")
     where.add_argument("--config", help="the settings YAML the server runs with: its host and port give the default")
     source.add_argument("--timeout", type=float, default=60.0, help="HTTP timeout in seconds (default 60)")
+    which_run = argparse.ArgumentParser(add_help=False)
+    which_run.add_argument(
+        "--run",
+        help="which server run's records, for a session id used again by a later run: latest (the default "
+        "for rollouts), a run id from the listing's `runs`, legacy (records without a run id) or all",
+    )
 
     parser = subparsers.add_parser(
         "sessions",
@@ -58,18 +65,22 @@ def add_sessions_parser(subparsers: Any) -> None:
     listing.add_argument("--limit", type=int, default=None, help="at most this many sessions")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    tree = commands.add_parser("tree", parents=[source], help="show a session and its sub-agent sessions")
+    tree = commands.add_parser("tree", parents=[source, which_run], help="show a session and its sub-agent sessions")
     tree.add_argument("session_id")
     tree.add_argument("--json", action="store_true", help="print JSON instead of a tree")
 
     show = commands.add_parser("show", parents=[source], help="print a session's records (JSON envelope)")
     show.add_argument("session_id")
 
-    rollout = commands.add_parser("rollout", parents=[source], help="print a session's reconstructed rollout")
+    rollout = commands.add_parser(
+        "rollout", parents=[source, which_run], help="print a session's reconstructed rollout"
+    )
     rollout.add_argument("session_id")
     rollout.add_argument("--strict", action="store_true", help="fail instead of returning a partial rollout")
 
-    export = commands.add_parser("export", parents=[source], help="write one JSON line per root session's rollout")
+    export = commands.add_parser(
+        "export", parents=[source, which_run], help="write one JSON line per root session's rollout"
+    )
     export.add_argument("--out", help="output file (default: stdout); written atomically")
     export.add_argument("--strict", action="store_true", help="fail a session instead of exporting a partial rollout")
 
@@ -114,6 +125,13 @@ def run_sessions(args: argparse.Namespace) -> int:
     if getattr(args, "limit", None) is not None and args.limit < 1:
         print("error: --limit must be at least 1", file=sys.stderr)
         return EXIT_USAGE
+    run = getattr(args, "run", None)
+    if run is not None:
+        try:
+            parse_run(run)
+        except ValueError as exc:
+            print(f"error: --run: {exc}", file=sys.stderr)
+            return EXIT_USAGE
 
     try:
         source: _ServerSource | _DirectorySource = (
@@ -131,7 +149,7 @@ def run_sessions(args: argparse.Namespace) -> int:
             else:
                 print(_session_table(sessions))
         elif command == "tree":
-            node = source.tree(args.session_id)
+            node = source.tree(args.session_id, run=run or ALL)
             if args.json:
                 _emit_json(node)
             else:
@@ -139,9 +157,9 @@ def run_sessions(args: argparse.Namespace) -> int:
         elif command == "show":
             _emit_json(source.completions(args.session_id))
         elif command == "rollout":
-            _emit_json(source.rollout(args.session_id, allow_partial=not args.strict))
+            _emit_json(source.rollout(args.session_id, allow_partial=not args.strict, run=run or LATEST))
         elif command == "export":
-            return _export(source, args.out, allow_partial=not args.strict)
+            return _export(source, args.out, allow_partial=not args.strict, run=run or LATEST)
         else:
             print(f"error: unknown sessions command {command!r}", file=sys.stderr)
             return EXIT_USAGE
@@ -234,15 +252,16 @@ class _ServerSource:
                 break
         return sessions if limit is None else sessions[:limit]
 
-    def tree(self, session_id: str) -> dict:
-        return self._get(f"/v1/sessions/{_segment(session_id)}/tree")
+    def tree(self, session_id: str, *, run: str = ALL) -> dict:
+        return self._get(f"/v1/sessions/{_segment(session_id)}/tree", {"run": run})
 
     def completions(self, session_id: str) -> dict:
         return self._get(f"/v1/sessions/{_segment(session_id)}/completions")
 
-    def rollout(self, session_id: str, *, allow_partial: bool) -> dict:
+    def rollout(self, session_id: str, *, allow_partial: bool, run: str = LATEST) -> dict:
         return self._get(
-            f"/v1/sessions/{_segment(session_id)}/rollout", {"allow_partial": "true" if allow_partial else "false"}
+            f"/v1/sessions/{_segment(session_id)}/rollout",
+            {"allow_partial": "true" if allow_partial else "false", "run": run},
         )
 
 
@@ -265,11 +284,13 @@ class _DirectorySource:
             parent=parent, roots_only=roots_only, limit=limit if limit is not None else sys.maxsize
         )
 
-    def tree(self, session_id: str) -> dict:
+    def tree(self, session_id: str, *, run: str = ALL) -> dict:
         try:
-            return build_tree(self._store, session_id)
+            return build_tree(self._store, session_id, run=run)
         except UnknownSession:
             raise _NotFound(f"unknown session: {session_id!r}") from None
+        except UnknownRun:
+            raise _NotFound(f"session {session_id!r} has no records from server run {run!r}") from None
 
     def completions(self, session_id: str) -> dict:
         try:
@@ -286,11 +307,13 @@ class _DirectorySource:
             "lost_records": self._store.lost_records(session_id),
         }
 
-    def rollout(self, session_id: str, *, allow_partial: bool) -> dict:
+    def rollout(self, session_id: str, *, allow_partial: bool, run: str = LATEST) -> dict:
         try:
-            return build_rollout(self._store, session_id, allow_partial=allow_partial)
+            return build_rollout(self._store, session_id, allow_partial=allow_partial, run=run)
         except UnknownSession:
             raise _NotFound(f"unknown session: {session_id!r}") from None
+        except UnknownRun:
+            raise _NotFound(f"session {session_id!r} has no records from server run {run!r}") from None
         except RolloutError as exc:
             raise _Failed(f"session {session_id}: {exc}") from None
 
@@ -298,15 +321,23 @@ class _DirectorySource:
 # ---- output ----------------------------------------------------------------------------------
 
 
-def _export(source: _ServerSource | _DirectorySource, out: str | None, *, allow_partial: bool) -> int:
+def _export(
+    source: _ServerSource | _DirectorySource, out: str | None, *, allow_partial: bool, run: str = LATEST
+) -> int:
     """One JSON line per root session's rollout, and an account of what could not be exported.
 
     A root is a session without a parent, or whose parent has no records (`parent_missing`). A root
     whose rollout cannot be rebuilt is reported and left out; so is a session no root reaches (only
-    a parent cycle does that). Either makes the exit code 1.
+    a parent cycle does that). Either makes the exit code 1. Each rollout covers the server run
+    `run` picks (the latest of each root by default); with a run id (or `legacy`), only the roots
+    that run wrote are exported.
     """
     everything = source.list_sessions(parent=None, roots_only=False, limit=None)
-    roots = [entry for entry in everything if entry.get("parent_session_id") is None or entry.get("parent_missing")]
+    all_roots = [entry for entry in everything if entry.get("parent_session_id") is None or entry.get("parent_missing")]
+    roots = all_roots
+    if run not in (LATEST, ALL):
+        wanted = None if run == LEGACY else run
+        roots = [entry for entry in all_roots if wanted in entry.get("runs", [None])]
     failures = 0
 
     def write_all(handle: IO[bytes]) -> None:
@@ -314,7 +345,7 @@ def _export(source: _ServerSource | _DirectorySource, out: str | None, *, allow_
         for entry in roots:
             session_id = entry["session_id"]
             try:
-                rollout = source.rollout(session_id, allow_partial=allow_partial)
+                rollout = source.rollout(session_id, allow_partial=allow_partial, run=run)
             except (_NotFound, _Failed) as exc:
                 failures += 1
                 print(f"session {session_id}: {exc}", file=sys.stderr)
@@ -331,9 +362,11 @@ def _export(source: _ServerSource | _DirectorySource, out: str | None, *, allow_
         with atomic_writer(out, mode=0o644) as handle:
             write_all(handle)
     summary = f"exported {len(roots) - failures} of {len(roots)} root sessions"
+    if roots is not all_roots:
+        summary += f" of server run {run}"
     if failures:
         summary += f"; {failures} could not be rebuilt (above)"
-    unreached = _unreached(everything, roots)
+    unreached = _unreached(everything, all_roots)
     if unreached:
         shown = ", ".join(unreached[:20]) + (", ..." if len(unreached) > 20 else "")
         summary += (
@@ -369,12 +402,13 @@ def _emit_json(obj: Any) -> None:
 def _session_table(sessions: list[dict]) -> str:
     if not sessions:
         return "no sessions"
-    header = ("SESSION_ID", "PARENT", "RECORDS", "FIRST_CAPTURED_AT", "LAST_CAPTURED_AT")
+    header = ("SESSION_ID", "PARENT", "RECORDS", "RUNS", "FIRST_CAPTURED_AT", "LAST_CAPTURED_AT")
     rows = [
         (
             s["session_id"],
             s.get("parent_session_id") or "-",
             str(s.get("record_count", "")),
+            str(len(s.get("runs") or [None])),  # more than 1: the id was used again by a later server run
             s.get("first_captured_at") or "-",
             s.get("last_captured_at") or "-",
         )
@@ -400,7 +434,9 @@ def _tree_lines(node: dict) -> list[str]:
 
 def _tree_label(node: dict) -> str:
     count = node.get("record_count", 0)
-    return f"{node['session_id']}  ({count} record{'s' if count != 1 else ''})"
+    runs = len(node.get("runs") or [None])
+    spans = f", {runs} server runs" if runs > 1 else ""
+    return f"{node['session_id']}  ({count} record{'s' if count != 1 else ''}{spans})"
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from server.capture.runs import new_run_id
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, Settings, resolve_deployment
 from server.process import die_with_parent
@@ -33,6 +34,7 @@ log = logging.getLogger("switchyard_model.workers")
 SETTINGS_ENV = "SWITCHYARD_MODEL_WORKER_SETTINGS"  # the server's settings as given, as JSON
 SWITCHYARD_ENV = "SWITCHYARD_MODEL_WORKER_SWITCHYARD"  # the root URL of the Switchyard the parent runs
 READY_DIR_ENV = "SWITCHYARD_MODEL_WORKER_READY_DIR"  # each ready worker writes <pid> here
+RUN_ENV = "SWITCHYARD_MODEL_WORKER_SERVER_RUN"  # the one server run id all workers' records carry
 # Which worker answered: on every response, so a client or a test can see how calls were spread.
 WORKER_HEADER = b"x-switchyard-model-worker"
 
@@ -71,6 +73,8 @@ def worker_app() -> Any:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     ready_dir = os.environ.get(READY_DIR_ENV)
+    # Taken out of this worker's environment: a server it might start is a run of its own.
+    server_run = os.environ.pop(RUN_ENV, None) or None
 
     def ready(state) -> None:
         if ready_dir:
@@ -79,7 +83,7 @@ def worker_app() -> Any:
             path.with_suffix(".tmp").write_bytes(orjson.dumps(note))
             os.replace(path.with_suffix(".tmp"), path)
 
-    app = create_app(settings, on_ready=ready)
+    app = create_app(settings, on_ready=ready, server_run=server_run)
     if given.launches_proxy:
         # The shared Switchyard runs this deployment: the worker reads it as a hosting server would
         # (max_model_len of routes without a context_window, each route's /tokenize for injection,
@@ -181,6 +185,7 @@ def run_workers(settings: Settings, sock: Any, workers: int, on_ready: Callable[
     os.environ[SETTINGS_ENV] = settings.model_dump_json()
     os.environ[SWITCHYARD_ENV] = root_url or ""
     os.environ[READY_DIR_ENV] = ready_dir
+    os.environ[RUN_ENV] = new_run_id()  # one run for every worker, restarted ones included
     stop = threading.Event()
     ready: list[dict] = []
     try:

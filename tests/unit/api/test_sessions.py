@@ -271,18 +271,21 @@ def test_tree_is_nested(client, store):
         "parent_session_id": None,
         "parent_missing": False,
         "record_count": 1,
+        "runs": [None],
         "children": [
             {
                 "session_id": "sub-1",
                 "parent_session_id": "root-1",
                 "parent_missing": False,
                 "record_count": 1,
+                "runs": [None],
                 "children": [
                     {
                         "session_id": "subsub",
                         "parent_session_id": "sub-1",
                         "parent_missing": False,
                         "record_count": 1,
+                        "runs": [None],
                         "children": [],
                     }
                 ],
@@ -292,6 +295,7 @@ def test_tree_is_nested(client, store):
                 "parent_session_id": "root-1",
                 "parent_missing": False,
                 "record_count": 1,
+                "runs": [None],
                 "children": [],
             },
         ],

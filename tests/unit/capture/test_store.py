@@ -510,6 +510,7 @@ def test_indexing_reads_headers_not_whole_records(tmp_path, monkeypatch):
         "record_count": 1,
         "first_captured_at": big["captured_at"],
         "last_captured_at": big["captured_at"],
+        "runs": [None],
     }
     assert [s["session_id"] for s in reader.list_sessions()] == ["ses-big", "ses-root"]
 
