@@ -54,13 +54,14 @@ class Proc:
         env: dict[str, str] | None = None,
         stdin: int | None = None,
         stdout: int | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
         self.popen = subprocess.Popen(
             argv,
-            cwd=str(REPO),
+            cwd=str(cwd or REPO),  # another source tree's server or mock (bench A/B runs): `-m` imports from cwd
             env=_clean_env(env),
             stdin=stdin,
             stdout=stdout if stdout is not None else self._log,
@@ -117,10 +118,13 @@ class Proc:
 
 
 class Mock:
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, tree: Path | None = None) -> None:
         self.port = free_port()
         self.proc = Proc(
-            "mock", [PY, "-m", "server.dev.mock_upstream", "--host", "127.0.0.1", "--port", str(self.port)], log_dir
+            "mock",
+            [PY, "-m", "server.dev.mock_upstream", "--host", "127.0.0.1", "--port", str(self.port)],
+            log_dir,
+            cwd=tree,
         )
         self.proc.wait_http(f"http://127.0.0.1:{self.port}/health")
         self.v1 = f"http://127.0.0.1:{self.port}/v1"
@@ -139,6 +143,7 @@ class Server:
         env: dict[str, str] | None = None,
         settings: dict[str, Any] | None = None,
         launcher: list[str] | None = None,
+        tree: Path | None = None,
     ) -> None:
         self.name = name
         self.port = free_port()
@@ -150,7 +155,7 @@ class Server:
             config.write_text("".join(f"{key}: {orjson.dumps(value).decode()}\n" for key, value in settings.items()))
             args += ["--config", str(config)]
         self.capture_dir = capture_dir
-        self.proc = Proc(name, [PY, *args], log_dir, env={"MOCK_UPSTREAM_URL": mock.v1, **(env or {})})
+        self.proc = Proc(name, [PY, *args], log_dir, env={"MOCK_UPSTREAM_URL": mock.v1, **(env or {})}, cwd=tree)
         self.url = f"http://127.0.0.1:{self.port}"
         health = self.proc.wait_http(self.url + "/health", timeout=90.0) or {}
         self.proxy_url = health["proxy"]["url"]

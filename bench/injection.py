@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -56,50 +57,76 @@ def _injected_calls(server: Server) -> int:
     return total
 
 
-def run(bench: Any) -> None:
-    bench.log("injection on vs capture only: sequential agent sessions")
-    inj = Server(
-        "server-injection",
+def _injection_server(bench: Any, name: str, tree: Path | None) -> Server:
+    server = Server(
+        name,
         bench.mock,
         bench.log_dir,
-        capture_dir=bench.log_dir / "captures-injection",
+        capture_dir=bench.log_dir / f"captures-{name}",
         settings={"token_injection": True},
+        tree=tree,
     )
-    bench.procs.append(inj.proc)
+    bench.procs.append(server.proc)
+    return server
+
+
+def run(bench: Any) -> None:
+    bench.log("injection on vs capture only: sequential agent sessions")
+    sides: dict[str, Server] = {"capture": bench.cap, "injection": _injection_server(bench, "server-injection", None)}
+    for spec in bench.injection_trees:  # A/B: the same figures for other source trees, side by side
+        name, _, tree = spec.partition("=")
+        sides[f"injection:{name}"] = _injection_server(bench, f"server-injection-{name}", Path(tree))
     rounds, sessions, turns = (2, 4, 6) if bench.quick else (6, 10, 8)
-    sides = {"capture": bench.cap, "injection": inj}
     lat: dict[str, list[float]] = {name: [] for name in sides}
     cpu: dict[str, float] = {name: 0.0 for name in sides}
+    mock_cpu: dict[str, float] = {name: 0.0 for name in sides}
     with httpx.Client(trust_env=False, timeout=60) as client:
         for name, server in sides.items():  # warm-up: first connections, lazy imports, the template's generation prompt
             _session(client, server.url, f"bench-inj-warm-{name}", turns)
+        order = list(sides)
         for r in range(rounds):
-            for name in sides if r % 2 == 0 else reversed(list(sides)):
+            rotated = order[r % len(order) :] + order[: r % len(order)]  # each side goes first in turn
+            for name in rotated if r % 2 == 0 else reversed(rotated):
                 server = sides[name]
-                before = server.proc.cpu_s()
+                before, mock_before = server.proc.cpu_s(), bench.mock.proc.cpu_s()
                 for s in range(sessions):
                     # Calls after the first of each session: the ones injection works on.
                     lat[name] += _session(client, server.url, f"bench-inj-{name}-{r}-{s}", turns)[1:]
                 cpu[name] += server.proc.cpu_s() - before
+                mock_cpu[name] += bench.mock.proc.cpu_s() - mock_before
     calls = rounds * sessions * (turns - 1)
     p50 = {name: statistics.median(values) for name, values in lat.items()}
-    added = p50["injection"] - p50["capture"]
-    cpu_added = (cpu["injection"] - cpu["capture"]) / calls
-    injected = _injected_calls(inj)
-    bench.data["injection"] = {
+    data: dict[str, Any] = {
         "calls_per_side": calls,
         "p50_ms": {k: round(v * 1000, 3) for k, v in p50.items()},
         "p90_ms": {k: round(statistics.quantiles(v, n=10)[-1] * 1000, 3) for k, v in lat.items()},
-        "added_p50_ms": round(added * 1000, 3),
-        "added_server_cpu_ms_per_call": round(cpu_added * 1000, 3),
-        "injected_calls": injected,
+        "server_cpu_ms_per_call": {k: round(v / calls * 1000, 3) for k, v in cpu.items()},
+        "mock_cpu_ms_per_call": {k: round(v / calls * 1000, 3) for k, v in mock_cpu.items()},
     }
-    bench.row(
-        "injection",
-        f"latency per call, p50 (sequential sessions, {turns} turns, calls 2..{turns})",
-        f"capture only {p50['capture'] * 1000:.2f} ms",
-        f"injection {p50['injection'] * 1000:.2f} ms",
-        f"+{added * 1000:.2f} ms; server CPU +{cpu_added * 1000:.2f} ms/call; {injected} calls injected",
-        "<= 1 ms added",
-        "met" if added <= 0.001 and injected >= calls else "NOT MET",
-    )
+    for name, server in sides.items():
+        if name == "capture":
+            continue
+        added = p50[name] - p50["capture"]
+        cpu_added = (cpu[name] - cpu["capture"]) / calls
+        mock_added = (mock_cpu[name] - mock_cpu["capture"]) / calls
+        injected = _injected_calls(server)
+        key = "" if name == "injection" else name.partition(":")[2]
+        data.update(
+            {
+                f"added_p50_ms{'_' + key if key else ''}": round(added * 1000, 3),
+                f"added_server_cpu_ms_per_call{'_' + key if key else ''}": round(cpu_added * 1000, 3),
+                f"added_mock_cpu_ms_per_call{'_' + key if key else ''}": round(mock_added * 1000, 3),
+                f"injected_calls{'_' + key if key else ''}": injected,
+            }
+        )
+        bench.row(
+            "injection" if not key else f"injection ({key})",
+            f"latency per call, p50 (sequential sessions, {turns} turns, calls 2..{turns})",
+            f"capture only {p50['capture'] * 1000:.2f} ms",
+            f"injection {p50[name] * 1000:.2f} ms",
+            f"{added * 1000:+.2f} ms; CPU per call: server {cpu_added * 1000:+.2f} ms, mock {mock_added * 1000:+.2f} ms; "
+            f"{injected} calls injected",
+            "<= 1 ms added",
+            "met" if added <= 0.001 and injected >= calls else "NOT MET",
+        )
+    bench.data["injection"] = data

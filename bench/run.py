@@ -153,6 +153,9 @@ def fmt_ratio(x: float) -> str:
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.quick = args.quick
+        # A/B runs: the mock, and extra injection servers, from other source trees (NAME=PATH).
+        self.mock_tree: str | None = getattr(args, "mock_tree", None)
+        self.injection_trees: list[str] = getattr(args, "injection_tree", None) or []
         self.only = set(args.only.split(",")) if args.only else set(SECTIONS)
         unknown = self.only - set(SECTIONS)
         if unknown:
@@ -180,7 +183,7 @@ class Bench:
         self.log(f"logs in {self.log_dir}")
         self.gen = LoadGen(self.log_dir)
         self.procs.append(self.gen.proc)
-        self.mock = Mock(self.log_dir)
+        self.mock = Mock(self.log_dir, tree=Path(self.mock_tree) if self.mock_tree else None)
         self.procs.append(self.mock.proc)
         self.cap_dir = self.log_dir / "captures"
         self.cap = Server("server-capture", self.mock, self.log_dir, capture_dir=self.cap_dir)
@@ -1656,6 +1659,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help=f"comma-separated sections: {','.join(SECTIONS)}")
     parser.add_argument("--json", help="also write every number (raw summaries) to this file")
     parser.add_argument("--profile", metavar="DIR", help="instead: py-spy the server under sequential and c=64 load")
+    parser.add_argument("--mock-tree", metavar="PATH", help="run the mock upstream from this source tree (A/B runs)")
+    parser.add_argument(
+        "--injection-tree",
+        action="append",
+        metavar="NAME=PATH",
+        help="injection section: also an injection server from this source tree, side by side (repeatable)",
+    )
     args = parser.parse_args(argv)
     if args.profile:
         return profile(args)
