@@ -176,12 +176,14 @@ class MockState:
             if retry_after is not None or status == 429:
                 headers["retry-after"] = format_seconds(1.0 if retry_after is None else retry_after)
             error = OpenAIError(status, f"mock upstream error {status} (scripted)", code="mock_error", headers=headers)
-        prompt_ids = self.prompt_ids(messages, tools)
         # An engine without the fields (token_in "ignore") neither checks nor uses them.
         sent = token_in_module.requested_prompt(body) if self.token_in == "honor" else None
-        if sent is not None:
-            _, ids, splices = sent
-            prompt_ids = token_in_module.splice(ids, prompt_ids) if splices else list(ids)
+        if sent is None:
+            prompt_ids = self.prompt_ids(messages, tools)
+        elif sent[2]:  # NeMo-RL's splice: the template renders, the caller's history replaces its head
+            prompt_ids = token_in_module.splice(sent[1], self.prompt_ids(messages, tools))
+        else:  # the ids are the whole prompt: like vLLM, the template is not rendered at all
+            prompt_ids = list(sent[1])
         if len(prompt_ids) >= self.max_model_len:
             raise OpenAIError(
                 400,

@@ -48,6 +48,25 @@ def test_prompt_ids_in_the_request_are_the_prompt(field):
     assert second["prompt_token_ids"] == ids
 
 
+def test_whole_prompt_ids_skip_the_template_render_and_the_splice_does_not(monkeypatch):
+    """Like vLLM: ids that are the whole prompt are used as they are (the template is not rendered);
+    NeMo-RL's splice renders it. Counted on the mock's render, which the injection bench relies on."""
+    app = AppClient(template="drop-reasoning")
+    first = app.chat(FIRST, TOOLS, **TOKEN_EXTRAS)
+    history = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    state = app.app.state.mock
+    renders = []
+    render = state.prompt_ids
+    monkeypatch.setattr(state, "prompt_ids", lambda *a, **kw: renders.append(1) or render(*a, **kw))
+    messages = _second_turn(first)
+    app.chat(messages, TOOLS, **TOKEN_EXTRAS, kv_transfer_params={"prompt_token_ids": [*history, 7777]})
+    assert renders == []
+    app.chat(messages, TOOLS, **TOKEN_EXTRAS, required_prefix_token_ids=history)
+    assert renders == [1]
+    app.chat(messages, TOOLS, **TOKEN_EXTRAS)
+    assert renders == [1, 1]
+
+
 def test_required_prefix_is_spliced_after_its_last_end_of_turn():
     app = AppClient(template="drop-reasoning")
     first = app.chat(FIRST, TOOLS, **TOKEN_EXTRAS)
