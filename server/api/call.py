@@ -160,8 +160,11 @@ class ModelEndpoint:
         plan = await injector.prepare(session, call.route, call.request)
         call.injection = plan
         if plan.body is not call.request:
+            if plan.adds_field_only and plan.sent is not None:  # the messages are not serialised again
+                call.payload = injector.transport.splice(call.payload, plan.sent)
+            else:
+                call.payload = orjson.dumps(plan.body)
             call.request = plan.body
-            call.payload = orjson.dumps(plan.body)
 
     def _reissue_plain(self, call: Call, error: OpenAIError) -> bool:
         """The engine refused an injected call (a 400/422): send the same call again without the ids."""

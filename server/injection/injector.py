@@ -73,6 +73,14 @@ class Plan:
     sent: list[int] | None = None  # the ids attached, when injected
     reason: str | None = None
     record: dict[str, Any] | None = None  # the record's `injection` object, once finished
+    # The render's prefix digest (for the record), worked out while the upstream call is in flight.
+    prefix_digest: str | None = None
+    # The body is the request plus the transport's field and nothing else (the payload can be spliced).
+    adds_field_only: bool = False
+
+    def digest_prefix(self) -> None:
+        if self.prefix_digest is None and self.render is not None:
+            self.prefix_digest = prefix_hash(self.render.prefix)
 
     @property
     def injected(self) -> bool:
@@ -120,6 +128,8 @@ class Injector:
             plan.reason = TOKENIZE_FAILED
             return plan
         render = plan.render
+        # Not needed before the answer: runs once this call yields to the loop, i.e. while it is upstream.
+        asyncio.get_running_loop().call_soon(plan.digest_prefix)
         chains, chain = await self._find_chain(session_id, messages, render.prefix)
         plan.chain = chain
         plan.version = chain.version if chain is not None else -1
@@ -139,6 +149,7 @@ class Injector:
                 plan.sent = self.transport.attach(body, chain.accumulated, suffix)
                 plan.body = body
                 self._clamp(plan, body, len(chain.accumulated) + len(suffix))
+                plan.adds_field_only = plan.body is body and self.transport.field_path[0] not in request
         if not plan.injected:
             self._clamp(plan, None, len(render.prompt))
         return plan
@@ -206,6 +217,7 @@ class Injector:
     def reissue(self, plan: Plan) -> dict[str, Any]:
         """The engine refused the injected call: the same call, plain."""
         plan.sent = None
+        plan.adds_field_only = False
         plan.reason = UPSTREAM_REJECTED
         self.breaker.failed(plan.route, UPSTREAM_REJECTED)
         if plan.render is not None:
@@ -265,7 +277,7 @@ class Injector:
             "eot": end_of_turn(generation, finish_reason),
             "n_messages": plan.n_messages + 1,
             "prefix_len": len(prefix),
-            "prefix_hash": prefix_hash(prefix),
+            "prefix_hash": plan.prefix_digest if plan.prefix_digest is not None else prefix_hash(prefix),
             "prefix": prefix,
         }
         chain = plan.chain

@@ -4,12 +4,17 @@ A call needs two renders: its messages without the generation prompt (the next c
 and with it (to find the environment suffix). For templates whose generation prompt is a plain
 suffix, which is every common one, the generation prompt's ids are learned once per template
 configuration and appended locally, so the steady state is one round trip per call.
+
+Answers are kept briefly, keyed by the exact request bytes (a retried call, or a side call that
+sends the same messages, needs no round trip); the same bytes to the same engine render the same ids.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -54,7 +59,14 @@ class TokenizeClient:
     """Asks one engine's `/tokenize` (at its root: the `/v1` base URL without `/v1`)."""
 
     def __init__(
-        self, base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0, max_connections: int = 64
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 10.0,
+        max_connections: int = 64,
+        cache_entries: int = 64,
+        cache_ttl_s: float = 60.0,
     ) -> None:
         root = root_url(base_url)
         self.base_url = root
@@ -71,11 +83,30 @@ class TokenizeClient:
         self._timeout_s = timeout_s
         # Per template configuration: the generation prompt's ids, or None when it is not a plain suffix.
         self._generation_prompts: dict[bytes, list[int] | None] = {}
+        # request bytes -> (when asked, the answer). The answers' lists are shared: nothing mutates them.
+        self._answers: OrderedDict[bytes, tuple[float, tuple[list[int], int | None]]] = OrderedDict()
+        self._cache_entries = cache_entries
+        self._cache_ttl_s = cache_ttl_s
 
     async def _tokenize(self, body: dict[str, Any]) -> tuple[list[int], int | None]:
+        payload = orjson.dumps(body)
+        kept = self._answers.get(payload)
+        now = time.monotonic()
+        if kept is not None and now - kept[0] <= self._cache_ttl_s:
+            self._answers.move_to_end(payload)
+            return kept[1]
+        answer = await self._ask(payload)
+        if self._cache_entries > 0:
+            self._answers[payload] = (now, answer)
+            self._answers.move_to_end(payload)
+            if len(self._answers) > self._cache_entries:
+                self._answers.popitem(last=False)
+        return answer
+
+    async def _ask(self, payload: bytes) -> tuple[list[int], int | None]:
         try:
             async with asyncio.timeout(self._timeout_s):  # one deadline for the round trip, no extra task
-                response = await self._pool.request("/tokenize", orjson.dumps(body), {})
+                response = await self._pool.request("/tokenize", payload, {})
                 raw = await response.read()
         except (http1.HTTPError, TimeoutError) as exc:
             raise TokenizeError(f"{self.base_url}/tokenize: {type(exc).__name__}: {exc}") from exc

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 TRANSPORTS = ("vllm", "sglang", "nemo_rl")
 DEFAULT_VLLM_FIELD = "kv_transfer_params.prompt_token_ids"
 
@@ -34,6 +36,18 @@ class Transport:
             target = nested
         target[self.field_path[-1]] = ids
         return ids
+
+    def splice(self, payload: bytes, ids: list[int]) -> bytes:
+        """`payload` (a request's JSON object, without this transport's top-level key) with the ids added.
+
+        The same JSON value as serialising the attached body, without serialising the messages again.
+        """
+        value = orjson.dumps(ids)
+        for key in reversed(self.field_path[1:]):
+            value = b"{" + orjson.dumps(key) + b":" + value + b"}"
+        member = orjson.dumps(self.field_path[0]) + b":" + value
+        head = payload.rstrip()[:-1].rstrip()  # without its closing brace
+        return head + (b"," if head != b"{" else b"") + member + b"}"
 
     def echo_ok(self, sent: list[int], echoed: Any) -> bool:
         """The engine's `prompt_token_ids` prove it used what was sent (a prefix, for nemo_rl's splice)."""

@@ -13,7 +13,7 @@ import pytest
 
 from server.injection import injector as inj
 from server.injection.breaker import RouteBreaker
-from server.injection.chains import ChainCache
+from server.injection.chains import ChainCache, prefix_hash
 from server.injection.injector import Injector
 from server.injection.transports import make_transport
 from tests.support.toy_engine import ToyEngine, ToyTokenizer, assistant_turn, extends
@@ -235,3 +235,29 @@ def test_cache_bound_applies():
     call(injector, engine, [SYSTEM, {"role": "user", "content": "go"}], {"content": "a"}, session="one")
     call(injector, engine, [SYSTEM, {"role": "user", "content": "go"}], {"content": "a"}, session="two")
     assert len(injector.cache) == 1
+
+
+def _second_call_plan(**body: Any):
+    engine = ToyEngine(max_model_len=10_000)
+    injector = make(engine)
+    messages = [SYSTEM, {"role": "user", "content": "find the file"}]
+    _, first, _ = call(injector, engine, messages, {"reasoning": "look", "tools": ["ls"]})
+    messages += [assistant_turn(first), {"role": "tool", "content": "x"}]
+    plan, _, record = call(injector, engine, messages, {"content": "done"}, **body)
+    return plan, record
+
+
+def test_the_payload_may_be_spliced_only_when_the_body_is_the_request_plus_the_field():
+    plan, record = _second_call_plan()
+    assert record["fallback_reason"] is None and plan.adds_field_only
+    # The caller's own kv_transfer_params, or a clamped budget: the body is serialised whole.
+    plan, record = _second_call_plan(kv_transfer_params={"do_remote_decode": False})
+    assert record["fallback_reason"] is None and not plan.adds_field_only
+    plan, record = _second_call_plan(max_tokens=100_000)
+    assert record["fallback_reason"] is None and not plan.adds_field_only and plan.body["max_tokens"] < 100_000
+
+
+def test_the_prefix_digest_worked_out_meanwhile_is_the_prefix_hash():
+    plan, record = _second_call_plan()
+    assert plan.prefix_digest is not None and plan.render is not None
+    assert record["prefix_hash"] == plan.prefix_digest == prefix_hash(plan.render.prefix)

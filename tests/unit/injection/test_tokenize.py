@@ -49,6 +49,26 @@ def test_render_learns_the_generation_prompt_then_asks_once_per_call(mock_url):
     assert second.prompt == state.prompt_ids(MESSAGES + [{"role": "user", "content": "more"}], None, True)
 
 
+def test_the_same_request_bytes_are_answered_from_the_cache_until_they_expire(mock_url):
+    url, state = mock_url
+    more = MESSAGES + [{"role": "user", "content": "a retried call"}]
+
+    async def go(client: TokenizeClient):
+        await client.render(MESSAGES, None, {})  # learns the generation prompt
+        before = state.stats.tokenize
+        first = await client.render(more, None, {})
+        again = await client.render(more, None, {})  # a retry: the same bytes
+        other = await client.render(more, None, {"chat_template_kwargs": {"enable_thinking": False}})
+        client.close()
+        return first, again, other, state.stats.tokenize - before
+
+    first, again, _, asked = asyncio.run(go(TokenizeClient(url)))
+    assert again == first
+    assert asked == 1 + 2  # the retry was not asked; other template options were (learning their prompt too)
+    first, again, _, asked = asyncio.run(go(TokenizeClient(url, cache_ttl_s=-1)))  # negative control: no cache
+    assert again == first and asked == 2 + 2
+
+
 def test_an_unreachable_engine_is_a_tokenize_error():
     client = TokenizeClient(f"http://127.0.0.1:{free_port()}", timeout_s=2)
     with pytest.raises(TokenizeError):

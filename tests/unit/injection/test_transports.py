@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from server.injection.transports import make_transport
@@ -58,3 +59,20 @@ def test_unknown_transport_and_empty_field_are_rejected():
         make_transport("grpc")
     with pytest.raises(ValueError, match="injection_vllm_field"):
         make_transport("vllm", "")
+
+
+@pytest.mark.parametrize(
+    "transport",
+    [make_transport("vllm"), make_transport("vllm", "prompt_token_ids"), make_transport("vllm", "a.b.c")]
+    + [make_transport("sglang"), make_transport("nemo_rl")],
+)
+@pytest.mark.parametrize("request_body", [{"model": "m", "messages": [{"role": "user", "content": "hé}"}]}, {}])
+def test_splicing_the_ids_into_the_payload_is_serialising_the_attached_body(transport, request_body):
+    body = dict(request_body)
+    sent = transport.attach(body, [1, 2, 3], [4, 5])
+    spliced = transport.splice(orjson.dumps(request_body), sent)
+    assert orjson.loads(spliced) == body
+    assert orjson.loads(transport.splice(b'{ "model" : "m" }\n', sent)) == {
+        "model": "m",
+        **{k: body[k] for k in body if k not in request_body},
+    }
