@@ -95,6 +95,11 @@ def test_every_worker_answers_like_the_offline_reader(tmp_path, mock_upstream):
         assert {int(pid) for pid in answers} <= children_pids  # two distinct worker processes answered
         for response in answers.values():
             assert response.json()["sessions"] == listing
+        # One `serve` is one server run, whichever worker wrote: a session spread over both workers
+        # lists one run, and every worker reports the same id.
+        assert len({tuple(s["runs"]) for s in listing}) == 1 and len(listing[0]["runs"]) == 1
+        health = from_each_worker("GET", url + "/health")
+        assert {r.json()["capture"]["server_run"] for r in health.values()} == set(listing[0]["runs"])
 
         for session_id in spread:
             tree = offline("tree", session_id, "--json", capture_dir=capture)
@@ -127,6 +132,7 @@ def test_every_worker_answers_like_the_offline_reader(tmp_path, mock_upstream):
     finally:
         children = psutil.Process(proc.pid).children(recursive=True)
         assert proc.stop() == 0, proc.output()[-3000:]
+    assert "earlier server run" not in proc.output()
     _, alive = psutil.wait_procs(children, timeout=30)
     assert alive == [], f"left running after the server stopped: {alive}"
 
