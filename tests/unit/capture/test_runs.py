@@ -280,3 +280,30 @@ def test_cli_list_counts_runs(capture_dir, capsys):
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows[SESSION][3] == "2" and rows["child-a"][3] == "1"
+
+
+def test_a_session_continued_across_a_restart_is_whole_either_way(tmp_path):
+    """What docs/capture.md says of a restart mid-session: the latest run's part alone, or all joined."""
+    directory = tmp_path / "captures"
+    before = CaptureStore(directory, server_run="run-a")
+    before.start()
+    add(before, call(SESSION, request_id="req-1", response=chat_response([1, 2], [3])))
+    before.close()
+    after = CaptureStore(directory, server_run="run-b")
+    after.start()
+    turn_two = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "more"},
+    ]
+    add(after, call(SESSION, request_id="req-2", messages=turn_two, response=chat_response([1, 2, 3, 4], [5])))
+    after.close()
+    reader = CaptureStore.open_read_only(directory)
+    records, _ = reader.read_completions(SESSION)
+    tail = build_rollout(reader, SESSION)
+    assert tail["record_uuids"] == [records[1]["uuid"]] and tail["mask_sample"] is False
+    # The earlier turn is there as context, without token ids: nothing trains on it.
+    earlier_turns = [item for item in tail["output"] if item.get("role") == "assistant"][:-1]
+    assert earlier_turns and all("generation_token_ids" not in item for item in earlier_turns)
+    joined = build_rollout(reader, SESSION, run="all")
+    assert joined["record_uuids"] == [r["uuid"] for r in records] and joined["mask_sample"] is False
