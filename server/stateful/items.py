@@ -11,7 +11,14 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+_ID_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+    "reasoning": "rs",
+}
 # Gym's token triple rides on generated items; it is capture's business, not the conversation's.
 _TRAINING_KEYS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts")
 _WITH_STATUS = frozenset({"message", "function_call", "function_call_output"})

@@ -32,6 +32,8 @@ def _in_progress(item: dict[str, Any]) -> dict[str, Any]:
         opened["content"] = []
     elif kind == "function_call":
         opened["arguments"] = ""
+    elif kind == "custom_tool_call":
+        opened["input"] = ""
     return opened
 
 
@@ -43,6 +45,10 @@ def _item_events(index: int, item: dict[str, Any]) -> Iterator[dict[str, Any]]:
         arguments = item.get("arguments") or ""
         yield {"type": "response.function_call_arguments.delta", **ids, "delta": arguments}
         yield {"type": "response.function_call_arguments.done", **ids, "arguments": arguments}
+    elif kind == "custom_tool_call":
+        text = item.get("input") or ""
+        yield {"type": "response.custom_tool_call_input.delta", **ids, "delta": text}
+        yield {"type": "response.custom_tool_call_input.done", **ids, "input": text}
     elif kind in ("message", "reasoning"):
         for k, part in enumerate(item.get("content") or []):
             at = {**ids, "content_index": k}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.translate.checks import invalid, is_int, is_number, unsupported, wrong_type
+from server.translate.custom_tools import encode_input
 from server.translate.tools import ToolMap, translate_tool_choice, translate_tools
 
 # Accepted and deliberately ignored: they either configure things a single chat call has no notion
@@ -212,18 +213,21 @@ def _message_item(item: dict[str, Any], param: str, history: _History, developer
         history.other({"role": developer_role if role == "developer" else role, "content": chat_content})
 
 
-def _function_call_item(item: dict[str, Any], param: str, history: _History, tool_map: ToolMap) -> None:
-    for key in ("call_id", "name", "arguments"):
+def _tool_call_item(item: dict[str, Any], param: str, history: _History, tool_map: ToolMap) -> None:
+    """A function_call, or a custom_tool_call (its raw `input` as the one-string-argument call)."""
+    custom = item.get("type") == "custom_tool_call"
+    for key in ("call_id", "name", "input" if custom else "arguments"):
         if not isinstance(item.get(key), str):
             raise wrong_type(f"{param}.{key}", "a string")
     namespace = item.get("namespace")
     if namespace is not None and not isinstance(namespace, str):
         raise wrong_type(f"{param}.namespace", "a string")
+    arguments = encode_input(item["input"]) if custom else item["arguments"]
     history.function_call(
         {
             "id": item["call_id"],
             "type": "function",
-            "function": {"name": tool_map.chat_name(item["name"], namespace), "arguments": item["arguments"]},
+            "function": {"name": tool_map.chat_name(item["name"], namespace), "arguments": arguments},
         }
     )
 
@@ -275,9 +279,9 @@ def _input_messages(value: Any, tool_map: ToolMap, developer_role: str) -> list[
             kind = "message"  # the "easy input message" form
         if kind == "message":
             _message_item(item, param, history, developer_role)
-        elif kind == "function_call":
-            _function_call_item(item, param, history, tool_map)
-        elif kind == "function_call_output":
+        elif kind in ("function_call", "custom_tool_call"):
+            _tool_call_item(item, param, history, tool_map)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             _function_call_output_item(item, param, history)
         elif kind == "reasoning":
             _reasoning_item(item, param, history)

@@ -11,6 +11,7 @@ from typing import Any
 
 from server.capture.tokens import Triple, reasoning_of, token_triple
 from server.translate.checks import is_number
+from server.translate.custom_tools import decode_input, encode_input
 from server.translate.request import wants_output_logprobs
 from server.translate.tools import ToolMap
 
@@ -198,6 +199,35 @@ def function_call_output(
     return item
 
 
+def custom_tool_call_output(
+    item_id: str, call_id: str, name: str, namespace: str | None, text: str, status: str
+) -> dict[str, Any]:
+    """A `custom_tool_call` output item; `text` is its raw input (already decoded from the arguments)."""
+    item = {
+        "id": item_id,
+        "type": "custom_tool_call",
+        "call_id": call_id,
+        "name": name,
+        "input": text,
+        "status": status,
+    }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+def tool_call_output(
+    tool_map: ToolMap, base: str, index: int, call_id: str, chat_name: str, arguments: str, status: str
+) -> dict[str, Any]:
+    """The output item for a chat tool call: a custom_tool_call if it calls a custom tool, else a function_call."""
+    name, namespace = tool_map.response_name(chat_name)
+    if tool_map.is_custom(chat_name):
+        return custom_tool_call_output(
+            item_id("ctc", base, index), call_id, name, namespace, decode_input(arguments), status
+        )
+    return function_call_output(item_id("fc", base, index), call_id, name, namespace, arguments, status)
+
+
 def attach_triple(output: list[dict[str, Any]], triple: Triple | None) -> None:
     # Gym's training convention: the ids ride on the last generated item only.
     if triple is not None and output:
@@ -219,7 +249,8 @@ def chat_to_response(
 ) -> dict[str, Any]:
     """A full Responses object for a non-stream chat completion; `completed_at` is the caller's clock.
 
-    Output order: reasoning, message (text and/or refusal), then one function_call per tool call.
+    Output order: reasoning, message (text and/or refusal), then one function_call per tool call
+    (a custom_tool_call when the call is to a custom tool).
     A generation with none of these still gets an empty message, so there is an item to carry
     the token triple. `model` is the upstream's (the routed target).
     """
@@ -251,14 +282,13 @@ def chat_to_response(
         output.append(message_output(item_id("msg", base, len(output)), parts, "completed"))
     for i, call in enumerate(tool_calls):
         function = call.get("function") or {}
-        name, namespace = tool_map.response_name(function.get("name") or "")
-        index = len(output)
         output.append(
-            function_call_output(
-                item_id("fc", base, index),
+            tool_call_output(
+                tool_map,
+                base,
+                len(output),
                 call.get("id") or f"call_{base}_{i}",
-                name,
-                namespace,
+                function.get("name") or "",
                 function.get("arguments") or "",
                 "completed",
             )
@@ -303,12 +333,17 @@ def response_to_chat(response: dict[str, Any]) -> dict[str, Any]:
             for part in (item.get("content") or []) + (item.get("summary") or []):
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     reasoning.append(part["text"])
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            if kind == "custom_tool_call":
+                text = item.get("input")
+                arguments = encode_input(text if isinstance(text, str) else "")
+            else:
+                arguments = item.get("arguments", "")
             tool_calls.append(
                 {
                     "id": item.get("call_id"),
                     "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+                    "function": {"name": item.get("name"), "arguments": arguments},
                 }
             )
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}

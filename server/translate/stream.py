@@ -7,10 +7,12 @@ from typing import Any
 from server.capture.tokens import reasoning_of, token_triple
 from server.http.sse import responses_error_event
 from server.translate.accumulate import ChatStreamAccumulator
+from server.translate.custom_tools import InputDecoder, decode_input
 from server.translate.request import wants_output_logprobs
 from server.translate.response import (
     Sealer,
     attach_triple,
+    custom_tool_call_output,
     function_call_output,
     id_base,
     item_id,
@@ -54,10 +56,21 @@ _RESPONSE_ERROR_CODES = frozenset(
 class _StreamItem:
     """One output item while it streams; text arrives as parts and is joined when it closes."""
 
-    __slots__ = ("kind", "output_index", "item_id", "parts", "logprobs", "call_id", "name", "namespace", "status")
+    __slots__ = (
+        "kind",
+        "output_index",
+        "item_id",
+        "parts",
+        "logprobs",
+        "call_id",
+        "name",
+        "namespace",
+        "status",
+        "decoder",
+    )
 
     def __init__(self, kind: str) -> None:
-        self.kind = kind  # reasoning | text | refusal | call
+        self.kind = kind  # reasoning | text | refusal | call | custom (a call to a custom tool)
         self.output_index: int | None = None  # None: a tool call whose name has not arrived yet
         self.item_id = ""
         self.parts: list[str] = []
@@ -66,6 +79,7 @@ class _StreamItem:
         self.name = ""
         self.namespace: str | None = None
         self.status: str | None = None  # set when output_item.done has been sent
+        self.decoder: InputDecoder | None = None  # a custom call's input, decoded as the arguments stream
 
     def snapshot(self, status: str, seal: Sealer | None = None) -> dict[str, Any]:
         """The item as `output_item.added` shows it (nothing generated yet) or, closed, in full."""
@@ -80,10 +94,14 @@ class _StreamItem:
             if not closing:
                 item["content"] = []
             return item
+        if self.kind == "custom":
+            # `parts` are the function arguments the model wrote; the item carries their decoded text.
+            decoded = decode_input(text) if closing else ""
+            return custom_tool_call_output(self.item_id, self.call_id or "", self.name, self.namespace, decoded, status)
         return function_call_output(self.item_id, self.call_id or "", self.name, self.namespace, text, status)
 
 
-_ITEM_PREFIX = {"text": "msg", "refusal": "msg", "reasoning": "rs", "call": "fc"}
+_ITEM_PREFIX = {"text": "msg", "refusal": "msg", "reasoning": "rs", "call": "fc", "custom": "ctc"}
 
 
 class ResponsesStreamWriter:
@@ -275,6 +293,14 @@ class ResponsesStreamWriter:
         ids = {"item_id": item.item_id, "output_index": item.output_index}
         if item.kind == "call":
             self._emit(out, {"type": "response.function_call_arguments.done", **ids, "arguments": final["arguments"]})
+        elif item.kind == "custom":
+            # The whole arguments may decode to more than the stream could (lenient decoding of
+            # arguments that are not `{"input": "..."}`): send the rest when it extends the deltas.
+            # The done event's `input` is what counts either way.
+            streamed = item.decoder.text if item.decoder is not None else ""
+            if len(final["input"]) > len(streamed) and final["input"].startswith(streamed):
+                self._custom_delta(out, item, final["input"][len(streamed) :])
+            self._emit(out, {"type": "response.custom_tool_call_input.done", **ids, "input": final["input"]})
         else:
             part = final["content"][0]
             if item.kind == "text":
@@ -318,21 +344,43 @@ class ResponsesStreamWriter:
             self._emit(out, {"type": "response.reasoning_text.delta", **ids, "delta": delta})
 
     def _open_call(self, out: list[dict[str, Any]], item: _StreamItem) -> None:
+        if item.kind == "custom":
+            item.decoder = InputDecoder()
         self._open_item(out, item)
         if item.call_id is None:
             item.call_id = f"call_{self._id_base}_{item.output_index}"
         buffered = "".join(item.parts)
         if buffered:
             item.parts = [buffered]
+            self._arguments_delta(out, item, buffered)
+
+    def _arguments_delta(self, out: list[dict[str, Any]], item: _StreamItem, arguments: str) -> None:
+        """Stream a piece of the open call's arguments: as they are, or as decoded custom-tool input."""
+        if item.decoder is None:
             self._emit(
                 out,
                 {
                     "type": "response.function_call_arguments.delta",
                     "item_id": item.item_id,
                     "output_index": item.output_index,
-                    "delta": buffered,
+                    "delta": arguments,
                 },
             )
+            return
+        decoded = item.decoder.feed(arguments)
+        if decoded:
+            self._custom_delta(out, item, decoded)
+
+    def _custom_delta(self, out: list[dict[str, Any]], item: _StreamItem, text: str) -> None:
+        self._emit(
+            out,
+            {
+                "type": "response.custom_tool_call_input.delta",
+                "item_id": item.item_id,
+                "output_index": item.output_index,
+                "delta": text,
+            },
+        )
 
     def _tool_call_delta(self, out: list[dict[str, Any]], position: int, delta: dict[str, Any]) -> None:
         index = delta.get("index", position)
@@ -349,20 +397,14 @@ class ResponsesStreamWriter:
                 item.parts.append(arguments)
             if name:
                 item.name, item.namespace = self._tool_map.response_name(name)
+                if self._tool_map.is_custom(name):
+                    item.kind = "custom"
                 self._open_call(out, item)
             return
         if not arguments:
             return
         item.parts.append(arguments)
         if item is self._open:
-            self._emit(
-                out,
-                {
-                    "type": "response.function_call_arguments.delta",
-                    "item_id": item.item_id,
-                    "output_index": item.output_index,
-                    "delta": arguments,
-                },
-            )
+            self._arguments_delta(out, item, arguments)
         else:
             self.late_tool_deltas += 1

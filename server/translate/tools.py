@@ -1,6 +1,8 @@
 """Responses tools and tool_choice as chat function tools, and the ToolMap that maps tool calls back.
 
-Pure: tools a chat upstream cannot serve are dropped and reported to the caller, never logged here.
+Function tools pass through, namespaces are flattened, freeform (`custom`) tools become functions
+with one string argument (server.translate.custom_tools). Pure: tools a chat upstream cannot serve
+(hosted ones) are dropped and reported to the caller, never logged here.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.translate.checks import invalid, unsupported, wrong_type
+from server.translate.custom_tools import custom_function_tool
 
 # A namespaced tool `{type: namespace, name: NS, tools: [{name: N}]}` becomes the chat function
 # `NS__N`. Chat has no namespaces, and a double underscore is a legal function-name character in
@@ -18,6 +21,8 @@ from server.translate.checks import invalid, unsupported, wrong_type
 NAMESPACE_SEPARATOR = "__"
 
 _TOOL_CHOICE_MODES = frozenset({"auto", "none", "required"})
+# Tool kinds that become chat functions; a tool_choice may name either kind.
+_CALLABLE_KINDS = ("function", "custom")
 
 
 @dataclass
@@ -28,8 +33,13 @@ class ToolMap:
     namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
     # (namespace, inner name) -> flattened chat name
     flattened: dict[tuple[str, str], str] = field(default_factory=dict)
-    # names of the top-level function tools, unchanged on the chat side
+    # names of the top-level function and custom tools, unchanged on the chat side
     functions: set[str] = field(default_factory=set)
+    # chat names of the functions that stand for custom tools: their calls go back as custom_tool_call
+    custom: set[str] = field(default_factory=set)
+
+    def is_custom(self, chat_name: str) -> bool:
+        return chat_name in self.custom
 
     def response_name(self, chat_name: str) -> tuple[str, str | None]:
         """(name, namespace) for a tool call the model made under `chat_name`."""
@@ -84,7 +94,7 @@ def translate_tools(tools: Any) -> tuple[list[dict[str, Any]], ToolMap, list[str
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
             raise invalid(f"`tools[{i}]` must be an object with a string `type`", f"tools[{i}]")
-        if tool["type"] == "function":
+        if tool["type"] in _CALLABLE_KINDS:
             tool_map.functions.add(_tool_name(tool, f"tools[{i}]"))
     taken = set(tool_map.functions)
     chat_tools: list[dict[str, Any]] = []
@@ -93,6 +103,9 @@ def translate_tools(tools: Any) -> tuple[list[dict[str, Any]], ToolMap, list[str
         kind = tool["type"]
         if kind == "function":
             chat_tools.append(_function_tool(tool, f"tools[{i}]", tool["name"]))
+        elif kind == "custom":
+            tool_map.custom.add(tool["name"])
+            chat_tools.append(custom_function_tool(tool, f"tools[{i}]", tool["name"]))
         elif kind == "namespace":
             namespace = _tool_name(tool, f"tools[{i}]")
             inner_tools = tool.get("tools")
@@ -102,7 +115,7 @@ def translate_tools(tools: Any) -> tuple[list[dict[str, Any]], ToolMap, list[str
                 param = f"tools[{i}].tools[{j}]"
                 if not isinstance(inner, dict) or not isinstance(inner.get("type"), str):
                     raise invalid(f"`{param}` must be an object with a string `type`", param)
-                if inner["type"] != "function":
+                if inner["type"] not in _CALLABLE_KINDS:
                     dropped.append(f"namespace/{inner['type']}")
                     continue
                 inner_name = _tool_name(inner, param)
@@ -114,13 +127,18 @@ def translate_tools(tools: Any) -> tuple[list[dict[str, Any]], ToolMap, list[str
                 taken.add(flat)
                 tool_map.namespaced[flat] = (namespace, inner_name)
                 tool_map.flattened[(namespace, inner_name)] = flat
-                chat_tools.append(_function_tool(inner, param, flat))
+                if inner["type"] == "custom":
+                    tool_map.custom.add(flat)
+                    chat_tools.append(custom_function_tool(inner, param, flat))
+                else:
+                    chat_tools.append(_function_tool(inner, param, flat))
         else:
             dropped.append(kind)
     return chat_tools, tool_map, dropped
 
 
 def _chat_tool_name(choice: dict[str, Any], tool_map: ToolMap, chat_names: set[str], param: str) -> str:
+    """The chat name of the tool a tool_choice entry names; 400 unless it is offered and of that kind."""
     name = choice.get("name")
     if not isinstance(name, str):
         raise invalid(f"`{param}.name` must be a string", f"{param}.name")
@@ -133,8 +151,9 @@ def _chat_tool_name(choice: dict[str, Any], tool_map: ToolMap, chat_names: set[s
         # A bare inner name is accepted when exactly one namespace offers it.
         matches = [flat for (_, inner), flat in tool_map.flattened.items() if inner == name]
         flat = matches[0] if len(matches) == 1 else name
-    if flat not in chat_names:
-        raise invalid(f"tool_choice names `{name}`, which is not among the function tools", param)
+    kind = choice.get("type")
+    if flat not in chat_names or (kind == "custom") != tool_map.is_custom(flat):
+        raise invalid(f"tool_choice names `{name}`, which is not among the {kind} tools", param)
     return flat
 
 
@@ -154,7 +173,7 @@ def translate_tool_choice(
     if not isinstance(choice, dict):
         raise wrong_type("tool_choice", "a string or an object")
     kind = choice.get("type")
-    if kind == "function":
+    if kind in _CALLABLE_KINDS:
         flat = _chat_tool_name(choice, tool_map, chat_names, "tool_choice")
         return {"type": "function", "function": {"name": flat}}, chat_tools
     if kind == "allowed_tools":
@@ -167,8 +186,8 @@ def translate_tool_choice(
         keep: set[str] = set()
         for j, entry in enumerate(allowed):
             param = f"tool_choice.tools[{j}]"
-            if not isinstance(entry, dict) or entry.get("type") != "function":
-                raise unsupported(f"`{param}`: only function tools can be allowed here", param)
+            if not isinstance(entry, dict) or entry.get("type") not in _CALLABLE_KINDS:
+                raise unsupported(f"`{param}`: only function and custom tools can be allowed here", param)
             keep.add(_chat_tool_name(entry, tool_map, chat_names, param))
         narrowed = [tool for tool in chat_tools if tool["function"]["name"] in keep]
         return mode, narrowed

@@ -109,13 +109,13 @@ def test_unservable_tools_are_dropped_and_reported_not_logged(caplog):
     body = {
         "model": "m",
         "input": "x",
-        "tools": [FN_EXEC, WEB_SEARCH, {"type": "file_search"}, {"type": "custom", "name": "apply_patch"}, WEB_SEARCH],
+        "tools": [FN_EXEC, WEB_SEARCH, {"type": "file_search"}, {"type": "local_shell"}, WEB_SEARCH],
     }
     with caplog.at_level(logging.DEBUG):
         translated = responses_to_chat(body)
     assert [t["function"]["name"] for t in translated.body["tools"]] == ["exec_command"]
     # Every dropped tool is reported to the caller (which logs once per type); translation logs nothing.
-    assert translated.dropped_tool_types == ["web_search", "file_search", "custom", "web_search"]
+    assert translated.dropped_tool_types == ["web_search", "file_search", "local_shell", "web_search"]
     assert caplog.records == []
 
 
