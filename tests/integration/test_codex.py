@@ -29,11 +29,12 @@ pytestmark = [
 KEY_ENV = "SWITCHYARD_TEST_API_KEY"
 
 
-def codex_config(base_url: str) -> str:
+def codex_config(base_url: str, *, model_catalog: Path | None = None) -> str:
     # Retries off so a broken stream fails the run instead of being retried into a pass.
+    catalog = f'model_catalog_json = "{model_catalog}"\n' if model_catalog is not None else ""
     return f"""\
 model = "demo"
-model_provider = "switchyard"
+{catalog}model_provider = "switchyard"
 approval_policy = "never"
 sandbox_mode = "danger-full-access"
 
@@ -51,11 +52,19 @@ remote_plugin = false
 """
 
 
-def run_codex(chain, tmp_path: Path, prompt: str) -> tuple[ClientRun, Path]:
-    """`codex exec --json` with its own CODEX_HOME, HOME and working directory; returns the run and its cwd."""
+def run_codex(chain, tmp_path: Path, prompt: str, *, model_entry: dict | None = None) -> tuple[ClientRun, Path]:
+    """`codex exec --json` with its own CODEX_HOME, HOME and working directory; returns the run and its cwd.
+
+    `model_entry` describes the `demo` model to Codex (a model catalog entry), for settings such as
+    its apply_patch tool type that Codex only takes from model metadata.
+    """
     codex_home = tmp_path / "codex-home"
     codex_home.mkdir()
-    (codex_home / "config.toml").write_text(codex_config(chain.v1))
+    catalog = None
+    if model_entry is not None:
+        catalog = codex_home / "models.json"
+        catalog.write_bytes(orjson.dumps({"models": [model_entry]}))
+    (codex_home / "config.toml").write_text(codex_config(chain.v1, model_catalog=catalog))
     workdir = tmp_path / "work"
     workdir.mkdir(exist_ok=True)
     env = client_env(tmp_path / "home", CODEX_HOME=str(codex_home), **{KEY_ENV: "sk-switchyard-test"})
@@ -196,3 +205,73 @@ def test_codex_spawns_a_sub_agent_through_a_namespaced_tool(chain, tmp_path):
     assert child["output"][0]["name"] == "exec_command"
     assert_token_exact(chain, rollout)
     assert_token_exact(chain, child)
+
+
+# The fields Codex 0.171.0 requires of a model catalog entry, for a `demo` model whose apply_patch
+# is the freeform (`custom`) tool. Without the catalog Codex offers no apply_patch at all to an
+# unknown model, and `[features] apply_patch_freeform` alone does not change that.
+FREEFORM_MODEL = {
+    "slug": "demo",
+    "display_name": "demo",
+    "apply_patch_tool_type": "freeform",
+    "shell_type": "shell_command",
+    "visibility": "list",
+    "supported_in_api": True,
+    "priority": 1,
+    "supported_reasoning_levels": [],
+    "context_window": 32768,
+    "support_verbosity": False,
+    "truncation_policy": {"mode": "tokens", "limit": 10000},
+    "experimental_supported_tools": [],
+    "base_instructions": "You are a coding agent. Edit files with apply_patch.",
+}
+PATCH = """\
+*** Begin Patch
+*** Update File: greeting.txt
+@@
+-hello
++hello from a "freeform" patch \u00e9
+*** Add File: notes/added.txt
++written by apply_patch
+*** End Patch
+"""
+
+
+def test_codex_edits_a_file_with_the_freeform_apply_patch_tool(chain, tmp_path):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "greeting.txt").write_text("hello\n")
+    prompt = "Update the greeting. " + directive("apply_patch", {"input": PATCH})
+    run, _ = run_codex(chain, tmp_path, prompt, model_entry=FREEFORM_MODEL)
+    details = run.describe(chain.proc.output())
+    assert run.returncode == 0, details
+
+    # The patch reached Codex as a custom_tool_call with the raw patch text, and Codex applied it.
+    assert (workdir / "greeting.txt").read_text() == 'hello from a "freeform" patch \u00e9\n', details
+    assert (workdir / "notes" / "added.txt").read_text() == "written by apply_patch\n", details
+    changes = completed_items(run, "file_change")
+    assert len(changes) == 1 and changes[0]["status"] == "completed", details
+    assert sorted(c["kind"] for c in changes[0]["changes"]) == ["add", "update"], details
+    # The model's next turn saw Codex's custom_tool_call_output (the mock quotes the tool result).
+    messages = completed_items(run, "agent_message")
+    assert messages and "Success. Updated the following" in messages[-1]["text"], details
+
+    # Codex offered apply_patch as a `custom` tool with its Lark grammar; upstream it was a function
+    # with one string argument, the grammar in its description.
+    session_id = thread_id(run)
+    records = get_json(f"{chain.v1}/sessions/{session_id}/completions")["completions"]
+    assert len(records) == 2 and all(r["is_valid"] for r in records), records
+    tool = next(t for t in records[0]["tools"] if t["id"] == "apply_patch")
+    assert "Lark grammar" in tool["description"] and "*** Begin Patch" in tool["description"]
+    assert tool["inputSchema"]["jsonSchema"]["required"] == ["input"]
+    call = records[0]["messages"][-1]["tool_calls"][0]["function"]
+    assert call["name"] == "apply_patch" and orjson.loads(call["arguments"]) == {"input": PATCH}
+    # Codex echoed the call back with its output; they reached the model as a tool call and result.
+    history = records[1]["messages"]
+    assert orjson.loads(history[-3]["tool_calls"][0]["function"]["arguments"]) == {"input": PATCH}
+    assert history[-2]["role"] == "tool" and "Success." in history[-2]["content"]
+
+    rollout = get_json(f"{chain.v1}/sessions/{session_id}/rollout")
+    assert rollout["partial_reason"] is None and rollout["mask_sample"] is False, rollout["partial_reason"]
+    assert [item["type"] for item in rollout["output"]] == ["function_call", "function_call_output", "message"]
+    assert_token_exact(chain, rollout)

@@ -95,6 +95,21 @@ input_item = sometimes_garbage(
             }
         ),
         st.fixed_dictionaries(
+            {
+                "type": st.just("custom_tool_call"),
+                "call_id": sometimes_garbage(names),
+                "name": sometimes_garbage(names),
+                "input": sometimes_garbage(text),
+            }
+        ),
+        st.fixed_dictionaries(
+            {
+                "type": st.just("custom_tool_call_output"),
+                "call_id": sometimes_garbage(names),
+                "output": sometimes_garbage(content),
+            }
+        ),
+        st.fixed_dictionaries(
             {"type": st.just("reasoning")},
             optional={
                 "summary": st.lists(content_part, max_size=2),
@@ -122,7 +137,22 @@ tool = sometimes_garbage(
                 "tools": sometimes_garbage(st.lists(function_tool, max_size=2)),
             }
         ),
-        st.fixed_dictionaries({"type": st.sampled_from(["web_search", "custom", "local_shell"])}),
+        st.fixed_dictionaries(
+            {"type": st.just("custom"), "name": sometimes_garbage(names)},
+            optional={
+                "description": sometimes_garbage(text),
+                "format": sometimes_garbage(
+                    st.sampled_from(
+                        [
+                            {"type": "text"},
+                            {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+                            {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"},
+                        ]
+                    )
+                ),
+            },
+        ),
+        st.fixed_dictionaries({"type": st.sampled_from(["web_search", "local_shell"])}),
     )
 )
 tool_choice = sometimes_garbage(

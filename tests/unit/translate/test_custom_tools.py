@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from openai.types.responses import Response, ResponseCustomToolCall
@@ -335,3 +336,26 @@ def test_a_stored_response_replays_its_custom_tool_call():
     ]
     assert events[2]["item"]["input"] == "" and events[3]["delta"] == events[4]["input"] == PATCH
     assert sdk_accumulate(events).output[0].input == PATCH
+
+
+# ---- what Codex really sends -------------------------------------------------------------------------------
+
+# Codex CLI 0.171.0's second request with a freeform apply_patch (model catalog entry with
+# `apply_patch_tool_type: "freeform"`), after the model's call patched a file: its `custom` tool, the
+# echoed custom_tool_call and Codex's custom_tool_call_output. Long texts are trimmed; shapes are as sent.
+CODEX_REQUEST = Path(__file__).parents[2] / "support" / "codex_freeform_request.json"
+
+
+def test_codex_freeform_apply_patch_request_translates():
+    body = json.loads(CODEX_REQUEST.read_text())
+    assert {"type": "custom", "name": "apply_patch"}.items() <= body["tools"][3].items()
+    translated = responses_to_chat(body)
+    assert translated.dropped_tool_types == ["web_search"]
+    function = next(t["function"] for t in translated.body["tools"] if t["function"]["name"] == "apply_patch")
+    assert body["tools"][3]["format"]["definition"] in function["description"]
+    call_item, output_item = body["input"][-2:]
+    assert (call_item["type"], output_item["type"]) == ("custom_tool_call", "custom_tool_call_output")
+    assistant, tool = translated.body["messages"][-2:]
+    [call] = assistant["tool_calls"]
+    assert call["id"] == call_item["call_id"] and decode_input(call["function"]["arguments"]) == call_item["input"]
+    assert tool == {"role": "tool", "tool_call_id": output_item["call_id"], "content": output_item["output"]}
