@@ -54,7 +54,7 @@ def test_a_session_id_used_again_by_a_later_run_keeps_each_runs_rollout_whole(mo
     first = launch_chain(mock_upstream, capture_dir)
     try:
         _agent_episode(first.url, 'Weather in Paris? [[mock:tool get_weather {"city": "Paris"}]]')
-        first_run = _get(first.url, "/health").json()["capture"]["server_run"]
+        first_health = _get(first.url, "/health").json()["capture"]
         before = _get(first.url, rollout_path).json()
         assert before["mask_sample"] is False and before["partial_reason"] is None
     finally:
@@ -65,16 +65,17 @@ def test_a_session_id_used_again_by_a_later_run_keeps_each_runs_rollout_whole(mo
         # The same task again. A model samples it anew; the mock answers identical input identically
         # (its records would then read as retries of the first run's), so the script varies the call.
         _agent_episode(second.url, 'Weather in Paris? [[mock:tool get_weather {"city": "Lyon"}]]')
-        second_run = _get(second.url, "/health").json()["capture"]["server_run"]
-        assert second_run != first_run
-
-        (listed,) = _get(second.url, "/v1/sessions").json()["sessions"]
-        assert listed["session_id"] == ROLLOUT_ID and listed["record_count"] == 4
-        assert listed["runs"] == [first_run, second_run]
-
+        # What went wrong before runs were recorded: this rollout came back partial, masked.
         latest = _get(second.url, rollout_path).json()
         assert latest["mask_sample"] is False and latest["partial_reason"] is None
         assert len(latest["record_uuids"]) == 2
+
+        first_run = first_health["server_run"]
+        second_run = _get(second.url, "/health").json()["capture"]["server_run"]
+        assert second_run != first_run
+        (listed,) = _get(second.url, "/v1/sessions").json()["sessions"]
+        assert listed["session_id"] == ROLLOUT_ID and listed["record_count"] == 4
+        assert listed["runs"] == [first_run, second_run]
         records = _get(second.url, f"/v1/sessions/{ROLLOUT_ID}/completions").json()["completions"]
         by_uuid = {r["uuid"]: r for r in records}
         assert {by_uuid[u]["server_run"] for u in latest["record_uuids"]} == {second_run}
