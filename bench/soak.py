@@ -89,11 +89,13 @@ def fault_table(rate_scale: float) -> list[Fault]:
         Fault("bad_json", 0.02 * s, False, "[[mock:badjson]]", "http_502", STREAM_ERROR),
         Fault("hang_timeout", 0.01 * s, False, "[[mock:hang {hang}]]", "http_504", "http_504"),
         Fault("stream_cut", 0.03 * s, True, "[[mock:tokens 40]] [[mock:streamcut 4]]", None, STREAM_ERROR),
+        # Paced to last 8 s: a loaded load generator can take 2-3 s to read its first deltas, and a stream
+        # that has already ended in its socket buffer when it hangs up is rightly recorded "completed".
         Fault(
             "client_disconnect",
             0.03 * s,
             True,
-            "[[mock:tokens 80]] [[mock:slow 15]]",
+            "[[mock:tokens 80]] [[mock:slow 100]]",
             None,
             CLIENT_DISCONNECT,
             disconnect=True,
