@@ -1527,6 +1527,9 @@ def profile(args: argparse.Namespace) -> int:
     seconds = 12 if not args.quick else 5
     corr = [("x-session-id", "bench-prof-{conn}")]
     big = chat_body(words(8000) + " [[mock:tokens 200]]", token_fields=True)
+    stream = chat_body("Explain the plan step by step. [[mock:tokens 32]]", stream=True)
+    stream_corr = [("x-session-id", "bench-prof-{conn}-{seq}")]
+    sse = {"stream": True, "marker": CHAT_TOKEN_MARK}
     loads = [
         (
             "sequential",
@@ -1545,7 +1548,17 @@ def profile(args: argparse.Namespace) -> int:
         ("c16_8k_captured", bench.cap, {"concurrency": 16, "templates": [template(CHAT, big, corr)]}),
         ("c32_exporter_on", bench.otel, {"concurrency": 32, "templates": [template(CHAT, chat_body(SMALL), corr)]}),
         ("c32_exporter_off", bench.nocap, {"concurrency": 32, "templates": [template(CHAT, chat_body(SMALL), corr)]}),
+        # The stream_load section's c=64 chat streams (32 tokens), captured and not.
+        (
+            "c64_stream_captured",
+            bench.cap,
+            {"concurrency": 64, "templates": [template(CHAT, stream, stream_corr)], **sse},
+        ),
+        ("c64_stream_uncaptured", bench.cap, {"concurrency": 64, "templates": [template(CHAT, stream)], **sse}),
     ]
+    if args.only:  # with --profile, --only names the loads above
+        wanted = set(args.only.split(","))
+        loads = [load for load in loads if load[0] in wanted]
     try:
         for name, server, load in loads:
             raw = out_dir / f"{name}.txt"
@@ -1656,7 +1669,9 @@ def _frame(frame: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="each series briefly (under 90 s in all)")
-    parser.add_argument("--only", help=f"comma-separated sections: {','.join(SECTIONS)}")
+    parser.add_argument(
+        "--only", help=f"comma-separated sections: {','.join(SECTIONS)} (with --profile: the profile loads to run)"
+    )
     parser.add_argument("--json", help="also write every number (raw summaries) to this file")
     parser.add_argument("--profile", metavar="DIR", help="instead: py-spy the server under sequential and c=64 load")
     parser.add_argument("--mock-tree", metavar="PATH", help="run the mock upstream from this source tree (A/B runs)")

@@ -327,32 +327,41 @@ class ModelEndpoint:
         return await self.state.client.open_stream("/chat/completions", call.payload, headers)
 
 
-async def chat_events(stream: UpstreamStream | BufferedStream, span) -> AsyncIterator[tuple[sse.Event, bytes]]:
-    """Each data event of an upstream chat stream with its data (one chunk's JSON), up to `[DONE]`.
+async def chat_event_batches(
+    stream: UpstreamStream | BufferedStream, span
+) -> AsyncIterator[list[tuple[sse.Event, bytes]]]:
+    """The data events of an upstream chat stream with their data (one chunk's JSON each), up to `[DONE]`.
 
-    An in-band error (Switchyard's `data: {"error": ...}`) or a stream that ends without `[DONE]`
-    raises, so the client gets an error event, never a silent cut.
+    One list per upstream read, so a relay can send what arrived together as one write. An in-band
+    error (Switchyard's `data: {"error": ...}`) or a stream that ends without `[DONE]` raises, after
+    the events before it, so the client gets an error event, never a silent cut.
     """
     first = True
     done = False
     # aclosing: the generators below must be closed here, not whenever they are collected, or the
     # upstream connection under them stays checked out.
-    async with aclosing(stream.events()) as events:
-        async for event in events:
+    async with aclosing(stream.event_batches()) as batches:
+        async for events in batches:
             if first:
                 span.first_chunk()
                 first = False
             if done:
                 continue  # read to the end, so the connection is released cleanly
-            data = event.data
-            if data is None:
-                continue
-            if data == sse.DONE_DATA:
-                done = True
-                continue
-            if data.startswith(b'{"error"'):
-                raise _in_band_error(orjson.loads(data))
-            yield event, data
+            out: list[tuple[sse.Event, bytes]] = []
+            for event in events:
+                data = event.data
+                if data is None:
+                    continue
+                if data == sse.DONE_DATA:
+                    done = True
+                    break
+                if data.startswith(b'{"error"'):
+                    if out:
+                        yield out
+                    raise _in_band_error(orjson.loads(data))
+                out.append((event, data))
+            if out:
+                yield out
     if not done:
         raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
 

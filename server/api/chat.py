@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from middleware.correlation import Correlation
-from server.api.call import Call, ModelEndpoint, chat_events, parse_reply
+from server.api.call import Call, ModelEndpoint, chat_event_batches, parse_reply
 from server.capture.tokens import strip_token_fields
 from server.errors import OpenAIError
 from server.http import sse
@@ -65,20 +65,23 @@ class ChatCompletions(ModelEndpoint):
             await send(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
             )
-            async for event, data in chat_events(stream, span):
-                if parse or (drop_usage_chunk and _USAGE_ONLY_MARK in data):
-                    chunk = orjson.loads(data)
-                    if accumulator is not None:
-                        accumulator.feed(chunk)  # the usage chunk too: capture and spans keep the usage
-                    if drop_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:
-                        continue  # asked for by us (or by Switchyard), not by the client
-                    if call.added_fields:
-                        out = sse.encode(orjson.dumps(strip_token_fields(chunk, call.added_fields)))
+            async for batch in chat_event_batches(stream, span):
+                parts = []
+                for event, data in batch:
+                    if parse or (drop_usage_chunk and _USAGE_ONLY_MARK in data):
+                        chunk = orjson.loads(data)
+                        if accumulator is not None:
+                            accumulator.feed(chunk)  # the usage chunk too: capture and spans keep the usage
+                        if drop_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:
+                            continue  # asked for by us (or by Switchyard), not by the client
+                        if call.added_fields:
+                            parts.append(sse.encode(orjson.dumps(strip_token_fields(chunk, call.added_fields))))
+                        else:
+                            parts.append(event.wire())
                     else:
-                        out = event.wire()
-                else:
-                    out = event.wire()
-                await send({"type": "http.response.body", "body": out, "more_body": True})
+                        parts.append(event.wire())
+                if parts:  # what arrived in one read leaves in one write
+                    await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
             result = accumulator.result() if accumulator is not None else None
             self.injection_done(call, result, span)  # committed before the client sees [DONE]
             injection_finished = True

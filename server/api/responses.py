@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from middleware.correlation import Correlation
-from server.api.call import Call, ModelEndpoint, chat_events, new_id, parse_json, parse_reply
+from server.api.call import Call, ModelEndpoint, chat_event_batches, new_id, parse_json, parse_reply
 from server.errors import OpenAIError
 from server.http import sse
 from server.http.asgi import SSE_HEADERS, send_json
@@ -144,9 +145,9 @@ class Responses(ModelEndpoint):
             await send(
                 {"type": "http.response.body", "body": sse.encode_responses_events(writer.start()), "more_body": True}
             )
-            async for _event, data in chat_events(stream, span):
-                events = writer.feed(orjson.loads(data))
-                if events:
+            async for batch in chat_event_batches(stream, span):
+                events = [event for _, data in batch for event in writer.feed(orjson.loads(data))]
+                if events:  # what arrived in one read leaves in one write
                     await send(
                         {"type": "http.response.body", "body": sse.encode_responses_events(events), "more_body": True}
                     )
@@ -225,16 +226,20 @@ class Responses(ModelEndpoint):
                     "headers": SSE_HEADERS + relayed_headers(upstream.headers),
                 }
             )
-            async for event in upstream.events():
-                # Only the terminal event is parsed: it carries the whole response.
-                data = event.data
-                if data and any(marker in data for marker in _TERMINAL_MARKERS):
-                    payload = parse_json(data) if data != sse.DONE_DATA else None
-                    if final is None and payload and payload.get("type") in _TERMINAL_RESPONSE_EVENTS:
-                        final = payload.get("response")
-                        if final is not None:  # kept before the client sees the end
-                            await self.keep(call, response_to_chat(final), _relayed_chat_request(call))
-                await send({"type": "http.response.body", "body": event.wire(), "more_body": True})
+            async with aclosing(upstream.event_batches()) as batches:
+                async for batch in batches:
+                    for event in batch:
+                        # Only the terminal event is parsed: it carries the whole response.
+                        data = event.data
+                        if data and any(marker in data for marker in _TERMINAL_MARKERS):
+                            payload = parse_json(data) if data != sse.DONE_DATA else None
+                            if final is None and payload and payload.get("type") in _TERMINAL_RESPONSE_EVENTS:
+                                final = payload.get("response")
+                                if final is not None:  # kept before the client sees the end
+                                    await self.keep(call, response_to_chat(final), _relayed_chat_request(call))
+                    # What arrived in one read leaves in one write.
+                    body = b"".join(event.wire() for event in batch)
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         except OpenAIError as error:
             await send({"type": "http.response.body", "body": sse.responses_error(error)})

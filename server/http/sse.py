@@ -107,6 +107,36 @@ class Decoder:
         self._event: str | None = None
 
     def feed(self, chunk: bytes) -> list[Event]:
+        # Between events, with LF endings only (what vLLM and Switchyard write), whole events can be
+        # cut out at C speed; anything else (CR, a line or event still arriving, a BOM) goes line by line.
+        if self._first_line and not self._partial and chunk[:1] not in (b"", _BOM[:1]):
+            self._first_line = False  # the stream's first line starts here, and not with a BOM
+        if not self._partial and not self._lines and not self._after_cr and not self._first_line and b"\r" not in chunk:
+            return self._feed_lf(chunk)
+        return self._feed_lines(chunk)
+
+    def _feed_lf(self, chunk: bytes) -> list[Event]:
+        """`feed` for LF-only bytes arriving between events: one split on the blank lines."""
+        events: list[Event] = []
+        parts = chunk.split(b"\n\n")
+        tail = parts.pop()  # after the last blank line: the start of an event still arriving
+        for part in parts:
+            if part.startswith(b"data: ") and b"\n" not in part:  # the common event: one data line
+                events.append(Event(part[6:], None, [part]))
+            else:
+                for line in part.split(b"\n"):
+                    self._line(line, events)
+                self._line(b"", events)
+        if tail:
+            lines = tail.split(b"\n")
+            last = lines.pop()
+            for line in lines:
+                self._line(line, events)
+            if last:
+                self._partial.append(last)
+        return events
+
+    def _feed_lines(self, chunk: bytes) -> list[Event]:
         events: list[Event] = []
         start = 0
         if self._after_cr and chunk[:1] == b"\n":

@@ -38,36 +38,41 @@ def relayed_headers(headers) -> list[tuple[bytes, bytes]]:
 
 
 class UpstreamStream:
-    """An open streamed answer: yields each SSE event (server.http.sse.Event) as it arrives."""
+    """An open streamed answer: yields its SSE events (server.http.sse.Event) as they arrive."""
 
     def __init__(self, response: http1.Response, target: str) -> None:
         self.response = response
         self.target = target
         self.headers = response.headers
-        self._events: AsyncGenerator[sse.Event, None] | None = None
+        self._reader: AsyncGenerator[list[sse.Event], None] | None = None
 
-    def events(self) -> AsyncGenerator[sse.Event, None]:
-        """Whole SSE events, however the network split them."""
-        self._events = self._read_events()
-        return self._events
+    def event_batches(self) -> AsyncGenerator[list[sse.Event], None]:
+        """Whole SSE events, however the network split them: one list per read that completed any.
 
-    async def _read_events(self) -> AsyncGenerator[sse.Event, None]:
+        A relay sends each list on as one write: what arrived together leaves together.
+        """
+        self._reader = self._read_batches()
+        return self._reader
+
+    async def _read_batches(self) -> AsyncGenerator[list[sse.Event], None]:
         decoder = sse.Decoder()
         try:
             async with aclosing(self.response.iter_raw()) as chunks:
                 async for chunk in chunks:
-                    for event in decoder.feed(chunk):
-                        yield event
+                    events = decoder.feed(chunk)
+                    if events:
+                        yield events
         except http1.HTTPError as exc:
             raise error_from_exception(exc, self.target) from exc
-        for event in decoder.close():
-            yield event
+        events = decoder.close()
+        if events:
+            yield events
 
     async def aclose(self) -> None:
         # The reader generator first: while it is suspended inside the response body, closing the
         # response alone would leave the connection checked out.
-        if self._events is not None:
-            await self._events.aclose()
+        if self._reader is not None:
+            await self._reader.aclose()
         await self.response.aclose()
 
 
@@ -79,9 +84,8 @@ class BufferedStream:
         self._events = [sse.Event.of_data(orjson.dumps(chunk)) for chunk in chunks]
         self._events.append(sse.Event.of_data(sse.DONE_DATA))
 
-    async def events(self) -> AsyncGenerator[sse.Event, None]:
-        for event in self._events:
-            yield event
+    async def event_batches(self) -> AsyncGenerator[list[sse.Event], None]:
+        yield self._events  # the whole answer arrived at once
 
     async def aclose(self) -> None:
         return None

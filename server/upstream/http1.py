@@ -126,9 +126,15 @@ class _Connection(asyncio.Protocol):
         return status, self._headers
 
     async def body_chunks(self, timeout: float) -> AsyncIterator[bytes]:
+        chunks = self._chunks
         while True:
-            while self._chunks:
-                yield self._chunks.popleft()
+            if chunks:
+                # Everything that arrived since the last look, as one piece: a stream's events that
+                # came in one read (or while the reader was busy) are then relayed as one write.
+                data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                yield data
+                continue
             if self._error is not None:
                 raise self._error
             if self._complete:

@@ -77,6 +77,34 @@ def test_chunked_stream_arrives_chunk_by_chunk_on_a_fresh_connection():
     run(scenario())
 
 
+def test_chunks_that_arrived_together_are_read_as_one_piece():
+    # Switchyard writes one HTTP chunk per SSE event; those already in when the reader looks are
+    # handed over joined, so a relay sends them as one write.
+    async def scenario():
+        release = asyncio.Event()
+
+        async def streaming(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\n")
+            await writer.drain()
+            await release.wait()
+            writer.write(b"5\r\nthird\r\n0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        stream_server = await asyncio.start_server(streaming, "127.0.0.1", 0)
+        client = pool(stream_server.sockets[0].getsockname()[1])
+        response = await client.request("/chat/completions", b"{}", {}, fresh=True)
+        chunks = response.iter_raw()
+        # One write, so one read: the parser delivers both chunks before the reader resumes.
+        assert await chunks.__anext__() == b"firstsecond"
+        release.set()
+        assert [c async for c in chunks] == [b"third"]
+        stream_server.close()
+
+    run(scenario())
+
+
 def test_a_stale_kept_alive_connection_is_retried_once_on_a_new_one():
     async def scenario():
         calls = 0
