@@ -147,6 +147,19 @@ class Readers:
                 self.errors += 1
 
 
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its descendants so far."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def tree_rss(pid: int) -> int:
     """RSS of a process and its children (the rebuild workers)."""
     try:

@@ -119,6 +119,10 @@ class Settings(BaseModel):
     # answers; `never` leaves write-back to the kernel. See docs/operations.md.
     capture_fsync: Literal["always", "batch", "never"] = "batch"
     capture_fsync_window_ms: float = Field(default=10.0, ge=0, le=10_000)
+    # Writers name each changed session directory in a change journal, so a read rescans only those;
+    # every this many seconds a read still checks every directory (for writers that do not append:
+    # an older server, records copied in). 0: check every directory on every read (one stat each).
+    capture_index_rescan_s: float = Field(default=5.0, ge=0, le=3600)
     # How long an answer waits for its record at most; past it the call is answered (and counted).
     capture_write_timeout_s: float = Field(default=30.0, gt=0)
     # When a record cannot be written: `serve` answers anyway (counted, logged, the session marked);

@@ -65,6 +65,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 fsync=settings.capture_fsync,
                 fsync_window_ms=settings.capture_fsync_window_ms,
                 server_run=state.server_run,
+                full_revalidation_s=settings.capture_index_rescan_s,
             )
             await asyncio.to_thread(state.store.start)  # indexes what earlier runs recorded
             from server.capture.rebuilds import RolloutBuilder

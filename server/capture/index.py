@@ -9,11 +9,18 @@ A directory whose mtime is within `racy_window_ns` of when it was last scanned i
 look, however its mtime reads: file times come from a coarse clock, so a file added in the same tick
 as the scan could leave the mtime unchanged. Once a directory has been quiet longer than the window,
 any later change moves its mtime. (Git's "racily clean" rule, for the same reason.)
+
+With a change journal (`journal.py`: every writer names the directory it changed in one shared
+append-only file), a look reads the journal's new lines and rescans only the directories they name,
+instead of stat-ing every directory; the full revalidation above then runs only every
+`full_revalidation_s` (for writers that do not append: an older server, a copy) or when the journal
+cannot say what changed (missing, rotated, truncated, garbled).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import os
 import stat
@@ -26,6 +33,9 @@ from typing import Any
 # A directory modified this recently is rescanned every time. Covers the filesystem clock's tick
 # and modest clock differences between a network filesystem's server and this host.
 RACY_WINDOW_NS = 2_000_000_000
+# With a change journal: how often a look still revalidates every directory, so records from a writer
+# that does not append to the journal appear within this long.
+FULL_REVALIDATION_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +110,38 @@ class IndexView:
                 children.setdefault(parent, []).append(session_id)
         self._children = children
 
+    def updated(self, changes: dict[str, SessionEntry | None]) -> IndexView:
+        """A new view with these sessions replaced (None: removed); this one stays as it was.
+
+        Costs a copy of the maps and a bisect per change, not a sort of every id: what a look pays
+        when the change journal named a few directories.
+        """
+        view = IndexView.__new__(IndexView)
+        by_id, ids, children = dict(self._by_id), list(self._sorted), dict(self._children)
+        for session_id, entry in changes.items():
+            old = by_id.pop(session_id, None)
+            old_parent = old.parent_session_id if old is not None else None
+            new_parent = entry.parent_session_id if entry is not None else None
+            if old is not None and (entry is None or old_parent != new_parent) and old_parent is not None:
+                siblings = [child for child in children.get(old_parent, ()) if child != session_id]
+                if siblings:
+                    children[old_parent] = siblings
+                else:
+                    children.pop(old_parent, None)
+            if entry is None:
+                if old is not None:
+                    del ids[bisect.bisect_left(ids, session_id)]
+                continue
+            by_id[session_id] = entry
+            if old is None:
+                bisect.insort(ids, session_id)
+            if new_parent is not None and (old is None or old_parent != new_parent):
+                siblings = list(children.get(new_parent, ()))
+                bisect.insort(siblings, session_id)
+                children[new_parent] = siblings
+        view._by_id, view._sorted, view._children = by_id, ids, children
+        return view
+
     def __len__(self) -> int:
         return len(self._by_id)
 
@@ -133,6 +175,20 @@ class IndexView:
         return list(self._children.get(session_id, ()))
 
 
+@contextlib.contextmanager
+def _open_dir(path: str) -> Iterator[int | None]:
+    """The directory open for `dir_fd` stats (no path to build or resolve per session), or None."""
+    try:
+        fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        fd = None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 @dataclass(slots=True)
 class _DirState:
     mtime_ns: int
@@ -146,7 +202,8 @@ class SessionIndex:
     `list_files(dir)` gives a session directory's record files; `read_header(path, dir_name)` reads
     one (None if unreadable or foreign). With `revalidate=False` the disk is read once, on the first
     look, and afterwards only this process's own writes (`note_written`) are seen: correct only for a
-    directory that one process owns alone.
+    directory that one process owns alone. `journal_changes` is a `JournalReader.changes`: the
+    directories changed since the last call, or None when everything must be revalidated.
     """
 
     def __init__(
@@ -159,6 +216,8 @@ class SessionIndex:
         on_skipped: Callable[[int], None] = lambda n: None,
         revalidate: bool = True,
         racy_window_ns: int = RACY_WINDOW_NS,
+        journal_changes: Callable[[], set[str] | None] | None = None,
+        full_revalidation_s: float = FULL_REVALIDATION_S,
     ) -> None:
         self.sessions_dir = os.fspath(sessions_dir)
         self.revalidate = revalidate
@@ -167,6 +226,10 @@ class SessionIndex:
         self._is_session_dir_name = is_session_dir_name
         self._on_skipped = on_skipped
         self._racy_window_ns = racy_window_ns
+        self._journal_changes = journal_changes
+        self._full_every_ns = int(full_revalidation_s * 1e9)
+        self._last_full_began_ns: int | None = None  # monotonic; None: never revalidated in full
+        self.full_revalidations = 0  # how many looks revalidated every directory (for tests and stats)
 
         self._refresh_lock = threading.Lock()  # one refresh at a time; its file I/O runs under it
         self._lock = threading.Lock()  # guards the maps below; held only briefly
@@ -233,24 +296,22 @@ class SessionIndex:
         with self._refresh_lock:
             if self._last_refresh_began_ns > asked_ns:
                 return
-            self._last_refresh_began_ns = time.monotonic_ns()
+            self._last_refresh_began_ns = began_ns = time.monotonic_ns()
             started_ns = time.time_ns()
+            # Read before any directory is looked at: a change appended later is read next time.
+            changes = self._journal_changes() if self._journal_changes is not None else None
+            last_full = self._last_full_began_ns
+            if changes is not None and last_full is not None and began_ns - last_full < self._full_every_ns:
+                self._apply_changes(changes, started_ns)
+                return
             names = self._session_dir_names(started_ns)
             with self._lock:
                 old, dirty = dict(self._dirs), set(self._dirty)
                 self._dirty.clear()
             fresh: dict[str, _DirState] = {}
             changed = set(old) != set(names)
-            try:
-                # Stats relative to the open directory: no path to build or resolve per session.
-                top_fd: int | None = os.open(self.sessions_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            except OSError:
-                top_fd = None
-            try:
+            with _open_dir(self.sessions_dir) as top_fd:
                 changed = self._revalidate(names, old, dirty, fresh, top_fd, started_ns) or changed
-            finally:
-                if top_fd is not None:
-                    os.close(top_fd)
             with self._lock:
                 self._dirs = fresh
                 for gone in set(self._headers) - set(fresh):
@@ -259,6 +320,38 @@ class SessionIndex:
                 if changed:
                     self._view = None
                 self._loaded = True
+                self._last_full_began_ns = began_ns
+                self.full_revalidations += 1
+
+    def _apply_changes(self, changes: set[str], started_ns: int) -> None:
+        """Rescan only the directories the journal named and this process wrote to; the rest stand."""
+        with self._lock:
+            names = {name for name in changes | self._dirty if self._is_session_dir_name(name)}
+            self._dirty.clear()
+            if not names:
+                return
+            old = self._dirs
+            fresh = dict(old)
+        for name in names:
+            fresh.pop(name, None)
+        with _open_dir(self.sessions_dir) as top_fd:
+            # A named directory that is gone (deleted) is simply not put back.
+            self._revalidate(sorted(names), old, names, fresh, top_fd, started_ns)
+        by_session: dict[str, SessionEntry | None] = {}
+        for name in names:
+            before, after = old.get(name), fresh.get(name)
+            entry_before = before.entry if before is not None else None
+            entry_after = after.entry if after is not None else None
+            either = entry_after or entry_before
+            if either is not None and entry_before != entry_after:
+                by_session[either.session_id] = entry_after
+        with self._lock:
+            self._dirs = fresh
+            for gone in names - set(fresh):
+                if gone not in self._dirty:
+                    self._headers.pop(gone, None)
+            if by_session and self._view is not None:
+                self._view = self._view.updated(by_session)
 
     def _revalidate(
         self,

@@ -1,6 +1,8 @@
 """Durable capture store: one JSON file per call under sessions/<sha256(id)>/, its index, reads and deletes.
 
 Writing (the queue, the writer thread, syncs, failure marks) is `writer.RecordWriter`'s job.
+Longer than 500 lines because the record-file readers at the bottom (header peeks, whole-record
+loads) share the layout's names and checks with the store; they are the part to move out next.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 
 import orjson
 
-from server.capture.index import IndexView, RecordHeader, SessionIndex
+from server.capture import journal
+from server.capture.index import FULL_REVALIDATION_S, IndexView, RecordHeader, SessionIndex
 from server.capture.record import validate_record
 from server.capture.runs import LEGACY
 from server.capture.writer import CALL, RECORD, RecordWriter
@@ -63,9 +66,11 @@ class CaptureStore:
     """Writes capture records off the event loop and serves them back by session.
 
     Several processes may write and read one capture directory (the workers of one server): every
-    read goes to the disk, and the session index is a cache of it, checked against the directories'
-    mtimes on each look (`shared_index=False` trusts memory instead: only for a directory one process
-    owns alone).
+    read goes to the disk, and the session index is a cache of it, brought up to date on each look
+    from the change journal (the directories other writers named since the last look), and every
+    `full_revalidation_s` against every directory's mtime (`shared_index=False` trusts memory
+    instead: only for a directory one process owns alone). `change_journal=False` neither appends
+    to the journal nor reads it, as an older server did: every look then revalidates every directory.
     """
 
     def __init__(
@@ -79,6 +84,8 @@ class CaptureStore:
         fsync: str = "batch",
         fsync_window_ms: float = 10.0,
         server_run: str | None = None,
+        change_journal: bool = True,
+        full_revalidation_s: float = FULL_REVALIDATION_S,
     ) -> None:
         self.capture_dir = Path(capture_dir)
         # The id of this server run, written into every record it builds (docs/capture.md#server-runs).
@@ -93,6 +100,7 @@ class CaptureStore:
         self.sessions_dir = self.capture_dir / SESSIONS_SUBDIR
         self.capture_uncorrelated = capture_uncorrelated
         self._read_only = False
+        self.change_journal = change_journal
 
         self._state_lock = threading.Lock()  # started/closed
         self._started = False
@@ -105,6 +113,12 @@ class CaptureStore:
             is_session_dir_name=_SESSION_DIR_NAME.fullmatch,  # type: ignore[arg-type]
             on_skipped=lambda n: self._count("_skipped", n),
             revalidate=shared_index,
+            journal_changes=(
+                journal.JournalReader(self.sessions_dir, _SESSION_DIR_NAME.fullmatch).changes
+                if change_journal and shared_index
+                else None
+            ),
+            full_revalidation_s=full_revalidation_s,
         )
         self.writer = RecordWriter(
             self.capture_dir,
@@ -112,6 +126,7 @@ class CaptureStore:
             session_dir_name=session_dir_name,
             on_new_record=self._note,
             io_lock=threading.Lock(),
+            on_batch_written=self._journal_append,
             queue_size=queue_size,
             compress=compress,
             fsync=fsync,
@@ -122,6 +137,7 @@ class CaptureStore:
         self._skipped = 0
         self._rejected = 0
         self._uncorrelated = 0
+        self._journal_failed = 0
         # One limiter per kind of trouble, so a flood of one never hides the first of another.
         self._errors = RateLimitedLog(log, 30.0)  # each kind of failure logged at most every 30 s
 
@@ -146,6 +162,11 @@ class CaptureStore:
                 raise RuntimeError("capture store is closed")
             self._started = True
         self.writer.start()
+        if self.change_journal:
+            try:
+                journal.create(self.sessions_dir)  # readers follow it from now on
+            except OSError as exc:
+                self._errors.warning("capture change journal not usable: %s", exc)
         self._index.refresh()
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -250,6 +271,12 @@ class CaptureStore:
             run or LEGACY,
         )
 
+    def _journal_append(self, dir_names: set[str]) -> None:
+        """Name changed directories in the change journal (the writer thread, once per batch; never raises)."""
+        if self.change_journal and (error := journal.append_or_remove(self.sessions_dir, dir_names)) is not None:
+            self._count("_journal_failed")
+            self._errors.error("capture change journal append failed: %s", error)
+
     # ---- reads (sync; HTTP handlers call them from a worker thread) --------------------------
 
     def index_view(self) -> IndexView:
@@ -321,6 +348,7 @@ class CaptureStore:
             shutil.rmtree(directory)
             self.writer.made_dirs.discard(str(directory))
             self._index.forget(directory.name)
+            self._journal_append({directory.name})  # so other processes drop it at once
         return count
 
     # ---- counters ----------------------------------------------------------------------------
@@ -345,6 +373,7 @@ class CaptureStore:
             "skipped": self._skipped,
             "rejected": self._rejected,
             "uncorrelated": self._uncorrelated,
+            "journal_failed": self._journal_failed,
             "sessions": len(self._index),
             "sessions_with_lost_records": writer.lost.sessions,
             "fsync": writer.fsync,

@@ -54,6 +54,7 @@ class RecordWriter:
         session_dir_name: Callable[[str], str],
         on_new_record: Callable[[dict], None],
         io_lock: threading.Lock,
+        on_batch_written: Callable[[set[str]], None] = lambda dir_names: None,
         queue_size: int = 10000,
         compress: bool = False,
         fsync: str = "batch",
@@ -68,6 +69,8 @@ class RecordWriter:
         self.fsync_window_s = max(0.0, fsync_window_ms / 1000.0)
         self._dir_name = session_dir_name
         self._on_new_record = on_new_record  # the store's index
+        # The store's change journal: the session directories of a batch's records, before their answers.
+        self._on_batch_written = on_batch_written
         # Serialises file writes with the store's deletes, so a delete never races a half-made directory.
         self.io_lock = io_lock
         self.made_dirs: set[str] = set()
@@ -249,6 +252,8 @@ class RecordWriter:
                     written.append(place)
                 if ack is not None:
                     acks.append((ack, place is not None))
+        if written:
+            self._on_batch_written({os.path.basename(d) for _, d in written})
         if written and self.fsync == "always":
             if not self._sync([f for f, _ in written], {d for _, d in written}):
                 acks = [(ack, False) for ack, _ in acks]  # in their files, but not durable as promised

@@ -16,6 +16,7 @@ import httpx
 import orjson
 import psutil
 import pytest
+import yaml
 
 from server.capture.store import CaptureStore
 from tests.support import scripted_agent
@@ -26,10 +27,12 @@ pytestmark = pytest.mark.integration
 WORKER = scripted_agent.WORKER_HEADER
 
 
-def start_workers(tmp_path, mock_upstream, workers: int = 2) -> tuple[Proc, str]:
+def start_workers(tmp_path, mock_upstream, workers: int = 2, **settings) -> tuple[Proc, str]:
     port_file = tmp_path / "port"
+    config = tmp_path / "settings.yaml"
+    config.write_text(yaml.safe_dump(settings))
     proc = Proc(
-        [sys.executable, "-m", "server.cli", "serve", "--deployment", "demo", "--port", "0"]
+        [sys.executable, "-m", "server.cli", "serve", "--deployment", "demo", "--port", "0", "--config", str(config)]
         + ["--port-file", str(port_file), "--workers", str(workers), "--capture-dir", str(tmp_path / "capture")],
         env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
     )
@@ -76,7 +79,9 @@ def wait_for_records(capture_dir, count: int, timeout: float = 60.0) -> None:
 
 
 def test_every_worker_answers_like_the_offline_reader(tmp_path, mock_upstream):
-    proc, url = start_workers(tmp_path, mock_upstream)
+    # No periodic full revalidation during the test: what one worker wrote or deleted reaches the
+    # other through the change journal alone (the control without it is in test_a_write_by_another_process...).
+    proc, url = start_workers(tmp_path, mock_upstream, capture_index_rescan_s=3600)
     capture = tmp_path / "capture"
     try:
         children_pids = {p.pid for p in psutil.Process(proc.pid).children()}
@@ -146,3 +151,37 @@ def test_a_killed_supervisor_takes_its_workers_and_switchyard_with_it(tmp_path, 
     _, alive = psutil.wait_procs(children, timeout=60)
     assert alive == [], f"outlived their parent: {[p.cmdline() for p in alive]}"
     proc.stop()
+
+
+# Writes one record through a store in this process, journaling or not (as a server before the journal).
+WRITER = """
+import sys
+from server.capture.store import CaptureStore
+from tests.unit.capture.test_store import call
+store = CaptureStore(sys.argv[1], change_journal=sys.argv[3] == "journal")
+store.start()
+assert store.submit_call(**call(sys.argv[2]))
+store.close()
+"""
+
+
+def write_from_another_process(capture_dir, session_id: str, how: str) -> None:
+    subprocess.run([sys.executable, "-c", WRITER, str(capture_dir), session_id, how], check=True, timeout=120)
+
+
+def test_a_write_by_another_process_is_seen_through_the_journal(tmp_path):
+    """With no periodic full revalidation, the journal alone makes another process's record visible;
+    the negative control (a writer that does not append) stays unseen until a full revalidation."""
+    reader = CaptureStore(tmp_path, full_revalidation_s=1e9)
+    reader.start()
+    try:
+        assert reader.list_sessions() == []
+        write_from_another_process(tmp_path, "journaled", "journal")
+        assert [s["session_id"] for s in reader.list_sessions()] == ["journaled"]
+        write_from_another_process(tmp_path, "unjournaled", "no-journal")
+        assert [s["session_id"] for s in reader.list_sessions()] == ["journaled"]
+        on_disk = CaptureStore.open_read_only(tmp_path).list_sessions()
+        assert [s["session_id"] for s in on_disk] == ["journaled", "unjournaled"]
+        assert reader._index.full_revalidations == 1  # the one at start
+    finally:
+        reader.close()

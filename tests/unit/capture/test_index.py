@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import random
+import time
 
 import pytest
 
+from server.capture import journal as journal_module
 from server.capture import store as store_module
-from server.capture.index import RecordHeader, SessionIndex, summarise
+from server.capture.index import IndexView, RecordHeader, SessionEntry, SessionIndex, summarise
 from server.capture.store import CaptureStore, session_dir_name
 from tests.unit.capture.test_store import call
 
@@ -177,3 +180,139 @@ def test_the_earliest_record_naming_a_parent_decides_it_whatever_the_read_order(
     assert entry is not None
     assert entry.parent_session_id == "parent-a"  # same time: the smaller uuid wins, in every process
     assert entry.record_count == 3 and entry.first_captured_at == "2026-01-01T00:00:00+00:00"
+
+
+# ---- the change journal ----------------------------------------------------------------------
+
+NEVER = 1e9  # seconds: no periodic full revalidation within a test
+
+
+def ids(store: CaptureStore) -> list[str]:
+    return [s["session_id"] for s in store.list_sessions()]
+
+
+def test_the_journal_shows_another_writers_record_without_revalidating_every_directory(tmp_path):
+    reader = CaptureStore(tmp_path, full_revalidation_s=NEVER)
+    writer = CaptureStore(tmp_path)
+    reader.start()
+    writer.start()
+    try:
+        assert ids(reader) == []
+        alternate([writer], [call("a"), call("a"), call("b", parent="a")])
+        assert ids(reader) == ["a", "b"]
+        assert reader.session_info("a")["record_count"] == 2 and reader.children("a") == ["b"]
+        assert reader._index.full_revalidations == 1  # the one at start; the rest came from the journal
+        assert writer.delete_session("b") == 1
+        assert ids(reader) == ["a"] and reader.children("a") == []
+        assert reader._index.full_revalidations == 1
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_negative_control_a_writer_that_does_not_append_is_unseen_until_a_full_revalidation(tmp_path):
+    """What makes the record above visible is the journal: the same write without it is not seen."""
+    reader = CaptureStore(tmp_path, full_revalidation_s=NEVER)
+    every_look = CaptureStore(tmp_path, full_revalidation_s=0)  # the former index: one stat per directory
+    older = CaptureStore(tmp_path, change_journal=False)  # as a server from before the journal writes
+    for store in (reader, every_look, older):
+        store.start()
+    try:
+        assert ids(reader) == ids(every_look) == []
+        alternate([older], [call("a")])
+        assert ids(every_look) == ["a"]  # it is on disk
+        assert ids(reader) == []  # but the journal never named it
+    finally:
+        for store in (reader, every_look, older):
+            store.close()
+
+
+def test_a_full_revalidation_every_interval_finds_writers_that_do_not_append(tmp_path):
+    reader = CaptureStore(tmp_path, full_revalidation_s=0.2)
+    older = CaptureStore(tmp_path, change_journal=False)
+    reader.start()
+    older.start()
+    try:
+        alternate([older], [call("a")])
+        time.sleep(0.25)  # the interval has passed: the next look revalidates every directory
+        before = reader._index.full_revalidations
+        assert ids(reader) == ["a"]
+        assert reader._index.full_revalidations == before + 1
+    finally:
+        reader.close()
+        older.close()
+
+
+@pytest.mark.parametrize("trouble", ["removed", "rotated", "garbled"])
+def test_a_journal_that_cannot_say_what_changed_makes_the_reader_revalidate_everything(tmp_path, trouble):
+    reader = CaptureStore(tmp_path, full_revalidation_s=NEVER)
+    older = CaptureStore(tmp_path, change_journal=False)
+    reader.start()
+    older.start()
+    try:
+        assert ids(reader) == []
+        alternate([older], [call("a")])
+        path = journal_module.journal_path(tmp_path / "sessions")
+        if trouble == "removed":
+            os.unlink(path)
+        elif trouble == "rotated":
+            journal_module.rotate(tmp_path / "sessions")
+        else:
+            with open(path, "ab") as handle:
+                handle.write(b"not a directory name\n")
+        assert ids(reader) == ["a"]
+        assert reader._index.full_revalidations == 2
+    finally:
+        reader.close()
+        older.close()
+
+
+def test_a_failed_append_removes_the_journal_so_readers_revalidate(tmp_path, monkeypatch):
+    reader = CaptureStore(tmp_path, full_revalidation_s=NEVER)
+    writer = CaptureStore(tmp_path)
+    reader.start()
+    writer.start()
+    try:
+        assert ids(reader) == []
+
+        def full_disk(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(journal_module, "append", full_disk)
+        alternate([writer], [call("a")])  # the record is kept; its journal line is not
+        assert writer.stats()["journal_failed"] == 1 and writer.stats()["written"] == 1
+        assert not os.path.exists(journal_module.journal_path(tmp_path / "sessions"))
+        assert ids(reader) == ["a"]
+    finally:
+        reader.close()
+        writer.close()
+
+
+def entry(session_id: str, parent: str | None, count: int = 1) -> SessionEntry:
+    return SessionEntry(session_id, parent, count, "2026-01-01T00:00:00+00:00", "2026-01-01T00:00:01+00:00")
+
+
+def test_an_updated_view_equals_one_built_from_scratch():
+    rng = random.Random(7)
+    names = [f"s{i:03d}" for i in range(60)]
+    current: dict[str, SessionEntry] = {}
+    view = IndexView([])
+    for _ in range(300):
+        changes: dict[str, SessionEntry | None] = {}
+        for session_id in rng.sample(names, rng.randint(1, 5)):
+            if session_id in current and rng.random() < 0.3:
+                changes[session_id] = None
+            else:
+                parent = rng.choice([None, None, *names[:8]])
+                changes[session_id] = entry(session_id, parent if parent != session_id else None, rng.randint(1, 9))
+        for session_id, new in changes.items():
+            if new is None:
+                current.pop(session_id, None)
+            else:
+                current[session_id] = new
+        view = view.updated(changes)
+        scratch = IndexView(list(current.values()))
+        assert view.list_sessions(limit=1000) == scratch.list_sessions(limit=1000)
+        assert view.list_sessions(roots_only=True, limit=1000) == scratch.list_sessions(roots_only=True, limit=1000)
+        for parent in names[:8]:
+            assert view.children(parent) == scratch.children(parent)
