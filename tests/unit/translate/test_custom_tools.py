@@ -359,3 +359,23 @@ def test_codex_freeform_apply_patch_request_translates():
     [call] = assistant["tool_calls"]
     assert call["id"] == call_item["call_id"] and decode_input(call["function"]["arguments"]) == call_item["input"]
     assert tool == {"role": "tool", "tool_call_id": output_item["call_id"], "content": output_item["output"]}
+
+
+def test_a_custom_tool_inside_a_namespace_is_called_and_sent_back_namespaced():
+    translated = responses_to_chat({"model": "m", "input": "x", "tools": [NS_CUSTOM]})
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "editor__write", "arguments": '{"input":"t"}'}}
+        ],
+    }
+    item = to_response(chat_completion(message, finish="tool_calls"), tool_map=translated.tool_map)["output"][0]
+    assert (item["type"], item["name"], item["namespace"], item["input"]) == (
+        "custom_tool_call",
+        "write",
+        "editor",
+        "t",
+    )
+    history = chat({"tools": [NS_CUSTOM], "input": [{**item, "status": "completed"}]})["messages"]
+    assert history[0]["tool_calls"][0]["function"] == {"name": "editor__write", "arguments": encode_input("t")}
