@@ -196,6 +196,32 @@ def test_list_columns_show_the_summary(demo, pages):
     assert cells[9] == "whole"
 
 
+def test_a_session_two_server_runs_wrote_is_marked_and_its_status_is_the_latest_runs(tmp_path, pages):
+    from tests.unit.capture.test_runs import SESSION, _run
+
+    capture_dir = tmp_path / "captures"
+    _run(capture_dir, "run-a")
+    _run(capture_dir, "run-b", sampled=9)  # the same id again, sampled anew: merged, the chain breaks
+    _run(capture_dir, "run-b", session_id="one-run")
+    proc, url = start_view(capture_dir)
+    try:
+        page = pages.open(url)
+        cells = {
+            sid: page.eval_on_selector_all(f"tr[data-session-id='{sid}'] td", "cells => cells.map(c => c.textContent)")
+            for sid in (SESSION, "one-run")
+        }
+        assert cells[SESSION][0] == f"{SESSION}2 runs" and cells["one-run"][0] == "one-run"
+        assert cells[SESSION][9].strip() == "whole"  # the latest run's rollout, as GET .../rollout answers
+        page.evaluate("document.body.dataset.ready = 'false'")
+        page.click(f"tr[data-session-id='{SESSION}'] a")
+        wait_ready(page)
+        page.click("#show-rollout")
+        page.wait_for_selector("#rollout-verdict")
+        assert "trainable" in page.text_content("#rollout-verdict")  # today's merge said mask_sample
+    finally:
+        proc.stop()
+
+
 def test_pending_statuses_are_filled_in_on_the_page(demo, pages):
     # Every session counts as large here: the first answer has no status yet, the page asks again.
     proc, url = start_view(demo["store"].capture_dir, "--summary-read-limit-mb", "0")

@@ -103,12 +103,28 @@ function finishText(reasons) {
     .join(" ");
 }
 
+// A session id used again by a later server run: its status and rollout cover the latest run only.
+function runsNote(session) {
+  const runs = session.runs || [];
+  if (runs.length < 2) return null;
+  return h(
+    "span",
+    { class: "badge warn runs", title: `written by ${runs.length} server runs; the rollout covers the latest (?run= picks another)` },
+    `${runs.length} runs`,
+  );
+}
+
 function row(session) {
   const s = session.summary || {};
   return h(
     "tr",
     { dataset: { sessionId: session.session_id } },
-    h("td", { class: "id" }, h("a", { href: `#/s/${encodeURIComponent(session.session_id)}` }, session.session_id)),
+    h(
+      "td",
+      { class: "id" },
+      h("a", { href: `#/s/${encodeURIComponent(session.session_id)}` }, session.session_id),
+      runsNote(session),
+    ),
     h(
       "td",
       { class: "id" },
