@@ -9,6 +9,8 @@ merge (the negative control), the listing names both runs, and the second run wa
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -41,6 +43,14 @@ def _agent_episode(url: str, ask: str) -> None:
     )
     second = client.responses.create(model="demo", input=history, tools=[WEATHER_TOOL], store=False)
     assert second.output_text
+
+
+def _cli(*args: str) -> dict:
+    """`switchyard-model sessions ...` as a user runs it; its JSON output."""
+    out = subprocess.run(
+        [sys.executable, "-m", "server.cli", "sessions", *args], capture_output=True, check=True, timeout=120
+    )
+    return json.loads(out.stdout)
 
 
 def _get(url: str, path: str, **params: str) -> httpx.Response:
@@ -91,6 +101,12 @@ def test_a_session_id_used_again_by_a_later_run_keeps_each_runs_rollout_whole(mo
 
         bad = _get(second.url, rollout_path, run="not a run")
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "run"
+
+        # The CLI over HTTP and on the directory agree, run by run.
+        for run, masked in (((), False), (("--run", "all"), True), (("--run", first_run), False)):
+            over_http = _cli("rollout", ROLLOUT_ID, "--url", second.url, *run)
+            assert over_http == _cli("rollout", ROLLOUT_ID, "--capture-dir", str(capture_dir), *run)
+            assert over_http["mask_sample"] is masked, run
     finally:
         second.proc.stop()
 

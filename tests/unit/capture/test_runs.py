@@ -262,6 +262,10 @@ def test_cli_rollout_and_export_take_run(capture_dir, tmp_path, capsys):
     assert sessions_main(["sessions", "rollout", SESSION, *source, "--run", "run-z"]) == 1
     assert sessions_main(["sessions", "rollout", SESSION, *source, "--run", "a b"]) == 2
     capsys.readouterr()
+    assert sessions_main(["sessions", "tree", SESSION, *source, "--json", "--run", "latest"]) == 0
+    assert [c["session_id"] for c in orjson.loads(capsys.readouterr().out)["children"]] == ["child-b"]
+    assert sessions_main(["sessions", "tree", SESSION, *source]) == 0
+    assert "4 records, 2 server runs" in capsys.readouterr().out
 
     out = tmp_path / "rollouts.jsonl"
     assert sessions_main(["sessions", "export", *source, "--out", str(out)]) == 0
