@@ -311,3 +311,12 @@ def test_a_session_continued_across_a_restart_is_whole_either_way(tmp_path):
     assert earlier_turns and all("generation_token_ids" not in item for item in earlier_turns)
     joined = build_rollout(reader, SESSION, run="all")
     assert joined["record_uuids"] == [r["uuid"] for r in records] and joined["mask_sample"] is False
+
+
+def test_collect_after_a_local_server_retry_rebuilds_the_latest_run(capture_dir):
+    from server.spawn import collect_rollouts
+
+    errors: list[str] = []
+    (rollout,) = collect_rollouts(capture_dir, errors)
+    assert errors == [] and rollout["session_id"] == SESSION
+    assert rollout["mask_sample"] is False and [s["session_id"] for s in rollout["subagents"]] == ["child-b"]
