@@ -3,7 +3,11 @@
 Sequential agent sessions (a tool call per turn, the history growing) go to two servers side by
 side, one with `token_injection` on and one capture-only, rounds interleaved. Every call from the
 second on is injected (one `/tokenize` round trip to the mock, the chain lookup and the commit),
-which the injection server's /metrics confirms.
+which the injection server's /metrics confirms; the mock's /tokenize count shows one round trip per
+call (each session's messages are its own, so none is answered from the client's cache).
+
+`--injection-tree NAME=PATH` adds injection servers run from other source trees, side by side
+against the same capture-only server; `--mock-tree PATH` runs the mock from another tree.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ def _task(turns: int) -> str:
 
 def _session(client: httpx.Client, url: str, session: str, turns: int) -> list[float]:
     """Latency of each call of one agent session."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _task(turns)}]
+    # The session's name in its task makes every session's messages (and so every /tokenize request)
+    # its own, as sampled rollouts are: no call of one session is answered from another's cached render.
+    task = f"({session}) {_task(turns)}"
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
     out = []
     for _ in range(turns):
         body = orjson.dumps({"model": "demo", "messages": messages, "tools": TOOLS})
@@ -70,6 +77,12 @@ def _injection_server(bench: Any, name: str, tree: Path | None) -> Server:
     return server
 
 
+def _tokenizes(bench: Any) -> int:
+    return int(
+        httpx.get(bench.mock.v1.removesuffix("/v1") + "/mock/stats", trust_env=False, timeout=10).json()["tokenize"]
+    )
+
+
 def run(bench: Any) -> None:
     bench.log("injection on vs capture only: sequential agent sessions")
     sides: dict[str, Server] = {"capture": bench.cap, "injection": _injection_server(bench, "server-injection", None)}
@@ -80,6 +93,8 @@ def run(bench: Any) -> None:
     lat: dict[str, list[float]] = {name: [] for name in sides}
     cpu: dict[str, float] = {name: 0.0 for name in sides}
     mock_cpu: dict[str, float] = {name: 0.0 for name in sides}
+    tokenizes: dict[str, int] = {name: 0 for name in sides}
+    loop_cpu: dict[str, float] = {name: 0.0 for name in sides}  # the server's event-loop thread alone
     with httpx.Client(trust_env=False, timeout=60) as client:
         for name, server in sides.items():  # warm-up: first connections, lazy imports, the template's generation prompt
             _session(client, server.url, f"bench-inj-warm-{name}", turns)
@@ -88,12 +103,15 @@ def run(bench: Any) -> None:
             rotated = order[r % len(order) :] + order[: r % len(order)]  # each side goes first in turn
             for name in rotated if r % 2 == 0 else reversed(rotated):
                 server = sides[name]
-                before, mock_before = server.proc.cpu_s(), bench.mock.proc.cpu_s()
+                before, mock_before, tokenize_before = server.proc.cpu_s(), bench.mock.proc.cpu_s(), _tokenizes(bench)
+                loop_before = server.proc.main_thread_cpu_s()
                 for s in range(sessions):
                     # Calls after the first of each session: the ones injection works on.
                     lat[name] += _session(client, server.url, f"bench-inj-{name}-{r}-{s}", turns)[1:]
                 cpu[name] += server.proc.cpu_s() - before
                 mock_cpu[name] += bench.mock.proc.cpu_s() - mock_before
+                tokenizes[name] += _tokenizes(bench) - tokenize_before
+                loop_cpu[name] += server.proc.main_thread_cpu_s() - loop_before
     calls = rounds * sessions * (turns - 1)
     p50 = {name: statistics.median(values) for name, values in lat.items()}
     data: dict[str, Any] = {
@@ -101,7 +119,10 @@ def run(bench: Any) -> None:
         "p50_ms": {k: round(v * 1000, 3) for k, v in p50.items()},
         "p90_ms": {k: round(statistics.quantiles(v, n=10)[-1] * 1000, 3) for k, v in lat.items()},
         "server_cpu_ms_per_call": {k: round(v / calls * 1000, 3) for k, v in cpu.items()},
+        "event_loop_cpu_ms_per_call": {k: round(v / calls * 1000, 3) for k, v in loop_cpu.items()},
         "mock_cpu_ms_per_call": {k: round(v / calls * 1000, 3) for k, v in mock_cpu.items()},
+        # Sessions of `turns` calls, calls 2.. timed: every call of a session asks /tokenize once.
+        "tokenize_per_call": {k: round(v / (rounds * sessions * turns), 3) for k, v in tokenizes.items()},
     }
     for name, server in sides.items():
         if name == "capture":
@@ -109,6 +130,7 @@ def run(bench: Any) -> None:
         added = p50[name] - p50["capture"]
         cpu_added = (cpu[name] - cpu["capture"]) / calls
         mock_added = (mock_cpu[name] - mock_cpu["capture"]) / calls
+        loop_added = (loop_cpu[name] - loop_cpu["capture"]) / calls
         injected = _injected_calls(server)
         key = "" if name == "injection" else name.partition(":")[2]
         data.update(
@@ -116,6 +138,7 @@ def run(bench: Any) -> None:
                 f"added_p50_ms{'_' + key if key else ''}": round(added * 1000, 3),
                 f"added_server_cpu_ms_per_call{'_' + key if key else ''}": round(cpu_added * 1000, 3),
                 f"added_mock_cpu_ms_per_call{'_' + key if key else ''}": round(mock_added * 1000, 3),
+                f"added_event_loop_cpu_ms_per_call{'_' + key if key else ''}": round(loop_added * 1000, 3),
                 f"injected_calls{'_' + key if key else ''}": injected,
             }
         )
@@ -124,8 +147,9 @@ def run(bench: Any) -> None:
             f"latency per call, p50 (sequential sessions, {turns} turns, calls 2..{turns})",
             f"capture only {p50['capture'] * 1000:.2f} ms",
             f"injection {p50[name] * 1000:.2f} ms",
-            f"{added * 1000:+.2f} ms; CPU per call: server {cpu_added * 1000:+.2f} ms, mock {mock_added * 1000:+.2f} ms; "
-            f"{injected} calls injected",
+            f"{added * 1000:+.2f} ms; CPU per call: server {cpu_added * 1000:+.2f} ms (event loop {loop_added * 1000:+.2f}), "
+            f"mock {mock_added * 1000:+.2f} ms; "
+            f"{injected} calls injected, {tokenizes[name] / (rounds * sessions * turns):.2f} /tokenize per call",
             "<= 1 ms added",
             "met" if added <= 0.001 and injected >= calls else "NOT MET",
         )

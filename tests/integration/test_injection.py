@@ -75,8 +75,11 @@ def fresh_mock(upstream):
 # ---- clients ---------------------------------------------------------------------------------------
 
 
-def client(chain: Chain | str, session: str) -> OpenAI:
+def client(chain: Chain | str, session: str, via_prefix: bool = False) -> OpenAI:
+    """A client whose calls carry `session` in a header, or (`via_prefix`) only in Gym's `/ng-rollout/<id>/` path."""
     url = chain if isinstance(chain, str) else chain.url
+    if via_prefix:
+        return OpenAI(base_url=f"{url}/ng-rollout/{session}/v1", api_key="x", max_retries=0)
     return OpenAI(
         base_url=url + "/v1", api_key="x", max_retries=0, default_headers={"x-switchyard-session-id": session}
     )
@@ -113,11 +116,15 @@ def chat_turn(cl: OpenAI, messages: list[dict], stream: bool) -> tuple[str, list
 
 
 def chat_session(
-    chain_for: Callable[[int], Chain | str], session: str, stream: bool, side_call_after: int | None = None
+    chain_for: Callable[[int], Chain | str],
+    session: str,
+    stream: bool,
+    side_call_after: int | None = None,
+    via_prefix: bool = False,
 ) -> None:
     messages: list[dict] = [SYSTEM, {"role": "user", "content": TASK}]
     for turn in range(3):
-        cl = client(chain_for(turn), session)
+        cl = client(chain_for(turn), session, via_prefix)
         content, calls = chat_turn(cl, messages, stream)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
@@ -129,9 +136,9 @@ def chat_session(
             break
 
 
-def responses_stream_session(chain: Chain, session: str) -> None:
+def responses_stream_session(chain: Chain, session: str, via_prefix: bool = False) -> None:
     """A Responses client that does not send reasoning items back."""
-    cl = client(chain, session)
+    cl = client(chain, session, via_prefix)
     items: list[dict] = [
         {"role": "system", "content": SYSTEM["content"]},
         {"role": "user", "content": TASK},
@@ -220,6 +227,25 @@ def test_without_injection_the_same_session_breaks_and_the_rollout_says_so(plain
     assert breaks(engine_calls(upstream)) == [1, 2]
     result = rollout(plain, session)
     assert result["mask_sample"] is True and "do not extend" in result["partial_reason"]
+
+
+@pytest.mark.parametrize("shape", ["chat", "responses-stream"])
+def test_a_session_under_the_ng_rollout_prefix_is_injected_and_its_rollout_is_whole(injected, plain, upstream, shape):
+    """Gym's observability prefix names the session (no session header): the chain is keyed on it."""
+    for chain, injects in ((injected, True), (plain, False)):  # the plain server: the negative control
+        httpx.post(upstream + "/mock/reset", trust_env=False)
+        rollout_id = f"ngr-{shape}-{uuid.uuid4().hex[:8]}"
+        if shape == "responses-stream":
+            responses_stream_session(chain, rollout_id, via_prefix=True)
+        else:
+            chat_session(lambda turn, chain=chain: chain, rollout_id, stream=False, via_prefix=True)
+        if injects:
+            assert_one_chain(chain, upstream, rollout_id)
+            assert {r["session_id"] for r in records(chain, rollout_id)} == {rollout_id}
+        else:
+            assert breaks(engine_calls(upstream)) == [1, 2]
+            result = rollout(chain, rollout_id)
+            assert result["mask_sample"] is True and "do not extend" in result["partial_reason"]
 
 
 # ---- side calls, restarts, two processes, an engine without the field -----------------------------------
