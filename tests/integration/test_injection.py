@@ -188,18 +188,19 @@ def records(chain: Chain, session: str) -> list[dict]:
     return httpx.get(f"{chain.url}/v1/sessions/{session}/completions", trust_env=False).json()["completions"]
 
 
-def rollout(chain: Chain, session: str) -> dict:
-    return httpx.get(f"{chain.url}/v1/sessions/{session}/rollout", trust_env=False).json()
+def rollout(chain: Chain, session: str, run: str | None = None) -> dict:
+    params = {"run": run} if run else None
+    return httpx.get(f"{chain.url}/v1/sessions/{session}/rollout", params=params, trust_env=False).json()
 
 
-def assert_one_chain(chain: Chain, upstream: str, session: str) -> None:
+def assert_one_chain(chain: Chain, upstream: str, session: str, run: str | None = None) -> None:
     calls = engine_calls(upstream)
     assert len(calls) == 3 and breaks(calls) == []
     main = [r for r in records(chain, session) if "title generator" not in json.dumps(r["messages"][0])]
     assert [r["prompt_token_ids"] for r in main] == [c["prompt_token_ids"] for c in calls]
     assert [r["injection"]["fallback_reason"] for r in main] == ["first_call", None, None]
     assert len({r["injection"]["chain"] for r in main}) == 1
-    result = rollout(chain, session)
+    result = rollout(chain, session, run)
     assert result["partial_reason"] is None and result["mask_sample"] is False
     assert result["record_uuids"] == [r["uuid"] for r in main]
 
@@ -275,7 +276,9 @@ def test_a_restart_mid_session_continues_the_chain_from_the_records(upstream, tm
             return servers[0]
 
         chat_session(chain_for, session, stream=True)
-        assert_one_chain(servers[0], upstream, session)
+        # Two server runs wrote the session: its default rollout covers the latest (docs/capture.md,
+        # "Server runs"); the injected chain runs through both, which run=all shows whole.
+        assert_one_chain(servers[0], upstream, session, run="all")
     finally:
         servers[0].proc.stop()
 
@@ -286,7 +289,7 @@ def test_two_processes_on_one_capture_dir_serve_a_session_alternately(upstream, 
     session = f"alt-{uuid.uuid4().hex[:8]}"
     try:
         chat_session(lambda turn: (a, b)[turn % 2], session, stream=False)
-        assert_one_chain(a, upstream, session)
+        assert_one_chain(a, upstream, session, run="all")  # each process is a server run of its own
     finally:
         a.proc.stop()
         b.proc.stop()
