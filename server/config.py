@@ -89,7 +89,11 @@ class Settings(BaseModel):
     capture_dir: str = "switchyard-captures"
     capture_uncorrelated: bool = False
     capture_queue_size: int = Field(default=10000, ge=1)
-    # Write records gzip-compressed (`<uuid>.json.gz`, 2-3x smaller on real text); served the same.
+    # `delta`: each record as what it adds to an earlier record of its session (`<uuid>.delta`, disk
+    # grows with the tokens, not the turns); `full`: each record whole, in the former `<uuid>.json`
+    # layout that outside readers of the directory expect. Served the same either way.
+    capture_encoding: Literal["full", "delta"] = "delta"
+    # With `capture_encoding: full`: write records gzip-compressed (`<uuid>.json.gz`); served the same.
     capture_compress: bool = False
     # Rollout rebuilds (GET /v1/sessions/{id}/rollout) run in this many worker processes, one
     # session each at a time; 0 builds in a thread of the server process. Results are cached.

@@ -62,6 +62,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 queue_size=settings.capture_queue_size,
                 capture_uncorrelated=settings.capture_uncorrelated,
                 compress=settings.capture_compress,
+                encoding=settings.capture_encoding,
                 fsync=settings.capture_fsync,
                 fsync_window_ms=settings.capture_fsync_window_ms,
                 server_run=state.server_run,

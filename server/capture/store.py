@@ -1,8 +1,11 @@
-"""Durable capture store: one JSON file per call under sessions/<sha256(id)>/, its index, reads and deletes.
+"""Durable capture store: one file per call under sessions/<sha256(id)>/, its index, reads and deletes.
 
-Writing (the queue, the writer thread, syncs, failure marks) is `writer.RecordWriter`'s job.
-Longer than 500 lines because the record-file readers at the bottom (header peeks, whole-record
-loads) share the layout's names and checks with the store; they are the part to move out next.
+Writing (the queue, the writer thread, syncs, failure marks) is `writer.RecordWriter`'s job; the
+`.delta` file format (a record as what it adds to an earlier one) is `delta`'s.
+
+Longer than 500 lines because it reads each kind of record file (`.json`, `.json.gz`, `.delta`) two
+ways, by its header for the index and the session list, and whole; those readers share the header
+layout and the file checks, so they stay together.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import orjson
 
 from server.capture import journal
+from server.capture.delta import DELTA_SUFFIX, delta_header, read_with_deltas
 from server.capture.index import FULL_REVALIDATION_S, IndexView, RecordHeader, SessionIndex
 from server.capture.record import validate_record
 from server.capture.runs import LEGACY
@@ -80,6 +84,7 @@ class CaptureStore:
         queue_size: int = 10000,
         capture_uncorrelated: bool = False,
         compress: bool = False,
+        encoding: str = "delta",
         shared_index: bool = True,
         fsync: str = "batch",
         fsync_window_ms: float = 10.0,
@@ -129,6 +134,7 @@ class CaptureStore:
             on_batch_written=self._journal_append,
             queue_size=queue_size,
             compress=compress,
+            encoding=encoding,
             fsync=fsync,
             fsync_window_ms=fsync_window_ms,
         )
@@ -247,9 +253,8 @@ class CaptureStore:
 
     # ---- index -----------------------------------------------------------------------------
 
-    def _note(self, record: dict) -> None:
+    def _note(self, record: dict, name: str) -> None:
         """Tell the index about a record this process wrote, so no rescan has to parse it again."""
-        name = f"{record['uuid']}.json.gz" if self.compress else f"{record['uuid']}.json"
         dir_name = session_dir_name(record["session_id"])
         header = _header(record)
         if dir_name not in self._sessions_written:
@@ -326,7 +331,7 @@ class CaptureStore:
             raise UnknownSession(session_id)
         heads = []
         for path in _record_files(directory):
-            head = _peek_head(path) if path.endswith(".json") else None
+            head = _peek_head(path) if path.endswith((".json", DELTA_SUFFIX)) else None
             if head is None:
                 return None
             if head.get("session_id") != session_id:
@@ -346,6 +351,8 @@ class CaptureStore:
                 raise UnknownSession(session_id)
             count = len(_record_files(str(directory)))
             shutil.rmtree(directory)
+            if self.writer.delta is not None:
+                self.writer.delta.forget(session_id)
             self.writer.made_dirs.discard(str(directory))
             self._index.forget(directory.name)
             self._journal_append({directory.name})  # so other processes drop it at once
@@ -394,15 +401,18 @@ def read_session_records(sessions_dir: str | os.PathLike[str], session_id: str) 
     directory = os.path.join(sessions_dir, session_dir_name(session_id))
     if os.path.islink(directory) or not os.path.isdir(directory):
         raise UnknownSession(session_id)
-    records, skipped = [], 0
-    for path in _record_files(directory):
-        record = _load_record(path)
-        if record is None or record["session_id"] != session_id:
-            skipped += 1
-            continue
-        records.append(record)
-    records.sort(key=_record_key)
-    return records, skipped
+    files = _record_files(directory)
+    if not any(path.endswith(DELTA_SUFFIX) for path in files):
+        records, skipped = [], 0
+        for path in files:
+            record = _load_record(path)
+            if record is None or record["session_id"] != session_id:
+                skipped += 1
+                continue
+            records.append(record)
+        records.sort(key=_record_key)
+        return records, skipped
+    return read_with_deltas(files, session_id, read_bytes=_read_bytes, parse_full=_parse_record)
 
 
 def _record_files(directory: str) -> list[str]:
@@ -412,7 +422,7 @@ def _record_files(directory: str) -> list[str]:
             return [
                 entry.path
                 for entry in entries
-                if entry.name.endswith((".json", ".json.gz")) and not entry.name.startswith(".")
+                if entry.name.endswith((".json", ".json.gz", DELTA_SUFFIX)) and not entry.name.startswith(".")
             ]
     except OSError:
         return []
@@ -434,8 +444,14 @@ def _read_header(path: str, dir_name: str) -> RecordHeader | None:
     A record this server wrote starts with the header fields in a fixed order, so only its first
     block is read (and its last byte, to see that the file is whole); anything else is parsed whole.
     """
-    header = _peek_header(path) if path.endswith(".json") else None
-    if header is None:
+    header = _peek_header(path) if path.endswith((".json", DELTA_SUFFIX)) else None
+    if header is None and path.endswith(DELTA_SUFFIX):
+        data = _read_bytes(path)
+        record = delta_header(data) if data is not None else None
+        if record is None:
+            return None
+        header = _header(record)
+    elif header is None:
         record = _load_record(path)
         if record is None:
             return None
@@ -468,12 +484,27 @@ def _first_block(path: str) -> tuple[bytes, bytes] | None:
         return None
 
 
-def _peek_header(path: str) -> RecordHeader | None:
-    """The header fields from a record file's first block, or None to fall back to a full parse."""
+def _first_line(path: str) -> bytes | None:
+    """The header line of a delta file, if its first block holds it whole."""
     block = _first_block(path)
     if block is None:
         return None
-    head, last = block
+    end = block[0].find(b"\n")
+    return block[0][:end] if end > 0 else None
+
+
+def _peek_header(path: str) -> RecordHeader | None:
+    """The header fields from a record file's first block, or None to fall back to a full parse."""
+    if path.endswith(DELTA_SUFFIX):
+        line = _first_line(path)
+        if line is None:
+            return None
+        head, last = line, line[-1:]
+    else:
+        block = _first_block(path)
+        if block is None:
+            return None
+        head, last = block
     match = _HEAD.match(head)
     if match is None or last != b"}":
         return None
@@ -492,16 +523,27 @@ _HEAD_END = b',"usage":'
 
 def _peek_head(path: str) -> dict | None:
     """A record's leading fields up to and including `token_count` from its first block, or None."""
-    block = _first_block(path)
-    if block is None:
-        return None
-    head, last = block
-    end = head.find(_HEAD_END)
-    if last != b"}" or end < 0 or _HEAD.match(head) is None:
-        return None
-    try:
-        fields = orjson.loads(head[:end] + b"}")
-    except orjson.JSONDecodeError:
+    if path.endswith(DELTA_SUFFIX):
+        line = _first_line(path)  # a delta file's header line holds exactly these fields
+        if line is None or _HEAD.match(line) is None:
+            return None
+        try:
+            fields = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return None
+    else:
+        block = _first_block(path)
+        if block is None:
+            return None
+        head, last = block
+        end = head.find(_HEAD_END)
+        if last != b"}" or end < 0 or _HEAD.match(head) is None:
+            return None
+        try:
+            fields = orjson.loads(head[:end] + b"}")
+        except orjson.JSONDecodeError:
+            return None
+    if not isinstance(fields, dict):
         return None
     counts = fields.get("token_count")
     if not isinstance(counts, dict) or not all(
@@ -511,12 +553,19 @@ def _peek_head(path: str) -> dict | None:
     return fields
 
 
-def _load_record(path: str) -> dict | None:
-    """The record in `path`, or None for anything torn, unreadable, foreign or a symlink."""
+def _read_bytes(path: str) -> bytes | None:
+    """A file's bytes (never through a symlink), or None."""
     try:
         fd = os.open(path, _OPEN_READ)
         with os.fdopen(fd, "rb") as handle:
-            data = handle.read()
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _parse_record(data: bytes, path: str) -> dict | None:
+    """A full record file's bytes as a record, or None for anything torn or foreign."""
+    try:
         if path.endswith(".gz"):
             data = gzip.decompress(data)
         record = orjson.loads(data)
@@ -525,3 +574,9 @@ def _load_record(path: str) -> dict | None:
     if validate_record(record) is not None:
         return None
     return record
+
+
+def _load_record(path: str) -> dict | None:
+    """The full record in `path`, or None for anything torn, unreadable, foreign or a symlink."""
+    data = _read_bytes(path)
+    return None if data is None else _parse_record(data, path)

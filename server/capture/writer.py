@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from server.batching import Waiter, answer, settle, take_batch
+from server.capture.delta import DELTA_SUFFIX, DeltaEncoder
 from server.capture.durable import FSYNC_MODES, GroupSync
 from server.capture.marks import LostRecords
 from server.capture.record import build_record
@@ -33,6 +34,8 @@ log = logging.getLogger("switchyard_model.capture")
 
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
+# How records are written (docs/capture.md): each whole, or as what it adds to an earlier record.
+ENCODINGS = ("full", "delta")
 # Queue item kinds.
 CALL, RECORD, _FLUSH, _STOP = "call", "record", "flush", "stop"
 # Most records the writer takes from the queue before it answers their callers (and, under
@@ -52,19 +55,24 @@ class RecordWriter:
         sessions_dir: Path,
         *,
         session_dir_name: Callable[[str], str],
-        on_new_record: Callable[[dict], None],
+        on_new_record: Callable[[dict, str], None],
         io_lock: threading.Lock,
         on_batch_written: Callable[[set[str]], None] = lambda dir_names: None,
         queue_size: int = 10000,
         compress: bool = False,
+        encoding: str = "delta",
         fsync: str = "batch",
         fsync_window_ms: float = 10.0,
     ) -> None:
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {FSYNC_MODES}, not {fsync!r}")
+        if encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}, not {encoding!r}")
         self.capture_dir = capture_dir
         self.sessions_dir = sessions_dir
         self.compress = compress
+        # Only this thread writes, so only it knows each session's recent records: the delta bases.
+        self.delta = DeltaEncoder() if encoding == "delta" else None
         self.fsync = fsync
         self.fsync_window_s = max(0.0, fsync_window_ms / 1000.0)
         self._dir_name = session_dir_name
@@ -374,14 +382,21 @@ class RecordWriter:
         The rename happens at once, without an fsync: from here a process crash cannot lose the
         record, and power loss is what `fsync` guards against.
         """
-        data = orjson.dumps(record)
-        if self.compress:
-            data = gzip.compress(data, compresslevel=1, mtime=0)
+        encoded = None
+        if self.delta is None:
+            data = orjson.dumps(record)
+            if self.compress:
+                data = gzip.compress(data, compresslevel=1, mtime=0)
+            suffix = ".json.gz" if self.compress else ".json"
         dir_name = self._dir_name(record["session_id"])
         directory = self.sessions_dir / dir_name
         name = record["uuid"]
         with self.io_lock:
-            final = directory / (f"{name}.json.gz" if self.compress else f"{name}.json")
+            if self.delta is not None:
+                # Under the lock a delete of the session cannot come between choosing a base and writing.
+                encoded = self.delta.encode(record)
+                data, suffix = encoded.data, DELTA_SUFFIX
+            final = directory / f"{name}{suffix}"
             # Hidden and not *.json: readers never pick up a half-written file.
             tmp = directory / f".{name}.{os.getpid()}.tmp"
             self.make_session_dir(directory)
@@ -403,8 +418,10 @@ class RecordWriter:
                 except OSError:
                     pass
                 raise
+            if encoded is not None:
+                encoded.commit(str(final))
             if not replaced:
-                self._on_new_record(record)
+                self._on_new_record(record, final.name)
         return str(final), str(directory)
 
     def make_session_dir(self, directory: Path) -> None:

@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from tests.support.captures import records_in
 from tests.support.procs import Proc, free_port, start_server
 
 pytestmark = pytest.mark.integration
@@ -51,7 +52,7 @@ def test_ctrl_c_on_serve_exits_cleanly_and_keeps_the_records(mock_upstream, tmp_
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     assert code == 0, output[-3000:]
     # Records were flushed on the way out, as on SIGTERM.
-    assert len(list((capture_dir / "sessions").glob("*/*.json"))) == 1
+    assert len(records_in(capture_dir)[0]) == 1
 
 
 def test_ctrl_c_while_serve_is_still_starting_exits_without_a_traceback(mock_upstream, tmp_path):

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.captures import records_in
 from tests.support.chain import launch_chain
 
 pytestmark = pytest.mark.integration
@@ -73,12 +74,11 @@ def one_call(
 
 
 def records_on_disk(capture_dir: Path) -> dict[str, dict]:
-    """Every record file a reader can see, parsed (a torn one fails the test here), by request id."""
-    found = {}
-    for path in (capture_dir / "sessions").rglob("*.json"):
-        record = json.loads(path.read_bytes())
-        found[record["request_id"]] = record
-    return found
+    """Every record a reader can see, rebuilt (a torn file or a broken delta fails the test here), by request id."""
+    records, skipped = records_in(capture_dir)
+    assert skipped == 0
+    assert not [r for r in records if (r["invalid_reason"] or "").startswith("delta record")]  # no base lost
+    return {record["request_id"]: record for record in records}
 
 
 def stored_response_ids(capture_dir: Path) -> set[str]:

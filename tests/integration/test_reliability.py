@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 import threading
@@ -13,6 +12,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.support.captures import records_in
 from tests.support.chain import launch_chain
 
 pytestmark = pytest.mark.integration
@@ -94,9 +94,8 @@ def test_sigterm_lets_an_inflight_stream_finish_and_loses_no_record(mock_upstrea
     assert result["lines"][-1] == "data: [DONE]"  # the in-flight stream finished
     assert chain.proc.popen.wait(30) in (0, -signal.SIGTERM)
     chain.proc.stop()
-    files = list((tmp_path / "sessions").rglob("*.json"))
-    assert len(files) == 1
-    record = json.loads(files[0].read_text())
+    [record], skipped = records_in(tmp_path)
+    assert skipped == 0
     assert record["session_id"] == "shutdown-1" and record["status"] == "completed"
 
 
@@ -132,17 +131,16 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
     for w in workers:
         w.join(30)
     chain.proc.stop()
-    # Every file a reader can see is a whole record (temp files are never named *.json).
-    files = list((tmp_path / "sessions").rglob("*.json"))
-    for path in files:
-        json.loads(path.read_bytes())
-    assert written > 0 and len(files) >= written
-    assert len(files) <= len(acknowledged) + 8  # at most one call in flight per worker beyond those answered
+    # Every file a reader can see is a whole record (temp files are hidden), and every delta has its base.
+    records, skipped = records_in(tmp_path)
+    assert skipped == 0 and not [r for r in records if (r["invalid_reason"] or "").startswith("delta record")]
+    assert written > 0 and len(records) >= written
+    assert len(records) <= len(acknowledged) + 8  # at most one call in flight per worker beyond those answered
     # The next server on the same directory serves them all.
     after = launch_chain(mock_upstream, tmp_path)
     try:
         served = sum(len(completions(after, f"heavy-{w}").get("completions", [])) for w in range(8))
-        assert served == len(files)
+        assert served == len(records)
     finally:
         after.proc.stop()
 

@@ -79,8 +79,12 @@ def session_path(store, session_id):
     return store.capture_dir / "sessions" / hashlib.sha256(session_id.encode()).hexdigest()
 
 
-def test_record_lands_at_the_former_layout(store):
+def test_record_lands_at_the_former_layout(tmp_path):
+    """`encoding="full"` (`capture_encoding: full`) keeps the former token capture's layout."""
+    store = CaptureStore(tmp_path / "captures", encoding="full")
+    store.start()
     write(store, call("sess-1", record_uuid="11111111-2222-3333-4444-555555555555"))
+    store.close()
     path = session_path(store, "sess-1") / "11111111-2222-3333-4444-555555555555.json"
     assert path.is_file()
     on_disk = orjson.loads(path.read_bytes())
@@ -94,7 +98,7 @@ def test_record_lands_at_the_former_layout(store):
 def test_files_are_owner_only_and_directories_0700(store):
     write(store, call("sess-1"))
     directory = session_path(store, "sess-1")
-    [path] = list(directory.glob("*.json"))
+    [path] = list(directory.glob("*"))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     assert stat.S_IMODE((store.capture_dir / "sessions").stat().st_mode) == 0o700
@@ -105,7 +109,7 @@ def test_no_temporary_files_remain(store):
     write(store, *(call("sess-1") for _ in range(5)))
     names = os.listdir(session_path(store, "sess-1"))
     assert len(names) == 5
-    assert all(name.endswith(".json") and not name.startswith(".") for name in names)
+    assert all(name.endswith(".delta") and not name.startswith(".") for name in names)
 
 
 def test_record_is_built_on_the_writer_thread(tmp_path, monkeypatch):
@@ -411,7 +415,7 @@ def test_close_is_idempotent_and_flushes(tmp_path):
     capture.close()
     assert capture.stats()["written"] == 20
     assert capture.stats()["queue_depth"] == 0
-    assert len(list((tmp_path / "sessions").rglob("*.json"))) == 20
+    assert len(list((tmp_path / "sessions").rglob("*.delta"))) == 20
 
 
 def test_read_only_store_creates_and_writes_nothing(tmp_path):
@@ -453,11 +457,11 @@ def test_compressed_records_are_served_exactly_like_plain_ones(tmp_path):
     """`compress=True` writes `<uuid>.json.gz`; a store reads both kinds, so the setting may change."""
     import gzip as gzip_module
 
-    plain = CaptureStore(tmp_path)
+    plain = CaptureStore(tmp_path, encoding="full")
     plain.start()
     assert plain.submit(record("mixed", record_uuid="a-plain", captured_at="2026-01-01T00:00:00.000001+00:00"))
     plain.close()
-    packed = CaptureStore(tmp_path, compress=True)
+    packed = CaptureStore(tmp_path, compress=True, encoding="full")
     packed.start()
     assert packed.submit(record("mixed", record_uuid="b-packed", captured_at="2026-01-01T00:00:00.000002+00:00"))
     packed.flush()

@@ -22,7 +22,7 @@ def session_dir(root, session_id):
 
 
 def files(root, session_id):
-    return sorted(session_dir(root, session_id).glob("*.json"))
+    return sorted(session_dir(root, session_id).glob("*.delta"))
 
 
 def wait_until(predicate, timeout=20.0):

@@ -1,0 +1,491 @@
+"""Delta-encoded record files: a record stored as what it adds to an earlier record of its session.
+
+Each call of a conversation repeats the whole conversation: its messages and prompt token ids start
+with those of a call before it. Under `capture_encoding: delta` the writer stores a record as
+`<uuid>.delta`:
+
+    line 1  the record's leading fields (schema_version ... token_count) as plain JSON, byte for
+            byte as a full record starts: the index and the session list read only this line
+    line 2  how to rebuild the rest: {"base": uuid or null, "base_sha256", "messages": k,
+            "prompt_token_ids": m, "tools": bool}
+    rest    the record's other fields, zlib-compressed JSON; `messages` holds only what follows the
+            base's first k messages, `prompt_token_ids` only what follows the first m ids of the
+            base's prompt + generation, and `tools` is null when it is the base's
+
+The writer matches a record against the last few records it wrote for the session by comparing
+their serialised bytes (digests of byte prefixes), so a rebuilt record serialises exactly as the
+full record would have. `base_sha256` is the digest of the base's file bytes: a missing, damaged
+or replaced base is detected, and since each file's bytes name its own base's digest, a chain is
+checked end to end. Reading resolves each file once against its (already resolved) base, so a
+session reads in time linear in its files. A record whose base cannot be had is served marked
+`is_valid: false` with the reason, never as if whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from server.capture.record import validate_record
+from server.ids import is_valid_session_id
+
+DELTA_SUFFIX = ".delta"
+# zlib level for the body: most bodies are a few KiB (one turn), where level 6 costs ~0.1 ms and
+# saves ~10% over level 1; a record with no base (a first call) is larger, and level 1 keeps it cheap.
+_LEVEL_SMALL, _LEVEL_LARGE, _LARGE = 6, 1, 64 * 1024
+
+# The first field that goes to the compressed body; every field before it stays in the plain header line.
+_BODY_FIELDS = frozenset(
+    {
+        "usage",
+        "tools",
+        "tool_choice",
+        "messages",
+        "prompt_token_ids",
+        "generation_token_ids",
+        "generation_log_probs",
+        "generation_token_texts",
+        "injection",
+    }
+)
+# How many recent records of a session the writer keeps as candidate bases (a side call, such as a
+# title request, must not cost the conversation its base), and of how many sessions.
+BASES_PER_SESSION = 4
+SESSIONS_REMEMBERED = 16384
+
+
+class DeltaFileError(ValueError):
+    """The bytes are not a delta record file this server wrote (torn, foreign, damaged)."""
+
+
+def _digest(data: bytes | memoryview) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Prefix:
+    """A prefix of a serialised JSON list: how many elements, where its bytes end, and their digest."""
+
+    count: int
+    end: int
+    digest: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Base:
+    """What the writer remembers of a record it wrote, enough to let a later record extend it."""
+
+    uuid: str
+    path: str
+    stat: tuple[int, int, int]  # (inode, size, mtime_ns) of its file: is it still the file we wrote?
+    sha256: str
+    ids: tuple[_Prefix, ...]  # prompt + generation, then prompt alone
+    messages: tuple[_Prefix, ...]  # all messages, then all but the last (the generated turn)
+    tools: bytes | None
+
+
+@dataclasses.dataclass(slots=True)
+class Encoded:
+    """A record's file bytes; `commit` makes it a base for later records once its file is in place."""
+
+    data: bytes
+    has_base: bool
+    _encoder: DeltaEncoder
+    _session_id: str
+    _base: _Base | None  # what it will be as a base (None: it cannot be one)
+
+    def commit(self, path: str) -> None:
+        if self._base is not None:
+            self._encoder.remember(self._session_id, self._base, path)
+
+
+def _list_prefixes(items: object, blob: bytes, counts: list[int]) -> tuple[_Prefix, ...]:
+    """Prefixes of the serialised list `blob` holding the first `counts` elements of `items`.
+
+    orjson writes a list as `[` + elements joined by `,` + `]`, so the first k elements end where
+    the last len-k elements (each serialised alone) begin.
+    """
+    if not isinstance(items, list) or not items:
+        return ()
+    out = []
+    end = len(blob) - 1  # without the closing bracket
+    for count in sorted(set(counts), reverse=True):
+        if 0 < count <= len(items):
+            # The bytes of the elements after the first `count`, each with its separating comma.
+            tail = sum(len(orjson.dumps(item)) + 1 for item in items[count:])
+            out.append(_Prefix(count, end - tail, _digest(memoryview(blob)[: end - tail])))
+    return tuple(out)
+
+
+def _seq_prefixes(prompt: object, generation: object, prompt_blob: bytes) -> tuple[_Prefix, ...]:
+    """Prefixes of the token sequence prompt + generation, as its serialised list would have them."""
+    if not (isinstance(prompt, list) and prompt):
+        return ()
+    head = memoryview(prompt_blob)[:-1]  # "[1,2,3"
+    hasher = hashlib.sha256(head)
+    prompt_only = _Prefix(len(prompt), len(head), hasher.digest())
+    if not (isinstance(generation, list) and generation):
+        return (prompt_only,)
+    gen_blob = orjson.dumps(generation)
+    hasher.update(b",")
+    hasher.update(memoryview(gen_blob)[1:-1])
+    whole = _Prefix(len(prompt) + len(generation), len(head) + len(gen_blob) - 1, hasher.digest())
+    return (whole, prompt_only)
+
+
+class _Matcher:
+    """Digests of a new record's serialised lists, computed once per prefix length asked."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+        self.view = memoryview(blob)
+        self._seen: dict[int, bytes] = {}
+
+    def extends(self, prefix: _Prefix) -> bool:
+        # The prefix must end at an element boundary of this list too: a comma or the closing bracket.
+        if prefix.end >= len(self.blob) or self.blob[prefix.end] not in b",]":
+            return False
+        digest = self._seen.get(prefix.end)
+        if digest is None:
+            digest = self._seen[prefix.end] = _digest(self.view[: prefix.end])
+        return digest == prefix.digest
+
+
+class DeltaEncoder:
+    """The writer's side: encodes each record against the best recent record of its session.
+
+    Used by the writer thread only. What it remembers is small (digests and offsets, not the
+    records), bounded by `SESSIONS_REMEMBERED` sessions of `BASES_PER_SESSION` records each.
+    """
+
+    def __init__(self) -> None:
+        self._sessions: OrderedDict[str, list[_Base]] = OrderedDict()
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def remember(self, session_id: str, base: _Base, path: str) -> None:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return
+        base = dataclasses.replace(base, path=path, stat=(st.st_ino, st.st_size, st.st_mtime_ns))
+        bases = [b for b in self._sessions.pop(session_id, []) if b.uuid != base.uuid]
+        bases.insert(0, base)
+        self._sessions[session_id] = bases[:BASES_PER_SESSION]
+        while len(self._sessions) > SESSIONS_REMEMBERED:
+            self._sessions.popitem(last=False)
+
+    def _live_bases(self, session_id: str) -> list[_Base]:
+        """The session's remembered bases whose files are still the ones written (another process may
+        have deleted the session, or replaced a record)."""
+        bases = self._sessions.get(session_id)
+        if not bases:
+            return []
+        live = []
+        for base in bases:
+            try:
+                st = os.stat(base.path, follow_symlinks=False)
+            except OSError:
+                continue
+            if (st.st_ino, st.st_size, st.st_mtime_ns) == base.stat:
+                live.append(base)
+        if len(live) != len(bases):
+            self._sessions[session_id] = live
+        return live
+
+    def encode(self, record: dict[str, Any]) -> Encoded:
+        """The `.delta` file bytes of `record`, against the session's best base (or none)."""
+        session_id = record["session_id"]
+        messages = record.get("messages")
+        prompt = record.get("prompt_token_ids")
+        tools = record.get("tools")
+        message_blob = orjson.dumps(messages)
+        prompt_blob = orjson.dumps(prompt)
+        tools_blob = orjson.dumps(tools)
+
+        best: tuple[int, _Base, int, int, bool] | None = None  # (bytes saved, base, k, m, tools)
+        message_match, prompt_match = _Matcher(message_blob), _Matcher(prompt_blob)
+        tools_digest = _digest(tools_blob)
+        for base in self._live_bases(session_id):
+            shared_messages = next((p for p in base.messages if message_match.extends(p)), None)
+            shared_ids = next((p for p in base.ids if prompt_match.extends(p)), None)
+            same_tools = base.tools == tools_digest and isinstance(tools, list)
+            saved = sum(p.end for p in (shared_messages, shared_ids) if p) + (len(tools_blob) if same_tools else 0)
+            if saved > 0 and (best is None or saved > best[0]):
+                counts = [p.count if p else 0 for p in (shared_messages, shared_ids)]
+                best = (saved, base, counts[0], counts[1], same_tools)
+
+        header: dict[str, Any] = {}
+        body: dict[str, Any] = {}
+        for key, value in record.items():
+            if not body and key not in _BODY_FIELDS:
+                header[key] = value
+            else:
+                body[key] = value
+        if best is None:
+            meta: dict[str, Any] = {"base": None}
+        else:
+            _, base, k, m, same_tools = best
+            meta = {
+                "base": base.uuid,
+                "base_sha256": base.sha256,
+                "messages": k,
+                "prompt_token_ids": m,
+                "tools": same_tools,
+            }
+            if k:
+                body["messages"] = messages[k:]  # type: ignore[index]
+            if m:
+                body["prompt_token_ids"] = prompt[m:]  # type: ignore[index]
+            if same_tools:
+                body["tools"] = None
+        packed = orjson.dumps(body)
+        level = _LEVEL_LARGE if len(packed) > _LARGE else _LEVEL_SMALL
+        data = b"".join((orjson.dumps(header), b"\n", orjson.dumps(meta), b"\n", zlib.compress(packed, level)))
+
+        as_base = None
+        if isinstance(messages, list) or isinstance(prompt, list):
+            as_base = _Base(
+                record["uuid"],
+                "",
+                (0, 0, 0),
+                hashlib.sha256(data).hexdigest(),
+                _seq_prefixes(prompt, record.get("generation_token_ids"), prompt_blob),
+                _list_prefixes(messages, message_blob, [len(messages), len(messages) - 1])
+                if isinstance(messages, list)
+                else (),
+                tools_digest if isinstance(tools, list) else None,
+            )
+        return Encoded(data, best is not None, self, session_id, as_base)
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class DeltaFile:
+    """A parsed `.delta` file: its header fields, how it refers to its base, and its own fields."""
+
+    header: dict[str, Any]
+    meta: dict[str, Any]
+    body: dict[str, Any]
+    sha256: str
+
+    @property
+    def uuid(self) -> str:
+        return self.header["uuid"]
+
+
+def parse_header_line(line: bytes) -> dict[str, Any]:
+    """Line 1 of a delta file as a dict (raises DeltaFileError)."""
+    try:
+        header = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise DeltaFileError(f"bad header line: {exc}") from None
+    if not isinstance(header, dict):
+        raise DeltaFileError("header line is not an object")
+    return header
+
+
+def parse_delta_file(data: bytes) -> DeltaFile:
+    """All of a delta file, its body decompressed (raises DeltaFileError for anything torn or foreign)."""
+    parts = data.split(b"\n", 2)
+    if len(parts) != 3:
+        raise DeltaFileError("not a delta record file")
+    header = parse_header_line(parts[0])
+    try:
+        meta = orjson.loads(parts[1])
+        body = orjson.loads(zlib.decompress(parts[2]))
+    except (orjson.JSONDecodeError, zlib.error) as exc:
+        raise DeltaFileError(f"damaged delta record: {exc}") from None
+    if not (isinstance(meta, dict) and isinstance(body, dict) and isinstance(header.get("uuid"), str)):
+        raise DeltaFileError("not a delta record file")
+    base = meta.get("base")
+    if base is not None and not (isinstance(base, str) and isinstance(meta.get("base_sha256"), str)):
+        raise DeltaFileError("delta record names no usable base")
+    return DeltaFile(header, meta, body, hashlib.sha256(data).hexdigest())
+
+
+class Resolver:
+    """Rebuilds a session's full records from its files: each delta once, against its base's record.
+
+    `add_full` and `add_delta` take every readable file of the session; `record` then gives each
+    file's full record. Bases are looked up by uuid and checked by the sha256 of their file bytes.
+    """
+
+    def __init__(self) -> None:
+        self._by_uuid: dict[str, list[tuple[str, Any]]] = {}  # uuid -> [(sha256, full record | DeltaFile)]
+        self._done: dict[int, tuple[dict, bool]] = {}  # id(file entry) -> (record, whole)
+
+    def add_full(self, record: dict, sha256: str) -> None:
+        self._by_uuid.setdefault(record["uuid"], []).append((sha256, record))
+
+    def add_delta(self, delta: DeltaFile) -> None:
+        self._by_uuid.setdefault(delta.uuid, []).append((delta.sha256, delta))
+
+    def _base_of(self, delta: DeltaFile) -> Any | None:
+        for sha256, entry in self._by_uuid.get(delta.meta["base"], ()):
+            if sha256 == delta.meta["base_sha256"]:
+                return entry
+        return None
+
+    def record(self, entry: dict | DeltaFile) -> dict:
+        """The full record of one file (a broken delta comes back `is_valid: false`, with why)."""
+        if isinstance(entry, dict):
+            return entry
+        # Walk down to the first resolved (or full) base, then rebuild back up: iterative, as chains
+        # are as long as sessions.
+        chain: list[DeltaFile] = []
+        current: Any = entry
+        seen: set[int] = set()
+        base_record: tuple[dict, bool] | None = None
+        failure: str | None = None
+        while True:
+            if isinstance(current, dict):
+                base_record = (current, True)
+                break
+            done = self._done.get(id(current))
+            if done is not None:
+                base_record = done
+                break
+            if id(current) in seen:
+                failure = "its chain of base records loops"
+                break
+            seen.add(id(current))
+            chain.append(current)
+            if current.meta.get("base") is None:
+                break
+            base = self._base_of(current)
+            if base is None:
+                failure = f"base record {current.meta['base']} is missing or was changed"
+                break
+            current = base
+        for delta in reversed(chain):
+            if failure is not None:
+                result = (_broken(delta, failure), False)
+                failure = f"base record {delta.uuid} could not be rebuilt"
+            elif base_record is not None and not base_record[1]:
+                result = (_broken(delta, f"base record {base_record[0]['uuid']} could not be rebuilt"), False)
+            else:
+                result = _rebuild(delta, base_record[0] if base_record is not None else None)
+            self._done[id(delta)] = result
+            base_record = result
+        return self._done[id(entry)][0]
+
+    def records(self) -> list[dict]:
+        return [self.record(entry) for entries in self._by_uuid.values() for _, entry in entries]
+
+
+def _seq_prefix(base: dict, m: int) -> list | None:
+    prompt, generation = base.get("prompt_token_ids"), base.get("generation_token_ids")
+    if not isinstance(prompt, list):
+        return None
+    if m <= len(prompt):
+        return prompt[:m]
+    if not isinstance(generation, list) or m > len(prompt) + len(generation):
+        return None
+    return prompt + generation[: m - len(prompt)]
+
+
+def _rebuild(delta: DeltaFile, base: dict | None) -> tuple[dict, bool]:
+    meta = delta.meta
+    k, m = meta.get("messages", 0), meta.get("prompt_token_ids", 0)
+    if base is not None and not (type(k) is int and type(m) is int and k >= 0 and m >= 0):
+        return _broken(delta, "its base reference is malformed"), False
+    record = dict(delta.header)
+    for key, value in delta.body.items():
+        if base is not None:
+            if key == "messages" and k:
+                prior = base.get("messages")
+                if not (isinstance(prior, list) and k <= len(prior) and isinstance(value, list)):
+                    return _broken(delta, "its base record has fewer messages than it extends"), False
+                value = prior[:k] + value
+            elif key == "prompt_token_ids" and m:
+                prefix = _seq_prefix(base, m)
+                if prefix is None or not isinstance(value, list):
+                    return _broken(delta, "its base record has fewer token ids than it extends"), False
+                value = prefix + value
+            elif key == "tools" and meta.get("tools"):
+                value = base.get("tools")
+        record[key] = value
+    return record, True
+
+
+def _broken(delta: DeltaFile, why: str) -> dict:
+    """A delta whose base cannot be had: its own fields, no history, and marked unusable for training."""
+    record = dict(delta.header)
+    for key, value in delta.body.items():
+        record[key] = value
+    record["messages"] = []
+    record["prompt_token_ids"] = None
+    if delta.meta.get("tools"):
+        record["tools"] = []
+    record["is_valid"] = False
+    record["invalid_reason"] = f"delta record: {why}"
+    return record
+
+
+def read_with_deltas(
+    files: list[str],
+    session_id: str,
+    *,
+    read_bytes: Callable[[str], bytes | None],
+    parse_full: Callable[[bytes, str], dict | None],
+) -> tuple[list[dict], int]:
+    """A session's records from its files, some of them deltas, and how many files were skipped.
+
+    Each delta is rebuilt once against its base's record; full files (`parse_full`) serve as bases too.
+    """
+    resolver, skipped = Resolver(), 0
+    for path in files:
+        data = read_bytes(path)
+        if data is None:
+            skipped += 1
+            continue
+        if path.endswith(DELTA_SUFFIX):
+            try:
+                delta = parse_delta_file(data)
+            except DeltaFileError:
+                skipped += 1
+                continue
+            if delta.header.get("session_id") != session_id:
+                skipped += 1
+                continue
+            resolver.add_delta(delta)
+        else:
+            record = parse_full(data, path)
+            if record is None or record["session_id"] != session_id:
+                skipped += 1
+                continue
+            resolver.add_full(record, hashlib.sha256(data).hexdigest())
+    records = []
+    for record in resolver.records():
+        if validate_record(record) is None:
+            records.append(record)
+        else:
+            skipped += 1
+    records.sort(key=lambda r: (r.get("captured_at") or "", r.get("uuid") or ""))
+    return records, skipped
+
+
+def delta_header(data: bytes) -> dict | None:
+    """A delta file's header fields (its identity: all the index needs), or None if unreadable."""
+    try:
+        header = parse_delta_file(data).header
+    except DeltaFileError:
+        return None
+    if not (
+        isinstance(header.get("uuid"), str)
+        and is_valid_session_id(header.get("session_id"))
+        and isinstance(header.get("captured_at"), str)
+    ):
+        return None
+    return header
