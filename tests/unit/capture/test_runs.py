@@ -42,9 +42,9 @@ def _conversation(store, session_id=SESSION, parent=None, sampled=3):
     add(store, second)
 
 
-def _run(capture_dir, run_id, *, session_id=SESSION, child=None, sampled=3):
+def _run(capture_dir, run_id, *, session_id=SESSION, child=None, sampled=3, encoding="delta"):
     """One server run on `capture_dir`: the same task again (and a sub-agent's, if named)."""
-    store = CaptureStore(capture_dir, server_run=run_id)
+    store = CaptureStore(capture_dir, server_run=run_id, encoding=encoding)
     store.start()
     try:
         _conversation(store, session_id, sampled=sampled)
@@ -128,7 +128,7 @@ def test_the_index_reads_the_run_from_the_first_block(capture_dir, monkeypatch):
 
 def test_records_without_a_run_are_one_legacy_run(tmp_path):
     directory = tmp_path / "captures"
-    _run(directory, None)  # what a server wrote before records carried a run id
+    _run(directory, None, encoding="full")  # what a server wrote before records carried a run id
     raw = next((directory / "sessions" / session_dir_name(SESSION)).glob("*.json"))
     record = orjson.loads(raw.read_bytes())
     del record["server_run"]  # the former format has no such key at all
