@@ -21,39 +21,48 @@ def _matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
     return found
 
 
-class AuthMiddleware:
-    """Requires `Authorization: Bearer <key>` when keys are configured.
-
-    Model endpoints take `api_keys`. Session endpoints (`/v1/sessions...`, which expose prompts) take
-    `session_api_keys` when set, else the `api_keys` rule. With no keys configured at all the server
-    is open, which is why it binds 127.0.0.1 by default.
+class BearerKeys:
+    """Which requests may go on: model endpoints take `api_keys`; session endpoints (`/v1/sessions...`,
+    which expose prompts) take `session_api_keys` when set, else the `api_keys` rule. With no keys
+    configured at all everything is open, which is why the server binds 127.0.0.1 by default.
     """
 
-    def __init__(self, app, *, api_keys: list[str], session_api_keys: list[str]) -> None:
-        self.app = app
+    def __init__(self, *, api_keys: list[str], session_api_keys: list[str]) -> None:
         self.model_keys = tuple(k.encode() for k in api_keys)
         self.session_keys = tuple(k.encode() for k in session_api_keys) or self.model_keys
 
+    def allows(self, scope) -> bool:
+        """An open path, no keys configured, or a matching `Authorization: Bearer <key>`."""
+        path = scope["path"]
+        if path in _OPEN_PATHS or path == "/ui" or path.startswith(_OPEN_PREFIX):
+            return True
+        keys = self.session_keys if path.startswith("/v1/sessions") else self.model_keys
+        if not keys:
+            return True
+        presented = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                if value[:7].lower() == b"bearer ":
+                    presented = value[7:].strip()
+                break
+        return bool(presented) and _matches(presented, keys)
+
+
+class AuthMiddleware:
+    """Pure ASGI: a 401 in the OpenAI shape for an HTTP request `BearerKeys` does not allow."""
+
+    def __init__(self, app, *, api_keys: list[str], session_api_keys: list[str]) -> None:
+        self.app = app
+        self.keys = BearerKeys(api_keys=api_keys, session_api_keys=session_api_keys)
+
     async def __call__(self, scope, receive, send) -> None:
-        path = scope["path"] if scope["type"] == "http" else ""
-        if scope["type"] != "http" or path in _OPEN_PATHS or path == "/ui" or path.startswith(_OPEN_PREFIX):
+        if scope["type"] != "http" or self.keys.allows(scope):
             await self.app(scope, receive, send)
-            return
-        keys = self.session_keys if scope["path"].startswith("/v1/sessions") else self.model_keys
-        if keys:
-            presented = b""
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    if value[:7].lower() == b"bearer ":
-                        presented = value[7:].strip()
-                    break
-            if not presented or not _matches(presented, keys):
-                await _reject(send)
-                return
-        await self.app(scope, receive, send)
+        else:
+            await reject(send)
 
 
-async def _reject(send) -> None:
+async def reject(send) -> None:
     from server.http.asgi import send_error
 
     await send_error(

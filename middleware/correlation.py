@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, replace
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -168,19 +168,38 @@ class CorrelationMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        corr, new_path = resolve(scope["path"], scope["headers"])
-        if new_path is not None:
-            scope = dict(scope)
-            scope["path"] = new_path
-            scope["raw_path"] = new_path.encode("utf-8", "surrogateescape")
-        if corr.refused:
-            self.refused_ids.note(corr.refused, scope["path"])
-            send = _with_refused_header(send, corr.refused)
+        scope, send, corr = correlate(scope, send, self.refused_ids)
         token = _current.set(corr)
         try:
             await self.app(scope, receive, send)
         finally:
             _current.reset(token)
+
+
+def correlate(scope: Scope, send: Send, refused_ids: RefusedIds) -> tuple[Scope, Send, Correlation]:
+    """An HTTP request's correlation, its scope without the Gym prefix, and a `send` naming refused ids.
+
+    The caller publishes the correlation (`publish`) for the handler; the middleware above does, and
+    so does the app's own dispatch of the model endpoints (one layer instead of several).
+    """
+    corr, new_path = resolve(scope["path"], scope["headers"])
+    if new_path is not None:
+        scope = dict(scope)
+        scope["path"] = new_path
+        scope["raw_path"] = new_path.encode("utf-8", "surrogateescape")
+    if corr.refused:
+        refused_ids.note(corr.refused, scope["path"])
+        send = _with_refused_header(send, corr.refused)
+    return scope, send, corr
+
+
+def publish(corr: Correlation) -> Token[Correlation]:
+    """Make `corr` the current correlation (`current_correlation()`); undo with `unpublish(token)`."""
+    return _current.set(corr)
+
+
+def unpublish(token: Token[Correlation]) -> None:
+    _current.reset(token)
 
 
 def _with_refused_header(send: Send, sources: tuple[str, ...]) -> Send:

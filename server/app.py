@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from middleware.auth import AuthMiddleware
-from middleware.correlation import CorrelationMiddleware
+from middleware.auth import AuthMiddleware, BearerKeys, reject
+from middleware.correlation import RefusedIds, correlate, publish, unpublish
 from server.api.chat import ChatCompletions
 from server.api.conversations import conversation_routes
 from server.api.models import json_response, model_routes
@@ -22,7 +22,6 @@ from server.api.responses import Responses
 from server.api.stored_responses import stored_response_routes
 from server.config import Settings
 from server.errors import OpenAIError
-from server.http.asgi import send_error
 from server.lifespan import lifespan
 from server.state import AppState
 from server.switchyard.proxy import build_proxy
@@ -60,44 +59,52 @@ async def _unhandled(request: Request, exc: Exception) -> Response:
     return _error_response(OpenAIError(500, "internal server error", code="internal_error"))
 
 
-class _RequiresReady:
-    """Answers 503 until the lifespan has brought Switchyard up (and after it went down)."""
+class ServerApp(Starlette):
+    """Starlette, with the two model endpoints dispatched in one pure ASGI layer.
 
-    def __init__(self, state: AppState, endpoint) -> None:
-        self.state = state
-        self.endpoint = endpoint
-
-    async def __call__(self, scope, receive, send) -> None:
-        if not self.state.ready or self.state.proxy.is_running() is False:
-            await send_error(send, OpenAIError(503, "Switchyard is not running", code="proxy_unavailable"))
-            return
-        await self.endpoint(scope, receive, send)
-
-
-class ModelCallFastPath:
-    """Pure ASGI: sends `POST` to the two model endpoints straight to their handlers.
-
-    Starlette's router and exception middleware add a route scan and two `send` wrappers to every
-    call and every streamed chunk; these handlers answer every error themselves, so they skip both.
-    Anything else (and a wrong method, for the 405) goes on to Starlette.
+    A model call goes from here straight to its handler: correlation, the Bearer check and the
+    dispatch are done inline, instead of through Starlette's error middleware, two middlewares and
+    the router. Every layer is a coroutine frame that each resumption of the call passes through (a
+    model call resumes a dozen times) and, for some, a `send` wrapper on every message; the handlers
+    answer every error themselves, so they need none of it. Anything else (and a wrong method, for
+    the 405) goes on to Starlette, which runs the auth middleware and the routes.
     """
 
-    def __init__(self, app, *, handlers: dict[str, Any]) -> None:
-        self.app = app
-        self.handlers = handlers
+    def __init__(
+        self,
+        *,
+        model_handlers: dict[str, Any],
+        refused_ids: RefusedIds,
+        auth: BearerKeys,
+        **starlette: Any,
+    ) -> None:
+        super().__init__(**starlette)
+        self.model_handlers = model_handlers
+        self.refused_ids = refused_ids
+        self.auth = auth
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            handler = self.handlers.get(scope["path"])
-            if handler is not None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        # Outermost: the Gym prefix is stripped before auth and dispatch look at the path.
+        scope, send, corr = correlate(scope, send, self.refused_ids)
+        token = publish(corr)
+        try:
+            handler = self.model_handlers.get(scope["path"]) if scope["method"] == "POST" else None
+            if handler is None:
+                await super().__call__(scope, receive, send)
+            elif self.auth.allows(scope):
                 await handler(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+            else:
+                await reject(send)
+        finally:
+            unpublish(token)
 
 
 def create_app(
     settings: Settings, *, on_ready: Callable[[AppState], None] | None = None, server_run: str | None = None
-) -> Starlette:
+) -> ServerApp:
     """Build the ASGI app. Nothing starts here: Switchyard, the upstream client and capture start in
     the lifespan, on the event-loop thread (the hosted server is thread-affine). `on_ready(state)` is
     called once the server can take calls. `server_run` is the run id its records carry (the
@@ -108,8 +115,8 @@ def create_app(
     state.telemetry.refused_ids_source(state.refused_ids.counts)
 
     model_handlers = {
-        "/v1/chat/completions": _RequiresReady(state, ChatCompletions(state)),
-        "/v1/responses": _RequiresReady(state, Responses(state)),
+        "/v1/chat/completions": ChatCompletions(state),
+        "/v1/responses": Responses(state),
     }
     routes = [
         *(Route(path, handler, methods=["POST"]) for path, handler in model_handlers.items()),
@@ -135,14 +142,13 @@ def create_app(
         OpenAIError: _openai_error,
         Exception: _unhandled,
     }
-    app = Starlette(
+    keys = {"api_keys": settings.api_keys, "session_api_keys": settings.session_api_keys}
+    app = ServerApp(
+        model_handlers=model_handlers,
+        refused_ids=state.refused_ids,
+        auth=BearerKeys(**keys),
         routes=routes,
-        # Outermost first: the Gym prefix is stripped before auth looks at the path.
-        middleware=[
-            Middleware(CorrelationMiddleware, refused_ids=state.refused_ids),
-            Middleware(AuthMiddleware, api_keys=settings.api_keys, session_api_keys=settings.session_api_keys),
-            Middleware(ModelCallFastPath, handlers=model_handlers),
-        ],
+        middleware=[Middleware(AuthMiddleware, **keys)],
         lifespan=lambda app: lifespan(state),
         exception_handlers=exception_handlers,
     )

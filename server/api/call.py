@@ -75,9 +75,6 @@ class ModelEndpoint:
     def __init__(self, state: AppState) -> None:
         self.state = state
 
-    async def __call__(self, scope, receive, send) -> None:
-        await self._guarded(scope, receive, send)
-
     async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         raise NotImplementedError
 
@@ -276,8 +273,12 @@ class ModelEndpoint:
         if call.capture and self.state.capture is not None:
             self.state.capture.keep_later(self.record_kwargs(call, chat_response, status, chat_request))
 
-    async def _guarded(self, scope, receive, send) -> None:
-        """Errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""
+    async def __call__(self, scope, receive, send) -> None:
+        """The raw ASGI app: 503 until the lifespan has brought Switchyard up (and after it went down);
+        errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""
+        if not self.state.ready or self.state.proxy.is_running() is False:
+            await send_error(send, OpenAIError(503, "Switchyard is not running", code="proxy_unavailable"))
+            return
         progress = {"started": False, "answered": False}
 
         async def tracking_send(message) -> None:
