@@ -27,7 +27,7 @@ import orjson
 from server.capture.runs import new_run_id
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, Settings, resolve_deployment
-from server.process import die_with_parent
+from server.process import calm_the_collector, die_with_parent
 
 log = logging.getLogger("switchyard_model.workers")
 
@@ -77,6 +77,7 @@ def worker_app() -> Any:
     server_run = os.environ.pop(RUN_ENV, None) or None
 
     def ready(state) -> None:
+        calm_the_collector()
         if ready_dir:
             note = {"pid": os.getpid(), "switchyard": state.proxy.root_url, "route": state.route}
             path = Path(ready_dir) / str(os.getpid())
