@@ -7,7 +7,6 @@ data events, because both APIs translate from it.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
@@ -50,7 +49,6 @@ class Call:
     started: float
     wants_triple: bool = False  # the client asked for the token triple in its answer
     injection: Plan | None = None  # token injection's decision for this call (docs/injection.md)
-    pending_injection: asyncio.Task[Plan] | None = None  # ... while its /tokenize round trip is under way
     response_id: str | None = None  # a Responses call's id, which its record carries too
 
 
@@ -109,16 +107,14 @@ class ModelEndpoint:
         stream: bool,
         added: frozenset[str] = frozenset(),
         wants_triple: bool = False,
-        serialise: bool = True,
     ) -> Call:
-        """The Call; `serialise=False` leaves its payload to be serialised later (by `inject`)."""
         self.check_capture_open(corr)
         return Call(
             corr,
             _request_id(corr),
             route,
             request,
-            orjson.dumps(request) if serialise else b"",
+            orjson.dumps(request),
             stream,
             self.captures(corr),
             added,
@@ -149,40 +145,20 @@ class ModelEndpoint:
                     added.add(key)
         if want_ids:
             added.clear()  # the client asked for them: nothing to strip from its answer
-        call = self.new_call(corr, route, request, stream, frozenset(added), want_ids, serialise=False)
-        call.pending_injection = self._start_injection(call)
-        if call.pending_injection is None:
-            call.payload = orjson.dumps(request)
-        return call
+        return self.new_call(corr, route, request, stream, frozenset(added), want_ids)
 
     # ---- token injection (docs/injection.md) ---------------------------------------------------
-    def _start_injection(self, call: Call) -> asyncio.Task[Plan] | None:
-        """With token_injection on, a correlated captured call's injection starts here: its /tokenize
-        request goes out at the handler's next yield (`inject`), before the rest of the call is set up."""
+    async def inject(self, call: Call) -> None:
+        """With token_injection on, attach the session's token history to a correlated call."""
         injector = self.state.injector
         session = call.correlation.session_id
         if injector is None or not call.capture or session is None:
-            return None
-        return asyncio.ensure_future(injector.prepare(session, call.route, call.request))
-
-    async def inject(self, call: Call) -> None:
-        """Attach the session's token history to the call (when `prepare` started its injection)."""
-        task = call.pending_injection
-        if task is None:
             return
-        call.pending_injection = None
-        try:
-            await asyncio.sleep(0)  # the task's first step: the /tokenize request is on its way
-            call.payload = orjson.dumps(call.request)  # serialised while the engine renders
-            plan = await task
-        except BaseException:
-            task.cancel()  # a client gone meanwhile: the round trip is not left running on its own
-            raise
+        plan = await injector.prepare(session, call.route, call.request)
         call.injection = plan
         if plan.body is not call.request:
-            injector = self.state.injector
-            if plan.adds_field_only and plan.sent is not None and injector is not None:
-                call.payload = injector.transport.splice(call.payload, plan.sent)  # messages not serialised again
+            if plan.adds_field_only and plan.sent is not None:  # the messages are not serialised again
+                call.payload = injector.transport.splice(call.payload, plan.sent)
             else:
                 call.payload = orjson.dumps(plan.body)
             call.request = plan.body
