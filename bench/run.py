@@ -1,6 +1,6 @@
 """`make bench`: the same load sent straight to Switchyard and through this server, interleaved, in one table.
 
-Usage: python bench/run.py [--quick] [--only a,b] [--json PATH] [--profile DIR]
+Usage: python bench/run.py [--quick] [--only a,b] [--json PATH] [--profile DIR] [--mock-tree PATH] [--injection-tree NAME=PATH]
 Sections: ceiling, sequential, concurrency, streams, capture, telemetry, injection, reconstruction, reads, disk, hold.
 See bench/README.md for what each figure means and how the load generator was checked.
 """
