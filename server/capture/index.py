@@ -12,9 +12,11 @@ any later change moves its mtime. (Git's "racily clean" rule, for the same reaso
 
 With a change journal (`journal.py`: every writer names the directory it changed in one shared
 append-only file), a look reads the journal's new lines and rescans only the directories they name,
-instead of stat-ing every directory; the full revalidation above then runs only every
-`full_revalidation_s` (for writers that do not append: an older server, a copy) or when the journal
-cannot say what changed (missing, rotated, truncated, garbled).
+instead of stat-ing every directory. For writers that do not append (an older server, a copy), a
+rolling sweep still checks every directory as above, a slice per look, once per half of
+`full_revalidation_s`, so their changes appear within about that long and no single look pays for
+all directories. When the journal cannot say what changed (missing, rotated, truncated, garbled),
+the look checks every directory at once.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from typing import Any
 # A directory modified this recently is rescanned every time. Covers the filesystem clock's tick
 # and modest clock differences between a network filesystem's server and this host.
 RACY_WINDOW_NS = 2_000_000_000
-# With a change journal: how often a look still revalidates every directory, so records from a writer
-# that does not append to the journal appear within this long.
+# With a change journal: records from a writer that does not append to it appear within about this
+# long (the rolling sweep checks every directory once per half of it).
 FULL_REVALIDATION_S = 5.0
 
 
@@ -218,6 +220,7 @@ class SessionIndex:
         racy_window_ns: int = RACY_WINDOW_NS,
         journal_changes: Callable[[], set[str] | None] | None = None,
         full_revalidation_s: float = FULL_REVALIDATION_S,
+        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.sessions_dir = os.fspath(sessions_dir)
         self.revalidate = revalidate
@@ -227,9 +230,14 @@ class SessionIndex:
         self._on_skipped = on_skipped
         self._racy_window_ns = racy_window_ns
         self._journal_changes = journal_changes
-        self._full_every_ns = int(full_revalidation_s * 1e9)
-        self._last_full_began_ns: int | None = None  # monotonic; None: never revalidated in full
-        self.full_revalidations = 0  # how many looks revalidated every directory (for tests and stats)
+        self._clock = clock
+        # The rolling sweep (with a journal): the directories listed when it began, how far it got.
+        self._sweep_period_ns = int(full_revalidation_s * 1e9) // 2
+        self._sweep: list[str] = []
+        self._sweep_pos = 0
+        self._sweep_began_ns = 0
+        self.full_revalidations = 0  # looks that checked every directory at once (for tests)
+        self.checked_dirs = 0  # directories stat-ed so far (for tests)
 
         self._refresh_lock = threading.Lock()  # one refresh at a time; its file I/O runs under it
         self._lock = threading.Lock()  # guards the maps below; held only briefly
@@ -292,17 +300,16 @@ class SessionIndex:
         Concurrent callers share work: one that waited for the lock while another refresh ran from
         start to end takes that refresh's result, which saw the disk as it was after the call began.
         """
-        asked_ns = time.monotonic_ns()
+        asked_ns = self._clock()
         with self._refresh_lock:
             if self._last_refresh_began_ns > asked_ns:
                 return
-            self._last_refresh_began_ns = began_ns = time.monotonic_ns()
+            self._last_refresh_began_ns = began_ns = self._clock()
             started_ns = time.time_ns()
             # Read before any directory is looked at: a change appended later is read next time.
             changes = self._journal_changes() if self._journal_changes is not None else None
-            last_full = self._last_full_began_ns
-            if changes is not None and last_full is not None and began_ns - last_full < self._full_every_ns:
-                self._apply_changes(changes, started_ns)
+            if changes is not None and self._loaded and self._sweep_period_ns > 0:
+                self._follow(changes, began_ns, started_ns)
                 return
             names = self._session_dir_names(started_ns)
             with self._lock:
@@ -320,14 +327,33 @@ class SessionIndex:
                 if changed:
                     self._view = None
                 self._loaded = True
-                self._last_full_began_ns = began_ns
                 self.full_revalidations += 1
+            self._sweep, self._sweep_pos, self._sweep_began_ns = [], 0, began_ns
 
-    def _apply_changes(self, changes: set[str], started_ns: int) -> None:
-        """Rescan only the directories the journal named and this process wrote to; the rest stand."""
+    def _follow(self, changes: set[str], now_ns: int, started_ns: int) -> None:
+        """A look with the journal: rescan the directories it named and this process wrote to, and
+        check the rolling sweep's next slice (in proportion to the time since the sweep began)."""
+        check: set[str] = set()
+        period = self._sweep_period_ns
+        for _ in range(2):  # after a long quiet spell: finish the sweep, and make a whole new one
+            if self._sweep_pos >= len(self._sweep) and now_ns - self._sweep_began_ns >= period:
+                listed = list(self._session_dir_names(started_ns))
+                with self._lock:
+                    check.update(set(self._dirs).symmetric_difference(listed))  # new ones scanned, gone ones dropped
+                self._sweep, self._sweep_pos = listed, 0
+                self._sweep_began_ns = max(self._sweep_began_ns + period, now_ns - period)
+            elapsed = max(0, now_ns - self._sweep_began_ns)
+            due = len(self._sweep) if elapsed >= period else -(-len(self._sweep) * elapsed // period)
+            check.update(self._sweep[self._sweep_pos : due])
+            self._sweep_pos = max(self._sweep_pos, due)
+        self._update(check, changes, started_ns)
+
+    def _update(self, check: set[str], changed: set[str], started_ns: int) -> None:
+        """Check `check` by mtime, rescan `changed` and this process's own writes whatever their mtime."""
         with self._lock:
-            names = {name for name in changes | self._dirty if self._is_session_dir_name(name)}
+            forced = {name for name in changed | self._dirty if self._is_session_dir_name(name)}
             self._dirty.clear()
+            names = check | forced
             if not names:
                 return
             old = self._dirs
@@ -335,8 +361,8 @@ class SessionIndex:
         for name in names:
             fresh.pop(name, None)
         with _open_dir(self.sessions_dir) as top_fd:
-            # A named directory that is gone (deleted) is simply not put back.
-            self._revalidate(sorted(names), old, names, fresh, top_fd, started_ns)
+            # A directory that is gone (deleted) is simply not put back.
+            self._revalidate(list(names), old, forced, fresh, top_fd, started_ns)
         by_session: dict[str, SessionEntry | None] = {}
         for name in names:
             before, after = old.get(name), fresh.get(name)
@@ -364,6 +390,7 @@ class SessionIndex:
     ) -> bool:
         """Fill `fresh` with every session directory's state, rescanning the changed ones; True if any changed."""
         changed = False
+        self.checked_dirs += len(names)
         for name in names:
             path = os.path.join(self.sessions_dir, name)
             try:

@@ -227,20 +227,55 @@ def test_negative_control_a_writer_that_does_not_append_is_unseen_until_a_full_r
             store.close()
 
 
-def test_a_full_revalidation_every_interval_finds_writers_that_do_not_append(tmp_path):
+def test_the_rolling_sweep_finds_writers_that_do_not_append_within_the_interval(tmp_path):
     reader = CaptureStore(tmp_path, full_revalidation_s=0.2)
     older = CaptureStore(tmp_path, change_journal=False)
     reader.start()
     older.start()
     try:
         alternate([older], [call("a")])
-        time.sleep(0.25)  # the interval has passed: the next look revalidates every directory
-        before = reader._index.full_revalidations
+        time.sleep(0.25)  # the interval has passed: every directory is checked by the next look
         assert ids(reader) == ["a"]
-        assert reader._index.full_revalidations == before + 1
+        assert reader._index.full_revalidations == 1  # by the sweep, not by a look at every directory
     finally:
         reader.close()
         older.close()
+
+
+def test_each_look_checks_a_slice_of_the_directories_in_proportion_to_the_time_passed(tmp_path):
+    older = CaptureStore(tmp_path, change_journal=False)
+    older.start()
+    alternate([older], [call(f"s-{i:02d}") for i in range(40)])
+    sessions = tmp_path / "sessions"
+    journal_module.create(sessions)
+    now = [0]
+    index = index_on(
+        tmp_path,
+        CountingReader(),
+        journal_changes=journal_module.JournalReader(sessions, store_module._SESSION_DIR_NAME.fullmatch).changes,
+        full_revalidation_s=4.0,  # a sweep every 2 s
+        clock=lambda: now[0],
+    )
+    assert len(index.view()) == 40 and index.checked_dirs == 40  # the first look checks everything
+    now[0] += 2_000_000_000  # a sweep period later: a sweep begins
+    index.view()
+    assert index.checked_dirs == 40
+    alternate([older], [call("s-00"), call("s-39")])  # unjournaled changes at both ends of the sweep
+    seen = []
+    for _ in range(4):
+        now[0] += 500_000_000  # a quarter of the period: a quarter of the directories
+        checked = index.checked_dirs
+        view = index.view()
+        assert index.checked_dirs - checked == 10
+        seen.append(view.session_info("s-00")["record_count"] + view.session_info("s-39")["record_count"])
+    assert seen[-1] == 4  # both found within one sweep
+    assert index.full_revalidations == 1
+    now[0] += 60_000_000_000  # after a long quiet spell one look checks them all, at once
+    alternate([older], [call("s-20")])
+    checked = index.checked_dirs
+    assert index.view().session_info("s-20")["record_count"] == 2
+    assert index.checked_dirs - checked == 40
+    older.close()
 
 
 @pytest.mark.parametrize("trouble", ["removed", "rotated", "garbled"])
