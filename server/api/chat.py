@@ -75,7 +75,8 @@ class ChatCompletions(ModelEndpoint):
                         if drop_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:
                             continue  # asked for by us (or by Switchyard), not by the client
                         if call.added_fields:
-                            parts.append(sse.encode(orjson.dumps(strip_token_fields(chunk, call.added_fields))))
+                            # Edited in place: fed already, the chunk itself is not kept.
+                            parts.append(sse.encode_json(strip_token_fields(chunk, call.added_fields, in_place=True)))
                         else:
                             parts.append(event.wire())
                     else:

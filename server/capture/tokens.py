@@ -180,25 +180,29 @@ def token_triple(chat: dict[str, Any]) -> Triple | None:
     return prompt_ids, generation_ids, log_probs  # type: ignore[return-value]  # checked by _well_formed
 
 
-def strip_token_fields(chat: dict[str, Any], added: frozenset[str]) -> dict[str, Any]:
-    """A copy without the token fields we asked for but the client did not, so it gets the shape it asked for.
+def strip_token_fields(chat: dict[str, Any], added: frozenset[str], *, in_place: bool = False) -> dict[str, Any]:
+    """Without the token fields we asked for but the client did not, so it gets the shape it asked for.
 
-    Works on a chat answer and on a stream chunk alike. A copy of the levels it changes, never an
-    edit: the original may be on its way into a capture record on the writer thread.
+    Works on a chat answer and on a stream chunk alike. By default a copy of the levels it changes,
+    never an edit: the original may be on its way into a capture record on the writer thread.
+    `in_place` edits `chat` itself, for a stream chunk parsed only to be fed to the accumulator and
+    sent on: the accumulator keeps the lists and entries, never the chunk's own dicts.
     """
-    out = dict(chat)
+    out = chat if in_place else dict(chat)
     if "return_token_ids" in added:
         out.pop("prompt_token_ids", None)
     choices = out.get("choices")
     if isinstance(choices, list):
-        stripped = []
+        stripped = choices if in_place else []
         for choice in choices:
             if isinstance(choice, dict):
-                choice = dict(choice)
+                if not in_place:
+                    choice = dict(choice)
                 if "return_token_ids" in added:
                     choice.pop("token_ids", None)
                 if "logprobs" in added and "logprobs" in choice:
                     choice["logprobs"] = None
-            stripped.append(choice)
+            if not in_place:
+                stripped.append(choice)
         out["choices"] = stripped
     return out

@@ -42,6 +42,11 @@ def encode(data: bytes, event: str | None = None) -> bytes:
     return head + b"data: " + data + b"\n\n"
 
 
+def encode_json(doc: Any) -> bytes:
+    """A data-only event holding `doc` as compact JSON, which never holds a line break."""
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
 def encode_responses_event(event: dict[str, Any]) -> bytes:
     """A Responses stream event, named by its `type` as the Responses API frames them."""
     return encode(orjson.dumps(event), event["type"])

@@ -221,3 +221,80 @@ def test_strip_token_fields_leaves_the_original_whole_for_capture():
     before = copy.deepcopy(chat)
     strip_token_fields(chat, frozenset({"return_token_ids", "logprobs"}))
     assert chat == before  # the record built from it on the writer thread keeps its token triple
+
+
+# ---- in place, for stream chunks ----------------------------------------------------------------
+
+_TEXT = st.text(max_size=6)
+_ENTRY = st.fixed_dictionaries(
+    {"token": _TEXT, "logprob": st.floats(-20, 0), "bytes": st.lists(st.integers(0, 255), max_size=3)},
+    optional={"top_logprobs": st.lists(st.fixed_dictionaries({"token": _TEXT, "logprob": st.floats(-20, 0)}))},
+)
+_DELTA = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.just("assistant"),
+        "content": st.one_of(st.none(), _TEXT),
+        "reasoning": _TEXT,
+        "tool_calls": st.lists(
+            st.fixed_dictionaries(
+                {"index": st.integers(0, 1)},
+                optional={"id": _TEXT, "function": st.fixed_dictionaries({}, optional={"arguments": _TEXT})},
+            ),
+            max_size=2,
+        ),
+    },
+)
+_CHOICE = st.fixed_dictionaries(
+    {"index": st.integers(0, 1), "delta": _DELTA},
+    optional={
+        "logprobs": st.one_of(st.none(), st.fixed_dictionaries({"content": st.lists(_ENTRY, max_size=2)})),
+        "finish_reason": st.one_of(st.none(), st.sampled_from(["stop", "length", "tool_calls"])),
+        "token_ids": st.lists(st.integers(0, 200_000), max_size=3),
+    },
+)
+_CHUNK = st.fixed_dictionaries(
+    {"id": st.just("chatcmpl-1"), "object": st.just("chat.completion.chunk"), "choices": st.lists(_CHOICE, max_size=2)},
+    optional={
+        "prompt_token_ids": st.lists(st.integers(0, 200_000), max_size=4),
+        "usage": st.fixed_dictionaries({"prompt_tokens": st.integers(0, 9), "completion_tokens": st.integers(0, 9)}),
+    },
+)
+_ADDED = st.sets(st.sampled_from(["return_token_ids", "logprobs", "top_logprobs"])).map(frozenset)
+
+
+def _fed_then_stripped(chunks: list[dict], added: frozenset[str], *, strip_first: bool = False):
+    """What a stream relay does with each parsed chunk: feed it, then strip it in place to send it."""
+    accumulator = ChatStreamAccumulator()
+    sent = []
+    for chunk in copy.deepcopy(chunks):
+        if strip_first:
+            sent.append(strip_token_fields(chunk, added, in_place=True))
+        accumulator.feed(chunk)
+        if not strip_first:
+            sent.append(strip_token_fields(chunk, added, in_place=True))
+    return accumulator.result(), sent
+
+
+@given(st.lists(_CHUNK, max_size=5), _ADDED)
+def test_in_place_stripping_after_feeding_sends_and_keeps_what_the_copying_strip_does(chunks, added):
+    expected_result = ChatStreamAccumulator()
+    for chunk in copy.deepcopy(chunks):
+        expected_result.feed(chunk)
+    result, sent = _fed_then_stripped(chunks, added)
+    assert sent == [strip_token_fields(chunk, added) for chunk in chunks]  # the client's bytes
+    assert result == expected_result.result()  # the record's: the accumulator kept nothing it edits
+
+
+def test_negative_control_stripping_before_feeding_loses_the_tokens():
+    # The order matters: the property above would fail if the relay stripped before the accumulator saw.
+    chunk = {
+        "id": "c",
+        "choices": [{"index": 0, "delta": {"content": "a"}, "logprobs": {"content": [lp(7, -0.5)]}, "token_ids": [7]}],
+        "prompt_token_ids": [1, 2],
+    }
+    added = frozenset({"return_token_ids", "logprobs"})
+    right, _ = _fed_then_stripped([chunk], added)
+    wrong, _ = _fed_then_stripped([chunk], added, strip_first=True)
+    assert right["prompt_token_ids"] == [1, 2] and right["choices"][0]["token_ids"] == [7]
+    assert "prompt_token_ids" not in wrong and "token_ids" not in wrong["choices"][0]
