@@ -35,7 +35,8 @@ from server.capture.store import UnknownSession, read_session_records
 log = logging.getLogger("switchyard_model.capture")
 
 _Lost = tuple[tuple[str, int], ...]  # (session id, records lost to capture failures), non-zero only
-_CacheKey = tuple[str, bool, RunChoice | None, tuple[tuple[str, int, str, str], ...], _Lost]
+_State = tuple[tuple[str, int, str, str, tuple[str | None, ...]], ...]
+_CacheKey = tuple[str, bool, RunChoice | None, _State, _Lost]
 
 
 class RebuildUnavailable(RuntimeError):
@@ -49,9 +50,8 @@ def _init_worker() -> None:
     _lower_priority()
 
 
-def tree_of(index: IndexView, session_id: str, choice: RunChoice | None = None) -> dict[str, list[str]]:
-    """The session and its descendants with records in the chosen run (None: any) as {session id:
-    child ids}, from one index snapshot."""
+def tree_of(index: IndexView, session_id: str) -> dict[str, list[str]]:
+    """The session and its descendants as {session id: child ids}, from one index snapshot."""
     if index.session_info(session_id) is None:
         raise UnknownSession(session_id)
     tree: dict[str, list[str]] = {}
@@ -60,7 +60,7 @@ def tree_of(index: IndexView, session_id: str, choice: RunChoice | None = None) 
         current = pending.pop()
         if current in tree:
             continue
-        tree[current] = children = children_in(index, current, choice)
+        tree[current] = children = children_in(index, current, None)
         pending.extend(children)
     return tree
 
@@ -72,16 +72,22 @@ def rollout_json(
     allow_partial: bool,
     lost: _Lost = (),
     choice: RunChoice | None = None,
+    session_runs: dict[str, tuple[str | None, ...]] | None = None,
 ) -> bytes:
-    """The serialized rollout of `session_id` with its sub-agents, from the chosen run's records
-    (None: all runs) (raises RolloutError, UnknownSession).
+    """The serialized rollout of `session_id` with its sub-agents, from the records `choice` picks
+    (None: all runs); `session_runs` are the runs of each session of `tree` (raises RolloutError,
+    UnknownSession).
 
     Runs in the worker process: it reads the records itself, so only the ids and the result cross.
     """
-    load_records = tree_records(lambda sid: read_session_records(sessions_dir, sid), session_id, choice)
+    load_records, runs = tree_records(lambda sid: read_session_records(sessions_dir, sid), session_id, choice)
+    known_runs = session_runs or {}
 
     def children_of(sid: str) -> list[str]:
-        return tree.get(sid, [])
+        children = tree.get(sid, [])
+        if runs is None:
+            return children
+        return [child for child in children if not runs.isdisjoint(known_runs.get(child, (None,)))]
 
     lost_by_session = dict(lost)
     return orjson.dumps(
@@ -138,7 +144,7 @@ class RolloutBuilder:
         part of the cache key, so a mark made after a rollout was cached is never hidden by it.
         """
         choice = pick(index, session_id, run)
-        tree = tree_of(index, session_id, choice)
+        tree = tree_of(index, session_id)
         lost: _Lost = ()
         if lost_records is not None:
             counts = await asyncio.to_thread(lambda: [(sid, lost_records(sid)) for sid in sorted(tree)])
@@ -158,12 +164,20 @@ class RolloutBuilder:
         return await asyncio.shield(task)
 
     async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> bytes:
-        session_id, allow_partial, choice, _, lost = key
+        session_id, allow_partial, choice, state, lost = key
         self.rebuilds += 1
         loop = asyncio.get_running_loop()
         try:
             body = await loop.run_in_executor(
-                self._executor(), rollout_json, self.sessions_dir, session_id, tree, allow_partial, lost, choice
+                self._executor(),
+                rollout_json,
+                self.sessions_dir,
+                session_id,
+                tree,
+                allow_partial,
+                lost,
+                choice,
+                {sid: runs for sid, _, _, _, runs in state},
             )
         except BrokenProcessPool as exc:
             self._reset_pool()
@@ -209,11 +223,13 @@ def _lower_priority() -> None:
         pass
 
 
-def _state_of(index: IndexView, tree: dict[str, list[str]]) -> tuple[tuple[str, int, str, str], ...]:
+def _state_of(index: IndexView, tree: dict[str, list[str]]) -> _State:
     """What a rollout depends on, per session of the tree: a new record changes it."""
     state = []
     for sid in sorted(tree):
         info = index.session_info(sid)
         if info is not None:
-            state.append((sid, info["record_count"], info["first_captured_at"], info["last_captured_at"]))
+            state.append(
+                (sid, info["record_count"], info["first_captured_at"], info["last_captured_at"], tuple(info["runs"]))
+            )
     return tuple(state)

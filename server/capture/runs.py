@@ -2,8 +2,10 @@
 
 Every record carries `server_run`, the id of the server run that wrote it (one per `serve`, shared by
 its workers; records written before the field existed have none and count as one "legacy" run).
-A session id used again by a later run would otherwise mix two conversations into one chain, so a
-rollout covers one run: the latest by default, another when asked, or all of them merged.
+A session id used again by a later run would otherwise mix two conversations into one chain, so by
+default a rollout covers the session's latest conversation: the records from the last point where a
+new run began one afresh. A run that went on with the conversation (a restart mid-session) or that
+served it alongside another (two servers on one directory) belongs to the same conversation.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from server.capture.contiguity import first_difference
 
 if TYPE_CHECKING:
     from server.capture.index import IndexView
@@ -55,23 +59,23 @@ def parse_run(value: str | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RunChoice:
-    """One run's records: those whose `server_run` is `run` (None: the legacy records without one)."""
+    """Which records of a session: those of one run (`run`; None for the legacy records without
+    one), or with `latest`, those of its latest conversation (`latest_conversation`)."""
 
-    run: str | None
-
-    def keeps(self, record: dict) -> bool:
-        return run_of(record) == self.run
+    run: str | None = None
+    latest: bool = False
 
 
 def choose(runs: Sequence[str | None], wanted: str) -> RunChoice | None:
-    """The run `wanted` picks among a session's `runs` (in order of first record); None means all.
+    """What `wanted` picks among a session's `runs` (in order of first record); None means every record.
 
-    Raises UnknownRun when a named run (or `legacy`) is not among them.
+    `latest` of a session one run wrote is all of it. Raises UnknownRun when a named run (or
+    `legacy`) is not among them.
     """
     if wanted == ALL:
         return None
     if wanted == LATEST:
-        return RunChoice(runs[-1]) if runs else None
+        return RunChoice(latest=True) if len(runs) > 1 else None
     run = None if wanted == LEGACY else wanted
     if run not in runs:
         raise UnknownRun(wanted)
@@ -88,30 +92,67 @@ def runs_in_order(records: Iterable[dict]) -> list[str | None]:
     return list(dict.fromkeys(run_of(record) for record in records))
 
 
-def latest_run_records(records: list[dict]) -> list[dict]:
-    """The records of the latest run (what a rollout covers by default), in their order."""
-    runs = runs_in_order(records)
-    if len(runs) <= 1:
+def latest_conversation(records: list[dict]) -> list[dict]:
+    """The records (in `(captured_at, uuid)` order) from the last point where a new run began a new
+    conversation under the session's id: what a rollout covers by default.
+
+    A run's first record begins one afresh unless an earlier run still writes after it (two servers
+    serving the session in turn) or its prompt extends an earlier record's prompt + generation (the
+    conversation went on across a restart).
+    """
+    last_of: dict[str | None, int] = {}
+    for index, record in enumerate(records):
+        last_of[run_of(record)] = index
+    if len(last_of) <= 1:
         return records
-    latest = runs[-1]
-    return [record for record in records if run_of(record) == latest]
+    start = 0
+    seen: set[str | None] = set()
+    for index, record in enumerate(records):
+        run = run_of(record)
+        if run in seen:
+            continue
+        seen.add(run)
+        if index == 0 or any(last_of[other] > index for other in seen - {run}):
+            continue
+        if not _continues_any(record, records[start:index]):
+            start = index
+    return records[start:]
 
 
-def keep(records: list[dict], choice: RunChoice | None) -> list[dict]:
-    """`records` narrowed to the chosen run (all of them for None)."""
+def _continues_any(record: dict, earlier: list[dict]) -> bool:
+    prompt = record.get("prompt_token_ids")
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    for before in reversed(earlier):
+        head, tail = before.get("prompt_token_ids"), before.get("generation_token_ids")
+        if isinstance(head, list) and isinstance(tail, list) and head and len(prompt) >= len(head) + len(tail):
+            if first_difference(prompt, head, tail) is None:
+                return True
+    return False
+
+
+def narrow(records: list[dict], choice: RunChoice | None) -> list[dict]:
+    """A session's records narrowed to the choice (all of them for None)."""
     if choice is None:
         return records
-    return [record for record in records if choice.keeps(record)]
+    if choice.latest:
+        return latest_conversation(records)
+    return [record for record in records if run_of(record) == choice.run]
 
 
-def in_run(info: dict[str, Any] | None, choice: RunChoice | None) -> bool:
-    """Whether a session (its index entry) has records in the chosen run; every session is in "all"."""
+def runs_of(records: Iterable[dict]) -> frozenset[str | None]:
+    return frozenset(run_of(record) for record in records)
+
+
+def in_runs(info: dict[str, Any] | None, runs: frozenset[str | None] | None) -> bool:
+    """Whether a session (its index entry) has records in any of `runs`; every session is in None (all)."""
     if info is None:
         return False
-    return choice is None or choice.run in info.get("runs", (None,))
+    return runs is None or not runs.isdisjoint(info.get("runs", (None,)))
 
 
-def children_in(index: IndexView, session_id: str, choice: RunChoice | None) -> list[str]:
-    """The session's children with records in the chosen run: a sub-agent belongs to the run its
-    parent's rollout covers (one a later run spawned under a reused id is not part of an earlier run)."""
-    return [child for child in index.children(session_id) if in_run(index.session_info(child), choice)]
+def children_in(index: IndexView, session_id: str, runs: frozenset[str | None] | None) -> list[str]:
+    """The session's children with records in `runs` (None: all of them): a sub-agent belongs to the
+    runs its parent's rollout covers (one a later run spawned under a reused id is not part of an
+    earlier run's rollout)."""
+    return [child for child in index.children(session_id) if in_runs(index.session_info(child), runs)]

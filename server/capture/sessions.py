@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from server.capture.index import IndexView
 from server.capture.rollout import reconstruct_tree
-from server.capture.runs import ALL, LATEST, RunChoice, children_in, choose, keep
+from server.capture.runs import ALL, LATEST, RunChoice, children_in, choose, narrow, run_of, runs_of
 from server.capture.store import CaptureStore, UnknownSession
 
 
@@ -21,12 +21,16 @@ def pick(index: IndexView, session_id: str, wanted: str) -> RunChoice | None:
 
 def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict:
     """The session and its descendants as nested `{session_id, parent_session_id, parent_missing, record_count,
-    runs, children}`; with a `run` other than `all`, only the sub-agents with records in that run
-    (raises UnknownSession, UnknownRun)."""
+    runs, children}`; with a `run` other than `all`, only the sub-agents with records in the runs it
+    covers (raises UnknownSession, UnknownRun)."""
     index = store.index_view()  # one snapshot of the disk for the whole tree
     info = index.session_info(session_id)
     choice = pick(index, session_id, run)
     assert info is not None  # pick raised otherwise
+    runs: frozenset[str | None] | None = None
+    if choice is not None:
+        # Which runs the latest conversation spans is known only from the root's records.
+        runs = tree_records(store.read_completions, session_id, choice)[1]
 
     def node(entry: dict) -> dict:
         return {
@@ -44,7 +48,7 @@ def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict:
     # Iterative, with a visited set: crafted parent ids could otherwise form a cycle or a deep chain.
     while pending:
         current = pending.pop()
-        for child_id in children_in(index, current["session_id"], choice):
+        for child_id in children_in(index, current["session_id"], runs):
             child_info = index.session_info(child_id)
             if child_id in seen or child_info is None:
                 continue
@@ -57,26 +61,30 @@ def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict:
 
 def tree_records(
     read: Callable[[str], tuple[list[dict], int]], session_id: str, choice: RunChoice | None = None
-) -> Callable[[str], list[dict]]:
-    """A record loader for a session's tree from `read(session_id) -> (records, skipped)`, each
-    session's records narrowed to the chosen server run (None: all runs).
+) -> tuple[Callable[[str], list[dict]], frozenset[str | None] | None]:
+    """A record loader for a session's tree from `read(session_id) -> (records, skipped)`, and the
+    server runs it covers (None: all of them).
 
-    The root must have records (UnknownSession otherwise, read now); a sub-agent without any loads
-    as empty, which reconstruction reports.
+    The root's records are narrowed to the choice (its latest conversation, or one run); the
+    sub-agents' to the runs the root's narrowed records came from. The root must have records
+    (UnknownSession otherwise, read now); a sub-agent without any loads as empty, which
+    reconstruction reports.
     """
-    root_records = keep(read(session_id)[0], choice)
+    root_records = narrow(read(session_id)[0], choice)
     if not root_records:
         raise UnknownSession(session_id)
+    runs = runs_of(root_records) if choice is not None else None
 
     def load_records(sid: str) -> list[dict]:
         if sid == session_id:
             return root_records
         try:
-            return keep(read(sid)[0], choice)
+            records = read(sid)[0]
         except UnknownSession:
             return []
+        return records if runs is None else [record for record in records if run_of(record) in runs]
 
-    return load_records
+    return load_records, runs
 
 
 def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST) -> dict:
@@ -84,11 +92,11 @@ def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool =
     run (`latest`, a run id, `legacy`) or of `all` (raises RolloutError, UnknownSession, UnknownRun)."""
     index = store.index_view()
     choice = pick(index, session_id, run)
-    load_records = tree_records(store.read_completions, session_id, choice)
+    load_records, runs = tree_records(store.read_completions, session_id, choice)
     return reconstruct_tree(
         session_id,
         load_records,
-        lambda sid: children_in(index, sid, choice),
+        lambda sid: children_in(index, sid, runs),
         allow_partial=allow_partial,
         lost_records=store.lost_records,
     )

@@ -269,8 +269,8 @@ class CaptureStore:
             return
         shown = ", ".join(sorted(r or LEGACY for r in earlier))
         log.warning(
-            "session %r was already written by an earlier server run (%s); server run %s now writes into it. "
-            "Its rollout covers the latest run by default; ?run=all merges the runs (docs/capture.md#server-runs)",
+            "session %r was already written by an earlier server run (%s); server run %s now writes into it. Its "
+            "rollout covers its latest conversation by default; ?run=all merges the runs (docs/capture.md#server-runs)",
             session_id[:200],
             shown,
             run or LEGACY,

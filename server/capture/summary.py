@@ -12,7 +12,7 @@ from typing import Any
 
 from server.capture.index import IndexView
 from server.capture.rollout import RolloutError, reconstruct_session
-from server.capture.runs import RunChoice, children_in, latest_run_records
+from server.capture.runs import children_in, latest_conversation, runs_of
 from server.capture.store import CaptureStore, UnknownSession
 
 # What `status=` may ask for. `whole`: the rollout is not masked; `partial`: a valid prefix was kept
@@ -81,10 +81,11 @@ def reply_has_tool_calls(record: dict) -> bool:
 def rollout_outcome(session_id: str, records: list[dict]) -> tuple[dict | None, str | None]:
     """The session's own rollout (without sub-agents), or None and why it could not be rebuilt.
 
-    Like GET /rollout by default, it covers the records of the session's latest server run only.
+    Like GET /rollout by default, it covers the session's latest conversation only (its records
+    from the last server run that began it anew; see `runs.latest_conversation`).
     """
     try:
-        return reconstruct_session(session_id, latest_run_records(records)), None
+        return reconstruct_session(session_id, latest_conversation(records)), None
     except RolloutError as exc:
         return None, str(exc)
 
@@ -96,6 +97,8 @@ class SessionFacts:
     summary: dict[str, Any]
     # (captured_at, started_at, uuid, reply has tool calls) per call, in record order: links children to calls.
     calls: list[tuple[str | None, str | None, str | None, bool]]
+    # The server runs its latest conversation spans, when more than one run wrote it (else None: all).
+    runs: frozenset[str | None] | None = None
 
 
 def session_facts(
@@ -116,7 +119,8 @@ def session_facts(
         (record.get("captured_at"), started_at(record), record.get("uuid"), reply_has_tool_calls(record))
         for record in records
     ]
-    return SessionFacts(summary, calls)
+    runs = runs_of(records)
+    return SessionFacts(summary, calls, runs_of(latest_conversation(records)) if len(runs) > 1 else None)
 
 
 def summary_columns(records: list[dict]) -> dict[str, Any]:
@@ -262,6 +266,18 @@ class SummaryCache:
             with self._lock:
                 self._pending.discard(session_id)
 
+    def _covered_runs(self, view: IndexView, session_id: str, own: SessionFacts | None) -> frozenset[str | None] | None:
+        """The runs the session's default rollout covers: from its facts, else (not yet read) its latest run."""
+        if own is None:
+            with self._lock:
+                cached = self._entries.get(session_id)
+            own = cached[1] if cached is not None else None
+        if own is not None:
+            return own.runs
+        info = view.session_info(session_id)
+        runs = info["runs"] if info is not None else []
+        return frozenset(runs[-1:]) if len(runs) > 1 else None
+
     def summary(self, store: CaptureStore, view: IndexView, session_id: str, *, wait: bool = True) -> dict | None:
         """The session's summary with sub-agent sessions folded in: masked when any session below is.
 
@@ -272,10 +288,8 @@ class SummaryCache:
         summary = dict(own.summary if own is not None else self.quick_summary(store, view, session_id) or {})
         if not summary:
             return None
-        info = view.session_info(session_id)
-        # The sub-agents of the run the rollout covers by default (the latest), as GET /rollout has them.
-        choice = RunChoice(info["runs"][-1]) if info is not None else None
-        for descendant in descendants(view, session_id, choice):
+        # The sub-agents of the runs the default rollout covers, as GET /rollout has them.
+        for descendant in descendants(view, session_id, self._covered_runs(view, session_id, own)):
             if wait:
                 below_facts = self.facts(store, view, descendant)
                 below = below_facts.summary if below_facts is not None else None
@@ -293,19 +307,19 @@ class SummaryCache:
         return summary
 
 
-def descendants(view: IndexView, session_id: str, choice: RunChoice | None = None) -> list[str]:
-    """Every session below `session_id` with records in the chosen run (None: any), depth first; a
-    visited set stops crafted cycles."""
+def descendants(view: IndexView, session_id: str, runs: frozenset[str | None] | None = None) -> list[str]:
+    """Every session below `session_id` with records in `runs` (None: any), depth first; a visited
+    set stops crafted cycles."""
     out: list[str] = []
     seen = {session_id}
-    stack = list(reversed(children_in(view, session_id, choice)))
+    stack = list(reversed(children_in(view, session_id, runs)))
     while stack:
         child = stack.pop()
         if child in seen:
             continue
         seen.add(child)
         out.append(child)
-        stack.extend(reversed(children_in(view, child, choice)))
+        stack.extend(reversed(children_in(view, child, runs)))
     return out
 
 

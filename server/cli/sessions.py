@@ -47,8 +47,9 @@ def add_sessions_parser(subparsers: Any) -> None:
     which_run = argparse.ArgumentParser(add_help=False)
     which_run.add_argument(
         "--run",
-        help="which server run's records, for a session id used again by a later run: latest (the default "
-        "for rollouts), a run id from the listing's `runs`, legacy (records without a run id) or all",
+        help="which server runs' records, for a session id used again by a later run: latest (its latest "
+        "conversation; the default for rollouts), a run id from the listing's `runs`, legacy (records without "
+        "a run id) or all",
     )
 
     parser = subparsers.add_parser(

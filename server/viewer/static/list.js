@@ -103,13 +103,13 @@ function finishText(reasons) {
     .join(" ");
 }
 
-// A session id used again by a later server run: its status and rollout cover the latest run only.
+// A session more than one server run wrote: its status and rollout cover its latest conversation.
 function runsNote(session) {
   const runs = session.runs || [];
   if (runs.length < 2) return null;
   return h(
     "span",
-    { class: "badge warn runs", title: `written by ${runs.length} server runs; the rollout covers the latest (?run= picks another)` },
+    { class: "badge warn runs", title: `written by ${runs.length} server runs; the rollout covers its latest conversation (?run= picks a run)` },
     `${runs.length} runs`,
   );
 }

@@ -88,7 +88,8 @@ def test_parse_run_refuses_what_is_no_run(value):
 
 def test_choose_picks_latest_named_legacy_or_all():
     order = [None, "run-a", "run-b"]
-    assert runs.choose(order, "latest") == RunChoice("run-b")
+    assert runs.choose(order, "latest") == RunChoice(latest=True)
+    assert runs.choose(["run-a"], "latest") is None  # one run: its latest conversation is all of it
     assert runs.choose(order, "run-a") == RunChoice("run-a")
     assert runs.choose(order, "legacy") == RunChoice(None)
     assert runs.choose(order, "all") is None
@@ -98,12 +99,32 @@ def test_choose_picks_latest_named_legacy_or_all():
         runs.choose(["run-a"], "legacy")
 
 
-def test_latest_run_records_keep_order_and_legacy_sessions_whole():
-    records = [{"uuid": "1"}, {"uuid": "2", "server_run": "a"}, {"uuid": "3", "server_run": "b"}]
-    assert runs.runs_in_order(records) == [None, "a", "b"]
-    assert runs.latest_run_records(records) == [records[2]]
+def _turn(run, prompt, generation):
+    return {"server_run": run, "prompt_token_ids": prompt, "generation_token_ids": generation}
+
+
+def test_the_latest_conversation_starts_where_a_new_run_began_afresh():
+    # The same task run again: the later run's first prompt does not extend anything before it.
+    again = [
+        _turn("a", [1, 2], [3]),
+        _turn("a", [1, 2, 3, 4], [5]),
+        _turn("b", [1, 2], [9]),
+        _turn("b", [1, 2, 9, 4], [5]),
+    ]
+    assert runs.runs_in_order(again) == ["a", "b"]
+    assert runs.latest_conversation(again) == again[2:]
+    # The same task, sampled the same way: still a new conversation, not a retry of the old one.
+    same = [_turn("a", [1, 2], [3]), _turn("a", [1, 2, 3, 4], [5]), _turn("b", [1, 2], [3])]
+    assert runs.latest_conversation(same) == same[2:]
+    # A conversation that went on across a restart: the later run extends the earlier one.
+    restarted = [_turn("a", [1, 2], [3]), _turn("b", [1, 2, 3, 4], [5])]
+    assert runs.latest_conversation(restarted) == restarted
+    # Two servers serving one session in turn: the runs interleave.
+    in_turn = [_turn("a", [1], [2]), _turn("b", [7], [8]), _turn("a", [1, 2, 3], [4])]
+    assert runs.latest_conversation(in_turn) == in_turn
+    # One run, or records from before runs were recorded: all of them.
     legacy = [{"uuid": "1"}, {"uuid": "2", "server_run": None}]
-    assert runs.latest_run_records(legacy) is legacy
+    assert runs.latest_conversation(legacy) is legacy
 
 
 # ---- records and the index -------------------------------------------------------------------
@@ -286,8 +307,8 @@ def test_cli_list_counts_runs(capture_dir, capsys):
     assert rows[SESSION][3] == "2" and rows["child-a"][3] == "1"
 
 
-def test_a_session_continued_across_a_restart_is_whole_either_way(tmp_path):
-    """What docs/capture.md says of a restart mid-session: the latest run's part alone, or all joined."""
+def test_a_session_continued_across_a_restart_is_one_conversation(tmp_path):
+    """What docs/capture.md says of a restart mid-session: both runs' calls are one rollout."""
     directory = tmp_path / "captures"
     before = CaptureStore(directory, server_run="run-a")
     before.start()
@@ -304,13 +325,12 @@ def test_a_session_continued_across_a_restart_is_whole_either_way(tmp_path):
     after.close()
     reader = CaptureStore.open_read_only(directory)
     records, _ = reader.read_completions(SESSION)
-    tail = build_rollout(reader, SESSION)
-    assert tail["record_uuids"] == [records[1]["uuid"]] and tail["mask_sample"] is False
-    # The earlier turn is there as context, without token ids: nothing trains on it.
-    earlier_turns = [item for item in tail["output"] if item.get("role") == "assistant"][:-1]
-    assert earlier_turns and all("generation_token_ids" not in item for item in earlier_turns)
-    joined = build_rollout(reader, SESSION, run="all")
+    assert reader.session_info(SESSION)["runs"] == ["run-a", "run-b"]
+    joined = build_rollout(reader, SESSION)
     assert joined["record_uuids"] == [r["uuid"] for r in records] and joined["mask_sample"] is False
+    assert build_rollout(reader, SESSION, run="all") == joined
+    # One run alone is just its part (the earlier turn is context there, without token ids).
+    assert build_rollout(reader, SESSION, run="run-b")["record_uuids"] == [records[1]["uuid"]]
 
 
 def test_collect_after_a_local_server_retry_rebuilds_the_latest_run(capture_dir):
