@@ -1,0 +1,117 @@
+"""Two builds of the server side by side: CPU per call of the whole server process and of its event loop.
+
+Usage: python bench/ab_cpu.py OTHER_CHECKOUT [--rounds N] [--kinds chat,responses] [--settings-a YAML]
+
+Starts this checkout's server ("a") and the one in OTHER_CHECKOUT ("b", e.g. a `git worktree` or a
+`git archive` of another commit) on one mock upstream, sends each the same c=64 load in interleaved
+rounds (the order flips each round), and reads each process's CPU from /proc per thread: the server
+as a whole and its event-loop (main) thread. CPU per call moves far less than throughput when other
+tenants load the machine, so it is what this prints first. `--settings-a`/`--settings-b` give
+either server extra settings (a YAML mapping), e.g. `response_store: false`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import yaml  # noqa: E402
+
+import bench.chain as chain  # noqa: E402
+from bench.chain import LoadGen, Mock, Server, make_log_dir  # noqa: E402
+from bench.run import CHAT, RESPONSES, SMALL, chat_body, responses_body, template  # noqa: E402
+
+BODIES = {"chat": (CHAT, chat_body(SMALL)), "responses": (RESPONSES, responses_body(SMALL))}
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of `pid`."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        found[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/ab_cpu.py", description=__doc__.splitlines()[0])
+    parser.add_argument("other", help="the other checkout's directory (its server is 'b')")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--kinds", default="chat,responses")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--settings-a", default="", help="YAML mapping of extra settings for a")
+    parser.add_argument("--settings-b", default="", help="YAML mapping of extra settings for b")
+    args = parser.parse_args(argv)
+    log_dir = make_log_dir()
+    procs = []
+    try:
+        gen = LoadGen(log_dir)
+        procs.append(gen.proc)
+        mock = Mock(log_dir)
+        procs.append(mock.proc)
+        servers = {}
+        here = chain.REPO
+        for name, directory, extra in (("a", here, args.settings_a), ("b", Path(args.other), args.settings_b)):
+            chain.REPO = directory.resolve()  # the server runs from this checkout's code
+            try:
+                settings = yaml.safe_load(extra) if extra else None
+                servers[name] = Server(f"server-{name}", mock, log_dir, capture_dir=log_dir / name, settings=settings)
+            finally:
+                chain.REPO = here
+            procs.append(servers[name].proc)
+        for server in servers.values():  # warm-up: lazy imports and first connections
+            templates = [template(path, body) for path, body in BODIES.values()]
+            gen.run({"port": server.port, "templates": templates, "concurrency": 8, "count": 300})
+        totals: dict[tuple[str, str], dict] = {}
+        for r in range(args.rounds):
+            for kind in args.kinds.split(","):
+                order = list(servers.items()) if r % 2 == 0 else list(servers.items())[::-1]
+                for name, server in order:
+                    pid = server.proc.pid
+                    before = thread_cpu(pid)
+                    path, body = BODIES[kind]
+                    result = gen.run(
+                        {
+                            "port": server.port,
+                            "templates": [template(path, body)],
+                            "concurrency": 64,
+                            "duration": args.seconds,
+                            "warmup": 0.5,
+                            "timeout": 60,
+                        }
+                    )
+                    after = thread_cpu(pid)
+                    acc = totals.setdefault((kind, name), {"ok": 0, "rps": [], "loop": 0.0, "all": 0.0, "errors": 0})
+                    acc["ok"] += result["ok"]
+                    acc["errors"] += result["errors"]
+                    acc["rps"].append(round(result["throughput"]))
+                    acc["loop"] += after.get(pid, 0.0) - before.get(pid, 0.0)
+                    acc["all"] += sum(cpu - before.get(tid, 0.0) for tid, cpu in after.items())
+        print(f"a = {here}, b = {Path(args.other).resolve()}; c=64, {args.rounds} rounds of {args.seconds:.0f} s")
+        for (kind, name), acc in sorted(totals.items()):
+            calls = max(1, acc["ok"])
+            print(
+                f"{kind:<10} {name}  server CPU {acc['all'] / calls * 1e6:5.0f} us/call, event loop"
+                f" {acc['loop'] / calls * 1e6:4.0f} us/call; calls/s by round {acc['rps']}; errors {acc['errors']}"
+            )
+    finally:
+        for proc in reversed(procs):
+            try:
+                proc.stop()
+            except Exception as exc:  # keep stopping the others
+                print(f"stopping {proc.name}: {exc}", file=sys.stderr)
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
