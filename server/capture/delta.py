@@ -8,7 +8,7 @@ with those of a call before it. Under `capture_encoding: delta` the writer store
             byte as a full record starts: the index and the session list read only this line
     line 2  how to rebuild the rest: {"base": uuid or null, "base_sha256", "messages": k,
             "prompt_token_ids": m, "tools": bool}
-    rest    the record's other fields, zlib-compressed JSON; `messages` holds only what follows the
+    rest    the record's other fields, zstd-compressed JSON; `messages` holds only what follows the
             base's first k messages, `prompt_token_ids` only what follows the first m ids of the
             base's prompt + generation, and `tools` is null when it is the base's
 
@@ -26,20 +26,30 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import zlib
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import orjson
+import zstandard
 
 from server.capture.record import validate_record
 from server.ids import is_valid_session_id
 
 DELTA_SUFFIX = ".delta"
-# zlib level for the body: most bodies are a few KiB (one turn), where level 6 costs ~0.1 ms and
-# saves ~10% over level 1; a record with no base (a first call) is larger, and level 1 keeps it cheap.
-_LEVEL_SMALL, _LEVEL_LARGE, _LARGE = 6, 1, 64 * 1024
+# zstd level for the body: most bodies are a few KiB (one turn), where level 3 is cheap; a record
+# with no base (a first call, say an 8k-token prompt) is larger, and level 1 keeps it near 0.3 ms.
+_LEVEL_SMALL, _LEVEL_LARGE, _LARGE = 3, 1, 64 * 1024
+_local = threading.local()  # a decompressor per reading thread (they are not shareable between threads)
+
+
+def _decompress(data: bytes) -> bytes:
+    decompressor = getattr(_local, "decompressor", None)
+    if decompressor is None:
+        decompressor = _local.decompressor = zstandard.ZstdDecompressor()
+    return decompressor.decompress(data)
+
 
 # The first field that goes to the compressed body; every field before it stays in the plain header line.
 _BODY_FIELDS = frozenset(
@@ -106,56 +116,70 @@ class Encoded:
             self._encoder.remember(self._session_id, self._base, path)
 
 
-def _list_prefixes(items: object, blob: bytes, counts: list[int]) -> tuple[_Prefix, ...]:
-    """Prefixes of the serialised list `blob` holding the first `counts` elements of `items`.
+class _Matcher:
+    """Digests of prefixes of one serialised list, by byte offset: one running hash serves offsets
+    asked in increasing order (the usual case: a base's prefix, then this record's own), so a long
+    conversation is hashed about once per record."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+        self.view = memoryview(blob)
+        self._hasher = hashlib.sha256()
+        self._at = 0
+        self._seen: dict[int, bytes] = {}
+
+    def hasher_at(self, end: int) -> Any:
+        """A hash of the first `end` bytes, to be continued by the caller."""
+        if end < self._at:
+            return hashlib.sha256(self.view[:end])
+        self._hasher.update(self.view[self._at : end])
+        self._at = end
+        return self._hasher.copy()
+
+    def digest_at(self, end: int) -> bytes:
+        digest = self._seen.get(end)
+        if digest is None:
+            digest = self._seen[end] = self.hasher_at(end).digest()
+        return digest
+
+    def extends(self, prefix: _Prefix) -> bool:
+        # The prefix must end at an element boundary of this list too: a comma or the closing bracket.
+        if prefix.end >= len(self.blob) or self.blob[prefix.end] not in b",]":
+            return False
+        return self.digest_at(prefix.end) == prefix.digest
+
+
+def _list_prefixes(items: object, matcher: _Matcher, counts: list[int]) -> tuple[_Prefix, ...]:
+    """Prefixes of the serialised list holding the first `counts` elements of `items`, longest first.
 
     orjson writes a list as `[` + elements joined by `,` + `]`, so the first k elements end where
     the last len-k elements (each serialised alone) begin.
     """
     if not isinstance(items, list) or not items:
         return ()
+    end = len(matcher.blob) - 1  # without the closing bracket
     out = []
-    end = len(blob) - 1  # without the closing bracket
-    for count in sorted(set(counts), reverse=True):
-        if 0 < count <= len(items):
-            # The bytes of the elements after the first `count`, each with its separating comma.
-            tail = sum(len(orjson.dumps(item)) + 1 for item in items[count:])
-            out.append(_Prefix(count, end - tail, _digest(memoryview(blob)[: end - tail])))
-    return tuple(out)
+    for count in sorted({c for c in counts if 0 < c <= len(items)}):
+        # The bytes of the elements after the first `count`, each with its separating comma.
+        stop = end - sum(len(orjson.dumps(item)) + 1 for item in items[count:])
+        out.append(_Prefix(count, stop, matcher.digest_at(stop)))
+    return tuple(reversed(out))
 
 
-def _seq_prefixes(prompt: object, generation: object, prompt_blob: bytes) -> tuple[_Prefix, ...]:
+def _seq_prefixes(prompt: object, generation: object, matcher: _Matcher) -> tuple[_Prefix, ...]:
     """Prefixes of the token sequence prompt + generation, as its serialised list would have them."""
     if not (isinstance(prompt, list) and prompt):
         return ()
-    head = memoryview(prompt_blob)[:-1]  # "[1,2,3"
-    hasher = hashlib.sha256(head)
-    prompt_only = _Prefix(len(prompt), len(head), hasher.digest())
+    head = len(matcher.blob) - 1  # "[1,2,3"
+    prompt_only = _Prefix(len(prompt), head, matcher.digest_at(head))
     if not (isinstance(generation, list) and generation):
         return (prompt_only,)
     gen_blob = orjson.dumps(generation)
+    hasher = matcher.hasher_at(head)
     hasher.update(b",")
     hasher.update(memoryview(gen_blob)[1:-1])
-    whole = _Prefix(len(prompt) + len(generation), len(head) + len(gen_blob) - 1, hasher.digest())
+    whole = _Prefix(len(prompt) + len(generation), head + len(gen_blob) - 1, hasher.digest())
     return (whole, prompt_only)
-
-
-class _Matcher:
-    """Digests of a new record's serialised lists, computed once per prefix length asked."""
-
-    def __init__(self, blob: bytes) -> None:
-        self.blob = blob
-        self.view = memoryview(blob)
-        self._seen: dict[int, bytes] = {}
-
-    def extends(self, prefix: _Prefix) -> bool:
-        # The prefix must end at an element boundary of this list too: a comma or the closing bracket.
-        if prefix.end >= len(self.blob) or self.blob[prefix.end] not in b",]":
-            return False
-        digest = self._seen.get(prefix.end)
-        if digest is None:
-            digest = self._seen[prefix.end] = _digest(self.view[: prefix.end])
-        return digest == prefix.digest
 
 
 class DeltaEncoder:
@@ -167,6 +191,8 @@ class DeltaEncoder:
 
     def __init__(self) -> None:
         self._sessions: OrderedDict[str, list[_Base]] = OrderedDict()
+        # Its own compressors: one encoder is used by one writer thread, and they are not shareable.
+        self._compressors = {level: zstandard.ZstdCompressor(level=level) for level in (_LEVEL_SMALL, _LEVEL_LARGE)}
 
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
@@ -214,7 +240,14 @@ class DeltaEncoder:
         best: tuple[int, _Base, int, int, bool] | None = None  # (bytes saved, base, k, m, tools)
         message_match, prompt_match = _Matcher(message_blob), _Matcher(prompt_blob)
         tools_digest = _digest(tools_blob)
-        for base in self._live_bases(session_id):
+
+        def most_saved(base: _Base) -> int:
+            return sum(p[0].end for p in (base.messages, base.ids) if p) + len(tools_blob)
+
+        # The base that could save the most first; stop once none of the rest could beat the best.
+        for base in sorted(self._live_bases(session_id), key=most_saved, reverse=True):
+            if best is not None and best[0] >= most_saved(base):
+                break
             shared_messages = next((p for p in base.messages if message_match.extends(p)), None)
             shared_ids = next((p for p in base.ids if prompt_match.extends(p)), None)
             same_tools = base.tools == tools_digest and isinstance(tools, list)
@@ -249,7 +282,8 @@ class DeltaEncoder:
                 body["tools"] = None
         packed = orjson.dumps(body)
         level = _LEVEL_LARGE if len(packed) > _LARGE else _LEVEL_SMALL
-        data = b"".join((orjson.dumps(header), b"\n", orjson.dumps(meta), b"\n", zlib.compress(packed, level)))
+        body_bytes = self._compressors[level].compress(packed)
+        data = b"".join((orjson.dumps(header), b"\n", orjson.dumps(meta), b"\n", body_bytes))
 
         as_base = None
         if isinstance(messages, list) or isinstance(prompt, list):
@@ -258,8 +292,8 @@ class DeltaEncoder:
                 "",
                 (0, 0, 0),
                 hashlib.sha256(data).hexdigest(),
-                _seq_prefixes(prompt, record.get("generation_token_ids"), prompt_blob),
-                _list_prefixes(messages, message_blob, [len(messages), len(messages) - 1])
+                _seq_prefixes(prompt, record.get("generation_token_ids"), prompt_match),
+                _list_prefixes(messages, message_match, [len(messages), len(messages) - 1])
                 if isinstance(messages, list)
                 else (),
                 tools_digest if isinstance(tools, list) else None,
@@ -303,8 +337,8 @@ def parse_delta_file(data: bytes) -> DeltaFile:
     header = parse_header_line(parts[0])
     try:
         meta = orjson.loads(parts[1])
-        body = orjson.loads(zlib.decompress(parts[2]))
-    except (orjson.JSONDecodeError, zlib.error) as exc:
+        body = orjson.loads(_decompress(parts[2]))
+    except (orjson.JSONDecodeError, zstandard.ZstdError) as exc:
         raise DeltaFileError(f"damaged delta record: {exc}") from None
     if not (isinstance(meta, dict) and isinstance(body, dict) and isinstance(header.get("uuid"), str)):
         raise DeltaFileError("not a delta record file")
