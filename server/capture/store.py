@@ -25,7 +25,8 @@ from typing import Any
 import orjson
 
 from server.capture import journal
-from server.capture.delta import DELTA_SUFFIX, delta_header, read_with_deltas
+from server.capture.delta import DELTA_SUFFIX
+from server.capture.delta_read import delta_header, read_with_deltas
 from server.capture.index import FULL_REVALIDATION_S, IndexView, RecordHeader, SessionIndex
 from server.capture.record import validate_record
 from server.capture.runs import LEGACY

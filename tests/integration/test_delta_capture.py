@@ -13,7 +13,8 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from server.capture.delta import DELTA_SUFFIX, parse_delta_file
+from server.capture.delta import DELTA_SUFFIX
+from server.capture.delta_read import parse_delta_file
 from server.capture.store import session_dir_name
 from tests.support.chain import launch_chain
 

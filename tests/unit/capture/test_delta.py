@@ -8,8 +8,9 @@ import random
 import orjson
 import pytest
 
-from server.capture import delta as delta_module
-from server.capture.delta import DELTA_SUFFIX, parse_delta_file
+from server.capture import delta_read as delta_module
+from server.capture.delta import DELTA_SUFFIX
+from server.capture.delta_read import parse_delta_file
 from server.capture.sessions import build_rollout
 from server.capture.store import CaptureStore, session_dir_name
 
