@@ -103,6 +103,7 @@ class IndexView:
     """One consistent snapshot of the index; never changes after it is built."""
 
     def __init__(self, entries: list[SessionEntry]) -> None:
+        # A map added here must be patched in `updated` too (its test compares the two ways).
         self._by_id = {entry.session_id: entry for entry in entries}
         self._sorted = sorted(self._by_id)
         children: dict[str, list[str]] = {}
