@@ -38,6 +38,10 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 import psutil  # noqa: E402
 
+from server.capture.delta import DELTA_SUFFIX  # noqa: E402
+from server.capture.delta_read import DeltaFileError, parse_delta_file  # noqa: E402
+from server.capture.store import read_session_records  # noqa: E402
+
 PY = sys.executable
 MiB = 1024 * 1024
 
@@ -588,20 +592,35 @@ def scan_records(capture_dir: Path) -> dict[str, Any]:
     files = 0
     if sessions_dir.is_dir():
         for directory in sorted(sessions_dir.iterdir()):
+            if not directory.is_dir():
+                continue  # the change journal (`.changes`) lives beside the session directories
+            sessions: set[str] = set()
             for path in sorted(directory.iterdir()):
-                if path.suffix != ".json":
+                if path.suffix not in (".json", DELTA_SUFFIX):
                     stray.append(str(path))  # a temp file left behind
                     continue
                 files += 1
                 try:
-                    record = orjson.loads(path.read_bytes())
-                except orjson.JSONDecodeError:
+                    # A delta file's own fields (its body decompressed, so a torn one shows here).
+                    data = path.read_bytes()
+                    record = parse_delta_file(data).header if path.suffix == DELTA_SUFFIX else orjson.loads(data)
+                except (orjson.JSONDecodeError, DeltaFileError):
                     bad_files.append(str(path))
                     continue
                 sid = record.get("session_id") or ""
+                sessions.add(sid)
                 if hashlib.sha256(sid.encode()).hexdigest() != directory.name:
                     wrong_dir.append(str(path))
                 by_request.setdefault(record.get("request_id") or "", []).append((record.get("status"), sid))
+            # Every delta must rebuild against its base: one that cannot is served invalid, never whole.
+            for sid in sessions:
+                if hashlib.sha256(sid.encode()).hexdigest() == directory.name:
+                    records, _ = read_session_records(sessions_dir, sid)
+                    bad_files += [
+                        f"{directory}/{r['uuid']}{DELTA_SUFFIX}: {r['invalid_reason']}"
+                        for r in records
+                        if (r.get("invalid_reason") or "").startswith("delta record")
+                    ]
     return {"files": files, "by_request": by_request, "bad_files": bad_files, "stray": stray, "wrong_dir": wrong_dir}
 
 
