@@ -306,12 +306,14 @@ class ModelEndpoint:
 
 async def chat_event_batches(
     stream: UpstreamStream | BufferedStream, span
-) -> AsyncIterator[list[tuple[sse.Event, bytes]]]:
+) -> AsyncIterator[tuple[list[tuple[sse.Event, bytes]], bool]]:
     """The data events of an upstream chat stream with their data (one chunk's JSON each), up to `[DONE]`.
 
-    One list per upstream read, so a relay can send what arrived together as one write. An in-band
-    error (Switchyard's `data: {"error": ...}`) or a stream that ends without `[DONE]` raises, after
-    the events before it, so the client gets an error event, never a silent cut.
+    One list per upstream read, so a relay can send what arrived together as one write, with True
+    for the read that held `[DONE]` (the last list; it may be empty), so the relay can send its
+    events together with its own end. An in-band error (Switchyard's `data: {"error": ...}`) or a
+    stream that ends without `[DONE]` raises, after the events before it, so the client gets an
+    error event, never a silent cut.
     """
     first = True
     done = False
@@ -334,11 +336,11 @@ async def chat_event_batches(
                     break
                 if data.startswith(b'{"error"'):
                     if out:
-                        yield out
+                        yield out, False
                     raise _in_band_error(orjson.loads(data))
                 out.append((event, data))
-            if out:
-                yield out
+            if out or done:
+                yield out, done
     if not done:
         raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
 

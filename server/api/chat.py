@@ -61,11 +61,12 @@ class ChatCompletions(ModelEndpoint):
         accumulator = ChatStreamAccumulator() if call.capture or self.state.telemetry.enabled else None
         parse = accumulator is not None or bool(call.added_fields)
         injection_finished = kept = False
+        last = b""  # the events that arrived with [DONE]: they go out with it, after the record
         try:
             await send(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
             )
-            async for batch in chat_event_batches(stream, span):
+            async for batch, finished in chat_event_batches(stream, span):
                 parts = []
                 for event, data in batch:
                     if parse or (drop_usage_chunk and _USAGE_ONLY_MARK in data):
@@ -81,7 +82,9 @@ class ChatCompletions(ModelEndpoint):
                             parts.append(event.wire())
                     else:
                         parts.append(event.wire())
-                if parts:  # what arrived in one read leaves in one write
+                if finished:
+                    last = b"".join(parts)
+                elif parts:  # what arrived in one read leaves in one write
                     await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
             result = accumulator.result() if accumulator is not None else None
             self.injection_done(call, result, span)  # committed before the client sees [DONE]
@@ -89,11 +92,11 @@ class ChatCompletions(ModelEndpoint):
             if result is not None:
                 kept = True  # once queued, the completed record is the call's only one
                 await self.keep(call, result)  # and the record is in its file
-            await send({"type": "http.response.body", "body": sse.DONE})
+            await send({"type": "http.response.body", "body": last + sse.DONE})
             span.finish(result)
         except OpenAIError as error:
             # Mid-stream: the status line is gone, so the error travels in-band, as Switchyard does.
-            await send({"type": "http.response.body", "body": sse.chat_error(error)})
+            await send({"type": "http.response.body", "body": last + sse.chat_error(error)})
             if not injection_finished:
                 self.injection_done(call, None, span, completed=False)
             if accumulator is not None and not kept:

@@ -145,7 +145,7 @@ class Responses(ModelEndpoint):
             await send(
                 {"type": "http.response.body", "body": sse.encode_responses_events(writer.start()), "more_body": True}
             )
-            async for batch in chat_event_batches(stream, span):
+            async for batch, _ in chat_event_batches(stream, span):
                 events = [event for _, data in batch for event in writer.feed(orjson.loads(data))]
                 if events:  # what arrived in one read leaves in one write
                     await send(
