@@ -497,10 +497,13 @@ def _first_line(path: str) -> bytes | None:
 def _peek_header(path: str) -> RecordHeader | None:
     """The header fields from a record file's first block, or None to fall back to a full parse."""
     if path.endswith(DELTA_SUFFIX):
-        line = _first_line(path)
-        if line is None:
+        block = _first_block(path)
+        if block is None:
             return None
-        head, last = line, line[-1:]
+        # The header line may run past the first block (long ids); its leading fields never do.
+        # Where it ends inside the block, it must end as a whole object does.
+        head, end = block[0], block[0].find(b"\n")
+        last = head[end - 1 : end] if end > 0 else b"}"
     else:
         block = _first_block(path)
         if block is None:

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from server.capture import delta_read as delta_module
+from server.capture import store as store_module
 from server.capture.delta import DELTA_SUFFIX
 from server.capture.delta_read import parse_delta_file
 from server.capture.sessions import build_rollout
@@ -323,3 +324,20 @@ def test_file_names_and_digests(both):
     meta = parse_delta_file((directory / f"agent-005{DELTA_SUFFIX}").read_bytes()).meta
     base_bytes = (directory / f"{meta['base']}{DELTA_SUFFIX}").read_bytes()
     assert meta["base_sha256"] == hashlib.sha256(base_bytes).hexdigest()
+
+
+def test_a_header_line_longer_than_the_first_block_is_still_read_without_the_body(tmp_path, monkeypatch):
+    store = CaptureStore(tmp_path, encoding="delta")
+    store.start()
+    [kwargs] = conversation("s", turns=1)[:1]
+    assert store.submit_call(**{**kwargs, "request_id": "r" * 3000})  # a client's very long x-request-id
+    assert store.flush(10)
+    store.close()
+    path = next((tmp_path / "sessions" / session_dir_name("s")).glob(f"*{DELTA_SUFFIX}"))
+    assert path.read_bytes().index(b"\n") > store_module._HEAD_BYTES
+    parsed = []
+    real = delta_module.parse_delta_file
+    monkeypatch.setattr(delta_module, "parse_delta_file", lambda data: parsed.append(1) or real(data))
+    reader = CaptureStore.open_read_only(tmp_path)
+    assert reader.list_sessions()[0]["record_count"] == 1 and parsed == []
+    assert reader.read_completions("s")[0][0]["request_id"] == "r" * 3000
