@@ -138,6 +138,7 @@ class Responses(ModelEndpoint):
             seal=turn.seal,
         )
         injection_finished = kept = False
+        last: list[dict[str, Any]] = []
         try:
             await send(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
@@ -145,9 +146,11 @@ class Responses(ModelEndpoint):
             await send(
                 {"type": "http.response.body", "body": sse.encode_responses_events(writer.start()), "more_body": True}
             )
-            async for batch, _ in chat_event_batches(stream, span):
+            async for batch, finished in chat_event_batches(stream, span):
                 events = [event for _, data in batch for event in writer.feed(orjson.loads(data))]
-                if events:  # what arrived in one read leaves in one write
+                if finished:
+                    last = events  # they arrived with [DONE]: they go out with the closing events
+                elif events:  # what arrived in one read leaves in one write
                     await send(
                         {"type": "http.response.body", "body": sse.encode_responses_events(events), "more_body": True}
                     )
@@ -158,7 +161,7 @@ class Responses(ModelEndpoint):
             closing = writer.finish(completed_at=int(time.time()))
             # Stored before response.completed goes out (its `store` is set here, before encoding).
             await turn.keep(writer.response)
-            await send({"type": "http.response.body", "body": sse.encode_responses_events(closing) + sse.DONE})
+            await send({"type": "http.response.body", "body": sse.encode_responses_events(last + closing) + sse.DONE})
             if writer.late_tool_deltas:
                 self._warn_once(
                     "late-tool-delta",
@@ -168,7 +171,7 @@ class Responses(ModelEndpoint):
         except OpenAIError as error:
             failing = writer.fail(error.message, error.code)
             await turn.keep(writer.response)
-            await send({"type": "http.response.body", "body": sse.encode_responses_events(failing) + sse.DONE})
+            await send({"type": "http.response.body", "body": sse.encode_responses_events(last + failing) + sse.DONE})
             if not injection_finished:
                 self.injection_done(call, None, span, completed=False)
             if not kept:
