@@ -662,26 +662,26 @@ class Bench:
             )
 
         lag: list[int] = []
-        # The same captured calls written as whole records (`capture_encoding: full`), side by side:
-        # what the default delta records cost or save the writer under load.
-        whole = Server(
-            "server-capture-full",
+        # The same captured calls written as delta records (`capture_encoding: delta`), side by side:
+        # what delta records cost or save the writer under load, against the default whole records.
+        delta = Server(
+            "server-capture-delta",
             self.mock,
             self.log_dir,
-            capture_dir=self.log_dir / "captures-full",
-            settings={"capture_encoding": "full"},
+            capture_dir=self.log_dir / "captures-delta",
+            settings={"capture_encoding": "delta"},
         )
         try:
             res = self.interleave(
                 rounds,
-                {"capture_on": spec(self.cap), "capture_off": spec(self.nocap), "capture_on_full": spec(whole)},
+                {"capture_on": spec(self.cap), "capture_off": spec(self.nocap), "capture_on_delta": spec(delta)},
                 after=lambda name, r: lag.append(self.cap.wait_capture_idle()) if name == "capture_on" else None,
             )
         finally:
-            whole.proc.stop()
-        on, off, on_full = res["capture_on"], res["capture_off"], res["capture_on_full"]
-        full_ratios = [a["throughput"] / b["throughput"] for a, b in zip(on_full, off) if b["throughput"]]
-        delta_vs_full = [a["throughput"] / b["throughput"] for a, b in zip(on, on_full) if b["throughput"]]
+            delta.proc.stop()
+        on, off, on_delta = res["capture_on"], res["capture_off"], res["capture_on_delta"]
+        delta_ratios = [a["throughput"] / b["throughput"] for a, b in zip(on_delta, off) if b["throughput"]]
+        delta_vs_full = [a["throughput"] / b["throughput"] for a, b in zip(on_delta, on) if b["throughput"]]
         ratios = [a["throughput"] / b["throughput"] for a, b in zip(on, off) if b["throughput"]]
         ratio = median(ratios)
         health = self.cap.health().get("capture", {})
@@ -692,8 +692,8 @@ class Bench:
             "round_ratios": ratios,
             "writer_queue_after_rounds": lag,
             "store": health,
-            "on_full": summary(pool(on_full)),
-            "full_ratio": median(full_ratios),
+            "on_delta": summary(pool(on_delta)),
+            "delta_ratio": median(delta_ratios),
             "delta_vs_full_round_ratios": delta_vs_full,
         }
         spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
@@ -709,15 +709,15 @@ class Bench:
         )
         self.row(
             "capture",
-            f"throughput, delta records (default) / whole records (capture_encoding: full), c={c}",
-            f"full {median([b['throughput'] for b in on_full]):.0f} req/s",
-            f"delta {median([a['throughput'] for a in on]):.0f} req/s",
+            f"throughput, delta records (capture_encoding: delta) / whole records (default), c={c}",
+            f"full {median([b['throughput'] for b in on]):.0f} req/s",
+            f"delta {median([a['throughput'] for a in on_delta]):.0f} req/s",
             f"{fmt_ratio(median(delta_vs_full))}"
             + (f" (rounds {min(delta_vs_full):.2f}-{max(delta_vs_full):.2f})" if len(delta_vs_full) > 1 else "")
-            + f"; CPU-based {fmt_ratio(cpu_ratio(on_full, on))}; whole records on / off {fmt_ratio(median(full_ratios))}"
-            f" (CPU-based {fmt_ratio(cpu_ratio(off, on_full))})",
+            + f"; CPU-based {fmt_ratio(cpu_ratio(on, on_delta))}; delta records on / off {fmt_ratio(median(delta_ratios))}"
+            f" (CPU-based {fmt_ratio(cpu_ratio(off, on_delta))})",
             "(context)",
-            errors(pool(on), pool(on_full)),
+            errors(pool(on_delta), pool(on)),
         )
         self.row(
             "capture",

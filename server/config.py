@@ -92,7 +92,7 @@ class Settings(BaseModel):
     # `delta`: each record as what it adds to an earlier record of its session (`<uuid>.delta`, disk
     # grows with the tokens, not the turns); `full`: each record whole, in the former `<uuid>.json`
     # layout that outside readers of the directory expect. Served the same either way.
-    capture_encoding: Literal["full", "delta"] = "delta"
+    capture_encoding: Literal["full", "delta"] = "full"  # full: the layout outside readers glob
     # With `capture_encoding: full`: write records gzip-compressed (`<uuid>.json.gz`); served the same.
     capture_compress: bool = False
     # Rollout rebuilds (GET /v1/sessions/{id}/rollout) run in this many worker processes, one

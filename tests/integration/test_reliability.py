@@ -100,7 +100,10 @@ def test_sigterm_lets_an_inflight_stream_finish_and_loses_no_record(mock_upstrea
 
 
 def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_path):
-    chain = launch_chain(mock_upstream, tmp_path)
+    # Delta records: a kill must not leave one whose base never reached the disk.
+    config = tmp_path / "delta.yaml"
+    config.write_text("capture_encoding: delta\n")
+    chain = launch_chain(mock_upstream, tmp_path, "--config", str(config))
     stop = threading.Event()
     acknowledged = []
 
