@@ -145,7 +145,9 @@ def test_sigkill_mid_burst_loses_no_completed_call(mock_upstream, tmp_path, fsyn
     config = settings_file(tmp_path, capture_fsync=fsync, capture_encoding=encoding)
     completed, records = burst_then_kill(mock_upstream, capture, config, answered)
     missing = sorted(completed - set(records))
-    print(f"capture_fsync {fsync}, {encoding}: {len(completed)} completed calls, {len(records)} records, {len(missing)} missing")
+    print(
+        f"capture_fsync {fsync}, {encoding}: {len(completed)} completed calls, {len(records)} records, {len(missing)} missing"
+    )
     assert not missing, f"{len(missing)} of {len(completed)} completed calls have no record: {missing[:5]}"
     assert (encoding == "delta") == any(capture.rglob("*.delta"))  # the kill met the encoding under test
     # Every Responses answer the clients completed was stored (batched commits) before it ended.
