@@ -186,31 +186,27 @@ def reasoning_output(item_id: str, text: str, status: str, seal: Sealer | None =
 def function_call_output(
     item_id: str, call_id: str, name: str, namespace: str | None, arguments: str, status: str
 ) -> dict[str, Any]:
-    item = {
-        "id": item_id,
-        "type": "function_call",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
-    if namespace is not None:
-        item["namespace"] = namespace
-    return item
+    return _call_item("function_call", "arguments", arguments, item_id, call_id, name, namespace, status)
 
 
 def custom_tool_call_output(
     item_id: str, call_id: str, name: str, namespace: str | None, text: str, status: str
 ) -> dict[str, Any]:
     """A `custom_tool_call` output item; `text` is its raw input (already decoded from the arguments)."""
-    item = {
-        "id": item_id,
-        "type": "custom_tool_call",
-        "call_id": call_id,
-        "name": name,
-        "input": text,
-        "status": status,
-    }
+    return _call_item("custom_tool_call", "input", text, item_id, call_id, name, namespace, status)
+
+
+def _call_item(
+    kind: str,
+    payload_field: str,
+    payload: str,
+    item_id: str,
+    call_id: str,
+    name: str,
+    namespace: str | None,
+    status: str,
+) -> dict[str, Any]:
+    item = {"id": item_id, "type": kind, "call_id": call_id, "name": name, payload_field: payload, "status": status}
     if namespace is not None:
         item["namespace"] = namespace
     return item
