@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -22,16 +21,14 @@ SERVERS = ["uvicorn", "granian"]
 PACED = "[[mock:tokens 12]] [[mock:slow 150]] go"  # about 1.8 s of stream, a chunk every 150 ms
 
 
-def _serve(mock_upstream: str, impl: str, state_dir: Path):
-    # Capture off; the stored responses' database still lives in the capture directory: keep it out of the checkout.
+def _serve(mock_upstream: str, impl: str, *extra: str):
     return start_server(
         "--deployment",
         "demo",
         "--no-capture",
-        "--capture-dir",
-        str(state_dir),
         "--http-server",
         impl,
+        *extra,
         env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
     )
 
@@ -49,8 +46,8 @@ def _paced_stream(base: str, seen: dict) -> None:
 
 
 @pytest.mark.parametrize("impl", SERVERS)
-def test_streams_arrive_as_they_are_made_and_sigterm_lets_them_finish(mock_upstream, impl, tmp_path):
-    proc, base = _serve(mock_upstream, impl, tmp_path)
+def test_streams_arrive_as_they_are_made_and_sigterm_lets_them_finish(mock_upstream, impl):
+    proc, base = _serve(mock_upstream, impl)
     try:
         health = httpx.get(base + "/health", trust_env=False, timeout=10).json()
         assert health["http_server"] == impl
@@ -76,8 +73,8 @@ def test_streams_arrive_as_they_are_made_and_sigterm_lets_them_finish(mock_upstr
 
 
 @pytest.mark.parametrize("impl", SERVERS)
-def test_sigint_shuts_down_cleanly(mock_upstream, impl, tmp_path):
-    proc, base = _serve(mock_upstream, impl, tmp_path)
+def test_sigint_shuts_down_cleanly(mock_upstream, impl):
+    proc, base = _serve(mock_upstream, impl)
     try:
         assert httpx.get(base + "/health", trust_env=False, timeout=10).status_code == 200
         proc.popen.send_signal(signal.SIGINT)

@@ -84,6 +84,9 @@ def start_server(
 ) -> tuple[Proc, str]:
     """`switchyard-model serve ARGS` on a free port; returns the process and its root URL."""
     port = port or free_port()
+    if "--no-capture" in args and "--capture-dir" not in args:
+        # Capture off still keeps the stored responses' database in the capture directory: not in the checkout.
+        args = (*args, "--capture-dir", tempfile.mkdtemp(prefix="switchyard-model-state-"))
     argv = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *args]
     proc = Proc(argv, env=env)
     url = f"http://127.0.0.1:{port}"
