@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -19,20 +18,11 @@ import yaml
 
 from tests.support.captures import records_in
 from tests.support.chain import launch_chain
+from tests.support.procs import wait_for
 
 pytestmark = pytest.mark.integration
 
 KINDS = ("chat", "chat-stream", "responses", "responses-stream")
-
-
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def settings_file(tmp_path: Path, **settings) -> str:

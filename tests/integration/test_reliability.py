@@ -14,18 +14,9 @@ import pytest
 
 from tests.support.captures import records_in
 from tests.support.chain import launch_chain
+from tests.support.procs import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def completions(chain, session_id: str) -> dict:

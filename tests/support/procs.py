@@ -93,3 +93,14 @@ def start_server(
     if wait:
         proc.wait_http(url + "/health")
     return proc, url
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
+    """Poll `predicate` until it returns something truthy or `timeout` passes; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
