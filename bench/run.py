@@ -31,7 +31,17 @@ import orjson  # noqa: E402
 import psutil  # noqa: E402
 
 from bench import disk, injection, reads, recon  # noqa: E402
-from bench.chain import Floor, LoadGen, Mock, Proc, Server, Stub, make_log_dir  # noqa: E402
+from bench.chain import (  # noqa: E402
+    Floor,
+    LoadGen,
+    Mock,
+    Proc,
+    Server,
+    Stub,
+    file_create_cost,
+    make_log_dir,
+    make_ram_dir,
+)
 
 SECTIONS = (
     "ceiling",
@@ -160,6 +170,8 @@ class Bench:
             raise SystemExit(f"unknown section(s): {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
         self.started = time.monotonic()
         self.log_dir = make_log_dir()
+        # Capture folders on a RAM filesystem, beside the default ones: what the disk's file creation costs.
+        self.ram_dir = make_ram_dir() if self.only & {"capture", "stream_load"} else None
         self.rows: list[tuple[str, str, str, str, str, str, str]] = []
         self.data: dict[str, Any] = {
             "quick": self.quick,
@@ -313,6 +325,8 @@ class Bench:
                     proc.stop()
             except Exception as exc:  # keep stopping the others
                 self.log(f"stopping {proc.name}: {exc}")
+        if self.ram_dir is not None:  # memory, not logs: never kept
+            shutil.rmtree(self.ram_dir, ignore_errors=True)
 
     def run_one(self, spec: dict[str, Any], server: Server | None = None) -> dict[str, Any]:
         """One series, with the CPU each process spent on it."""
@@ -671,14 +685,22 @@ class Bench:
             capture_dir=self.log_dir / "captures-delta",
             settings={"capture_encoding": "delta"},
         )
+        series = {"capture_on": spec(self.cap), "capture_off": spec(self.nocap), "capture_on_delta": spec(delta)}
+        # The same again with the capture folder in memory: what this disk's file creation costs.
+        ram, ram_dir = None, self.ram_dir
+        if ram_dir is not None:
+            ram = Server("server-capture-ram", self.mock, self.log_dir, capture_dir=ram_dir / "captures")
+            series["capture_on_ram"] = spec(ram)
         try:
             res = self.interleave(
                 rounds,
-                {"capture_on": spec(self.cap), "capture_off": spec(self.nocap), "capture_on_delta": spec(delta)},
+                series,
                 after=lambda name, r: lag.append(self.cap.wait_capture_idle()) if name == "capture_on" else None,
             )
         finally:
             delta.proc.stop()
+            if ram is not None:
+                ram.proc.stop()
         on, off, on_delta = res["capture_on"], res["capture_off"], res["capture_on_delta"]
         delta_ratios = [a["throughput"] / b["throughput"] for a, b in zip(on_delta, off) if b["throughput"]]
         delta_vs_full = [a["throughput"] / b["throughput"] for a, b in zip(on_delta, on) if b["throughput"]]
@@ -719,6 +741,41 @@ class Bench:
             "(context)",
             errors(pool(on_delta), pool(on)),
         )
+        if ram is not None and ram_dir is not None:
+            on_ram = res["capture_on_ram"]
+            ram_ratios = [a["throughput"] / b["throughput"] for a, b in zip(on_ram, off) if b["throughput"]]
+            disk_us, ram_us = (
+                file_create_cost(self.log_dir / "file-probe"),
+                file_create_cost(ram_dir / "file-probe"),
+            )
+            self.data["capture"].update(
+                {
+                    "on_ram": summary(pool(on_ram)),
+                    "ram_ratio": median(ram_ratios),
+                    "ram_cpu_ratio": cpu_ratio(off, on_ram),
+                    "file_create_us": {"disk": round(disk_us, 1), "ram": round(ram_us, 1)},
+                }
+            )
+            self.row(
+                "capture",
+                f"throughput, capture on / off (c={c}), the capture folder in memory (tmpfs)",
+                f"off {median([b['throughput'] for b in off]):.0f} req/s",
+                f"on {median([a['throughput'] for a in on_ram]):.0f} req/s",
+                f"{fmt_ratio(median(ram_ratios))}"
+                + (f" (rounds {min(ram_ratios):.2f}-{max(ram_ratios):.2f})" if len(ram_ratios) > 1 else "")
+                + f"; CPU-based {fmt_ratio(cpu_ratio(off, on_ram))}",
+                "(context)",
+                errors(pool(on_ram), pool(off)),
+            )
+            self.row(
+                "capture",
+                "CPU to put one 3 KB record file in place (new file, write, rename), measured after the series",
+                f"capture folder's disk {disk_us:.0f} µs",
+                f"tmpfs {ram_us:.0f} µs",
+                "",
+                "(context)",
+                "",
+            )
         self.row(
             "capture",
             "writer backlog left after each capture-on round",

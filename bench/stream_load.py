@@ -41,12 +41,26 @@ def run_section(bench: Bench) -> None:
         capture_dir=bench.log_dir / "captures-streams",
         settings={"upstream_max_connections": 2048},
     )
+    # The same server with its capture folder in memory: what this disk's file creation costs a stream.
+    ram = None
+    if bench.ram_dir is not None:
+        ram = Server(
+            "server-streams-ram",
+            bench.mock,
+            bench.log_dir,
+            capture_dir=bench.ram_dir / "captures-streams",
+            settings={"upstream_max_connections": 2048},
+        )
     try:
         bench.gen.run(_warm_spec(server.port))
-        _c64(bench, server, median)
+        if ram is not None:
+            bench.gen.run(_warm_spec(ram.port))
+        _c64(bench, server, ram, median)
         _scale(bench, server, median)
     finally:
         server.proc.stop()
+        if ram is not None:
+            ram.proc.stop()
 
 
 def _warm_spec(port: int) -> dict[str, Any]:
@@ -62,7 +76,7 @@ def _warm_spec(port: int) -> dict[str, Any]:
     }
 
 
-def _c64(bench: Bench, server: Server, median) -> None:
+def _c64(bench: Bench, server: Server, ram: Server | None, median) -> None:
     from bench.run import (
         CHAT,
         CHAT_TOKEN_MARK,
@@ -84,7 +98,7 @@ def _c64(bench: Bench, server: Server, median) -> None:
     corr = [("x-session-id", "bench-s64-{run}-{conn}-{seq}")]
     proxy = server.proxy_port
 
-    def spec(port: int, path: str, body: str, mark: str, headers=None, fresh: bool = False):
+    def spec(port: int, path: str, body: str, mark: str, headers=None, fresh: bool = False, srv: Server = server):
         return lambda r: (
             {
                 "port": port,
@@ -98,7 +112,7 @@ def _c64(bench: Bench, server: Server, median) -> None:
                 "fresh": fresh,
                 "vars": {"run": f"{int(time.time())}-{r}"},
             },
-            server,
+            srv,
         )
 
     direct_body = chat_body(content, stream=True, token_fields=True)
@@ -111,9 +125,17 @@ def _c64(bench: Bench, server: Server, median) -> None:
             server.port, RESPONSES, responses_body(content, stream=True), RESPONSES_TOKEN_MARK, corr
         ),
     }
-    res = bench.interleave(
-        rounds, series, after=lambda name, r: server.wait_capture_idle() if "captured" in name else None
-    )
+    if ram is not None:
+        series["chat_captured_ram"] = spec(
+            ram.port, CHAT, chat_body(content, stream=True), CHAT_TOKEN_MARK, corr, srv=ram
+        )
+    servers = {name: ram if name.endswith("_ram") and ram is not None else server for name in series}
+
+    def settle(name: str, r: int) -> None:  # the next series starts with every record of this one written
+        if "captured" in name:
+            servers[name].wait_capture_idle()
+
+    res = bench.interleave(rounds, series, after=settle)
     best = [max(k, f, key=lambda x: x["throughput"]) for k, f in zip(res["direct_keepalive"], res["direct_fresh"])]
     bench.data["stream_load_c64"] = {
         name: {**summary(pool(results)), "rounds_rps": [x["throughput"] for x in results]}
@@ -121,9 +143,12 @@ def _c64(bench: Bench, server: Server, median) -> None:
     }
     for name, label, target in (
         ("chat_captured", "chat streams, captured, c=64", 0.8),
+        ("chat_captured_ram", "chat streams, captured, c=64, the capture folder in memory (tmpfs)", None),
         ("responses_captured", "Responses streams, captured, c=64", None),
         ("chat_uncaptured", "chat streams, uncaptured, c=64", None),
     ):
+        if name not in res:
+            continue
         via = res[name]
         ratios = [v["throughput"] / b["throughput"] for v, b in zip(via, best) if b["throughput"]]
         ratio, cpu = median(ratios), cpu_ratio(best, via)
