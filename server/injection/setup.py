@@ -46,11 +46,11 @@ def build_injector(
     renderers: dict[str, Any] = {}
     clients: dict[str, TokenizeClient] = {}
     if settings.injection_bridge == "renderers":
-        from server.injection.renderers_bridge import RendererTokenizer, load_renderer
+        from server.injection.renderers_bridge import RendererTokenizer, renderer_factory
 
         assert settings.injection_renderer_model
         try:
-            renderers[""] = RendererTokenizer(load_renderer(settings.injection_renderer_model))
+            renderers[""] = RendererTokenizer(renderer_factory(settings.injection_renderer_model))
         except ImportError as exc:
             raise RuntimeError(
                 f"injection_bridge: renderers needs the [tito] extra (pip install 'switchyard-model[tito]'): {exc}"
