@@ -55,18 +55,28 @@ def test_ctrl_c_on_serve_exits_cleanly_and_keeps_the_records(mock_upstream, tmp_
     assert len(records_in(capture_dir)[0]) == 1
 
 
+def _in_interpreter_startup(output: str) -> bool:
+    """The interrupt landed in Python's own startup (site-packages' .pth files), before any of our code ran."""
+    return "<frozen site>" in output and f"{os.sep}server{os.sep}" not in output
+
+
 def test_ctrl_c_while_serve_is_still_starting_exits_without_a_traceback(mock_upstream, tmp_path):
-    proc, _ = start_server(
-        "--deployment",
-        "demo",
-        "--capture-dir",
-        str(tmp_path / "captures"),
-        env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
-        wait=False,
-    )
-    time.sleep(0.2)  # somewhere in the imports or the startup: wherever it lands, the exit must be clean
-    code = ctrl_c(proc)
-    output = proc.output()
+    for _attempt in range(3):
+        proc, _ = start_server(
+            "--deployment",
+            "demo",
+            "--capture-dir",
+            str(tmp_path / "captures"),
+            env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
+            wait=False,
+        )
+        time.sleep(0.2)  # somewhere in the imports or the startup: wherever it lands, the exit must be clean
+        code = ctrl_c(proc)
+        output = proc.output()
+        # On a loaded machine 0.2 s can still be inside the interpreter's startup, where Python
+        # itself prints the KeyboardInterrupt: not this program's to handle; try again.
+        if not _in_interpreter_startup(output):
+            break
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     assert code in (0, EXIT_INTERRUPTED), output[-3000:]
 
