@@ -30,7 +30,7 @@ log = logging.getLogger("switchyard_model.injection")
 _ID_LIST_CHARS = b"0123456789,"
 
 
-def _is_id_list(value: Any) -> TypeGuard[list[int]]:
+def is_id_list(value: Any) -> TypeGuard[list[int]]:
     """A list of non-negative ints (no bools, floats, strings, nulls or nested lists).
 
     Checked on the list's own compact JSON (one C pass; ~6x faster than a per-element type check
@@ -117,7 +117,7 @@ class TokenizeClient:
         except orjson.JSONDecodeError as exc:
             raise TokenizeError(f"{self.base_url}/tokenize answered invalid JSON") from exc
         tokens = doc.get("tokens") if isinstance(doc, dict) else None
-        if not _is_id_list(tokens):  # this list is every prompt id: checked in one C pass
+        if not is_id_list(tokens):  # this list is every prompt id: checked in one C pass
             raise TokenizeError(f"{self.base_url}/tokenize answered without a token list")
         length = doc.get("max_model_len")
         return tokens, length if type(length) is int and length > 0 else None

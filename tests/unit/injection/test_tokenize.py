@@ -10,7 +10,7 @@ import pytest
 import uvicorn
 
 from server.dev.mock_upstream.app import create_app
-from server.injection.tokenize import TokenizeClient, TokenizeError, _is_id_list, template_options
+from server.injection.tokenize import TokenizeClient, TokenizeError, is_id_list, template_options
 from tests.support.procs import free_port
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
@@ -82,11 +82,11 @@ def test_template_options_carry_what_changes_the_render():
 
 @pytest.mark.parametrize("ids", [[], [0], [12, 3, 151643], [2**63 - 1]])
 def test_token_lists_of_non_negative_ints_are_accepted(ids):
-    assert _is_id_list(ids)
+    assert is_id_list(ids)
 
 
 @pytest.mark.parametrize(
     "bad", [None, "1,2", {"a": 1}, [1, -2], [1, True], [False], [1.0], [1e20], [[1]], ["1"], [None], [2**70]]
 )
 def test_anything_but_a_list_of_non_negative_ints_is_refused(bad):
-    assert not _is_id_list(bad)
+    assert not is_id_list(bad)
