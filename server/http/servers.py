@@ -75,6 +75,10 @@ async def _granian_main(app: Any, sock: socket.socket) -> None:
     from granian.server.embed import Server
 
     host, port = sock.getsockname()[:2]
+    # granian leaves Nagle's algorithm on for the connections it accepts: a stream's later writes
+    # then wait for the client's delayed ACK (~40 ms per streamed answer to a keep-alive client).
+    # Linux hands a listening socket's TCP_NODELAY down to every connection accepted from it.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.listen(_BACKLOG)
 
     class _OnOurSocket(Server):

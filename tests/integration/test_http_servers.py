@@ -6,6 +6,7 @@ server itself under each of them.
 
 from __future__ import annotations
 
+import http.client
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from tests.support.procs import start_server
+from tests.support.tcp import NaglingStreamServer, delayed_acks
 
 pytestmark = pytest.mark.integration
 
@@ -98,3 +100,46 @@ def test_a_failed_startup_exits_2_with_one_line(tmp_path, impl):
         proc.stop()
     out = proc.output()
     assert "startup failed" in out and "Traceback" not in out
+
+
+def _delayed_acks_over_keep_alive_streams(port: int, path: str, body: bytes, streams: int) -> int:
+    """Sequential streams on one kept-alive connection from a client that acknowledges as Linux does
+    by default (delayed); how many ACKs the kernel delayed meanwhile, counted from the second stream."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        for n in range(streams + 1):
+            if n == 1:  # the first stream opened the connection
+                before = delayed_acks()
+            connection.request("POST", path, body=body, headers={"content-type": "application/json"})
+            response = connection.getresponse()
+            assert response.status == 200 and response.read()
+        return delayed_acks() - before
+    finally:
+        connection.close()
+
+
+@pytest.mark.skipif(delayed_acks() is None, reason="Linux's TCP counters")
+@pytest.mark.parametrize("impl", SERVERS)
+def test_a_kept_alive_client_gets_each_stream_without_waiting_for_a_delayed_ack(mock_upstream, impl):
+    """No Nagle on the connections the server accepts: a stream's later writes leave at once.
+
+    Timing-free: the kernel counts the ACKs it delays. granian leaves Nagle on unless the listening
+    socket has TCP_NODELAY; with it on, each stream here waited ~40 ms for one (the control below).
+    """
+    streams = 10
+    proc, base = _serve(mock_upstream, impl)
+    try:
+        body = b'{"model": "x", "stream": true, "messages": [{"role": "user", "content": "[[mock:tokens 8]] go"}]}'
+        port = int(base.rsplit(":", 1)[1])
+        delayed = _delayed_acks_over_keep_alive_streams(port, "/v1/chat/completions", body, streams)
+    finally:
+        proc.stop()
+    assert delayed < streams // 3, delayed
+
+
+@pytest.mark.skipif(delayed_acks() is None, reason="Linux's TCP counters")
+def test_the_delayed_ack_count_sees_a_server_that_leaves_nagle_on():
+    """The control for the test above: the same client against a server with Nagle on."""
+    with NaglingStreamServer() as server:
+        delayed = _delayed_acks_over_keep_alive_streams(server.port, "/x", b"{}", 10)
+    assert delayed >= 5, delayed

@@ -1,0 +1,87 @@
+"""TCP-level helpers: the kernel's delayed-ACK counter, and a server that leaves Nagle's algorithm on.
+
+A server with Nagle on holds each small write until the previous one is acknowledged; a client
+delays its ACKs (40 ms on Linux) when it has nothing to send. Together they stall a streamed answer
+on a kept-alive connection. The kernel counts every ACK it delayed, so a test can see the stall
+without timing anything.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+
+def delayed_acks() -> int | None:
+    """How many ACKs this network namespace's kernel has delayed (Linux's TcpExt DelayedACKs), or None."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            counters = dict(zip(names.split()[1:], values.split()[1:], strict=False))
+            return int(counters["DelayedACKs"]) if "DelayedACKs" in counters else None
+    return None
+
+
+class NaglingStreamServer:
+    """A keep-alive HTTP/1.1 server that, like Switchyard 0.3.0, leaves Nagle's algorithm on and writes
+    each answer (a chunked stream of one chunk) as three small writes: head, chunk, end."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> NaglingStreamServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (a close alone would not)
+        self.listener.close()
+        self.thread.join(5)
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                conn, _ = self.listener.accept()
+                self.connections += 1
+                threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+        except OSError:  # the listener was shut down
+            return
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
+        buffer = b""
+        with conn:
+            while True:
+                while not _whole_request(buffer):
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, rest = buffer.partition(b"\r\n\r\n")
+                buffer = rest[_content_length(head) :]
+                for piece in (
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+                    b"5\r\nfirst\r\n",
+                    b"0\r\n\r\n",
+                ):
+                    conn.sendall(piece)
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def _whole_request(buffer: bytes) -> bool:
+    head, found, rest = buffer.partition(b"\r\n\r\n")
+    return bool(found) and len(rest) >= _content_length(head)
