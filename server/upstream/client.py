@@ -119,14 +119,14 @@ class Upstream:
             headers=headers, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), trust_env=False
         )
 
-    async def _request(self, path: str, body: bytes, headers: dict[str, str], *, fresh: bool) -> http1.Response:
+    async def _request(self, path: str, body: bytes, headers: dict[str, str]) -> http1.Response:
         try:
-            return await self._pool.request(path, body, headers, fresh=fresh)
+            return await self._pool.request(path, body, headers)
         except http1.HTTPError as exc:
             raise error_from_exception(exc, self.base_url) from exc
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamReply:
-        response = await self._request(path, body, headers, fresh=False)
+        response = await self._request(path, body, headers)
         try:
             content = await response.read()
         except http1.HTTPError as exc:
@@ -136,9 +136,9 @@ class Upstream:
         return UpstreamReply(response.status_code, content, response.headers)
 
     async def open_stream(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamStream:
-        # Switchyard 0.3.0 stalls ~40 ms per stream on a reused connection (Nagle against delayed
-        # ACKs, see docs/architecture.md); a fresh connection per stream avoids it.
-        response = await self._request(path, body, headers, fresh=True)
+        # On the same keep-alive pool: its connections acknowledge every read at once, which keeps
+        # Switchyard 0.3.0's Nagle from stalling a stream on a reused connection (docs/architecture.md).
+        response = await self._request(path, body, headers)
         if response.status_code >= 400:
             try:
                 content = await response.read()

@@ -10,12 +10,16 @@ those left idle longer than `keepalive_expiry` (an idle pool must not hold socke
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
+
+# Linux only; elsewhere delayed ACKs stay as the system has them.
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
 class HTTPError(Exception):
@@ -53,13 +57,30 @@ class _Connection(asyncio.Protocol):
         self._keep_alive = False
         self._error: HTTPError | None = None
         self._bytes_seen = 0
+        self._socket: socket.socket | None = None
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is not an asyncio.Transport subclass (no isinstance check here): a cast.
         self.transport = cast(asyncio.Transport, transport)
+        self._socket = transport.get_extra_info("socket")
+
+    def _ack_now(self) -> None:
+        """Acknowledge what arrived at once, not after the kernel's delayed-ACK timer (40 ms on Linux).
+
+        A server that leaves Nagle's algorithm on (Switchyard 0.3.0 does) holds each small write
+        until the previous one is acknowledged, so on a reused connection a stream's second write
+        waited for our delayed ACK: ~40 ms per stream. TCP_QUICKACK is not sticky, so it is set
+        again after every read (one setsockopt, about a microsecond).
+        """
+        if _QUICKACK is not None and self._socket is not None:
+            try:
+                self._socket.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+            except OSError:  # the connection is going away; its loss is reported elsewhere
+                pass
 
     def data_received(self, data: bytes) -> None:
+        self._ack_now()
         self._bytes_seen += len(data)
         if self._parser is None:  # bytes while idle: the server is not speaking HTTP to us
             self._fail(ProtocolError("unexpected data on an idle connection"))
@@ -117,6 +138,7 @@ class _Connection(asyncio.Protocol):
         self._error = None
         self._bytes_seen = 0
         self.transport.write(payload)
+        self._ack_now()  # out of "interactive" mode before the answer's first segment comes in
 
     async def head(self, timeout: float) -> tuple[int, dict[str, str]]:
         try:
@@ -162,12 +184,12 @@ class _Connection(asyncio.Protocol):
 class Response:
     """An answer whose head has arrived; read its body whole (`read`) or chunk by chunk (`iter_raw`)."""
 
-    def __init__(self, pool: Pool, connection: _Connection, status: int, headers: dict[str, str], keep: bool) -> None:
+    def __init__(self, pool: Pool, connection: _Connection, status: int, headers: dict[str, str]) -> None:
         self._pool = pool
         self._connection = connection
         self.status_code = status
         self.headers = headers
-        self._keep = keep
+        self._keep = True  # back to the pool once read to its end, unless reading it failed
         self._closed = False
 
     async def read(self) -> bytes:
@@ -243,8 +265,8 @@ class Pool:
                 return connection
         return None
 
-    async def request(self, path: str, body: bytes, headers: dict[str, str], *, fresh: bool = False) -> Response:
-        """POST `body`; returns once the answer's head is in. `fresh`: a new connection, closed after."""
+    async def request(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
+        """POST `body` on an idle connection (or a new one); returns once the answer's head is in."""
         fixed = self._fixed_head
         if not self._fixed_lines.keys().isdisjoint(headers):
             # A per-call header (lower-case name) overrides a fixed one, e.g. a forwarded authorization.
@@ -255,14 +277,13 @@ class Pool:
             + _header_lines(headers)
             + b"content-length: "
             + str(len(body)).encode()
-            + (b"\r\nconnection: close" if fresh else b"")
             + b"\r\n\r\n"
             + body
         )
         await self._busy.acquire()
         try:
             for attempt in (1, 2):
-                connection = None if fresh else self._idle_connection()
+                connection = self._idle_connection()
                 if connection is None:
                     connection = await self._connect()
                 try:
@@ -278,7 +299,7 @@ class Pool:
                 except BaseException:
                     connection.close()
                     raise
-                return Response(self, connection, status, response_headers, keep=not fresh)
+                return Response(self, connection, status, response_headers)
         except BaseException:
             self._busy.release()
             raise

@@ -8,6 +8,7 @@ import pytest
 
 from server.upstream import http1
 from tests.support.raw_http import RawServer, fixed
+from tests.support.tcp import NaglingStreamServer, delayed_acks
 
 
 def pool(port: int, **kw) -> http1.Pool:
@@ -46,7 +47,7 @@ def test_fixed_length_answers_reuse_one_kept_alive_connection():
     run(scenario())
 
 
-def test_chunked_stream_arrives_chunk_by_chunk_on_a_fresh_connection():
+def test_chunked_stream_arrives_chunk_by_chunk():
     async def scenario():
         release = asyncio.Event()
 
@@ -67,7 +68,7 @@ def test_chunked_stream_arrives_chunk_by_chunk_on_a_fresh_connection():
             server.server.close()
             stream_server = await asyncio.start_server(streaming, "127.0.0.1", 0)
             client = pool(stream_server.sockets[0].getsockname()[1])
-            response = await client.request("/chat/completions", b"{}", {}, fresh=True)
+            response = await client.request("/chat/completions", b"{}", {})
             chunks = response.iter_raw()
             assert await chunks.__anext__() == b"first"  # before the rest was even sent
             release.set()
@@ -94,7 +95,7 @@ def test_chunks_that_arrived_together_are_read_as_one_piece():
 
         stream_server = await asyncio.start_server(streaming, "127.0.0.1", 0)
         client = pool(stream_server.sockets[0].getsockname()[1])
-        response = await client.request("/chat/completions", b"{}", {}, fresh=True)
+        response = await client.request("/chat/completions", b"{}", {})
         chunks = response.iter_raw()
         # One write, so one read: the parser delivers both chunks before the reader resumes.
         assert await chunks.__anext__() == b"firstsecond"
@@ -285,7 +286,7 @@ def test_silence_between_body_chunks_is_a_timeout():
 
         server = await asyncio.start_server(streaming, "127.0.0.1", 0)
         client = pool(server.sockets[0].getsockname()[1], read_timeout=0.3)
-        response = await client.request("/x", b"{}", {}, fresh=True)
+        response = await client.request("/x", b"{}", {})
         chunks = response.iter_raw()
         assert await within(chunks.__anext__()) == b"first"
         with pytest.raises(http1.TimeoutError_):
@@ -347,3 +348,35 @@ def test_an_idle_connection_is_closed_after_the_keepalive_expiry(expiry, connect
             client.close()
 
     run(scenario())
+
+
+@pytest.mark.skipif(http1._QUICKACK is None or delayed_acks() is None, reason="Linux's TCP_QUICKACK and counters")
+@pytest.mark.parametrize("acknowledge_at_once", [True, False], ids=["quickack", "control-without-it"])
+def test_streams_on_a_reused_connection_are_not_held_back_by_the_servers_nagle(monkeypatch, acknowledge_at_once):
+    """Every read is acknowledged at once, so the server's held writes go out without a delayed ACK.
+
+    Timing-free: the kernel counts the ACKs it delays. Without TCP_QUICKACK (the control) each
+    stream on the reused connection waits for one (~40 ms) before its chunk can leave the server.
+    """
+    if not acknowledge_at_once:
+        monkeypatch.setattr(http1, "_QUICKACK", None)
+    streams = 12
+
+    async def scenario(port: int) -> int:
+        client = pool(port)
+        for n in range(streams + 1):
+            if n == 1:  # the first stream opened the connection; count from the first reuse on
+                before = delayed_acks()
+            response = await client.request("/chat/completions", b"{}", {})
+            assert [chunk async for chunk in response.iter_raw()] == [b"first"]
+        delayed = delayed_acks() - before
+        client.close()
+        return delayed
+
+    with NaglingStreamServer() as server:
+        delayed = run(scenario(server.port))
+    assert server.connections == 1  # one kept-alive connection carried every stream
+    if acknowledge_at_once:
+        assert delayed < streams // 3, delayed
+    else:
+        assert delayed >= streams // 2, delayed
