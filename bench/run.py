@@ -645,7 +645,7 @@ class Bench:
             "",
             "",
             f"{left}",
-            "0 (fresh connection per stream)",
+            "<= 2 (the keep-alive pool's idle ones; a leak grows with the streams)",
             "ok" if left <= 2 else "LEAK: the stream pool (upstream_max_connections) fills, then streams hang",
         )
 
