@@ -105,13 +105,12 @@ class TokenizeClient:
 
     async def _ask(self, payload: bytes) -> tuple[list[int], int | None]:
         try:
-            async with asyncio.timeout(self._timeout_s):  # one deadline for the round trip, no extra task
-                response = await self._pool.request("/tokenize", payload, {})
-                raw = await response.read()
-        except (http1.HTTPError, TimeoutError) as exc:
+            # One deadline for the round trip, and the pool's lean whole-answer path (no per-phase waits).
+            status, _, raw = await self._pool.fetch("/tokenize", payload, {}, self._timeout_s)
+        except http1.HTTPError as exc:
             raise TokenizeError(f"{self.base_url}/tokenize: {type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
-            raise TokenizeError(f"{self.base_url}/tokenize answered HTTP {response.status_code}: {raw[:200]!r}")
+        if status != 200:
+            raise TokenizeError(f"{self.base_url}/tokenize answered HTTP {status}: {raw[:200]!r}")
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

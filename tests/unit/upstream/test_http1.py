@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -380,3 +381,118 @@ def test_streams_on_a_reused_connection_are_not_held_back_by_the_servers_nagle(m
         assert delayed < streams // 3, delayed
     else:
         assert delayed >= streams // 2, delayed
+
+
+# ---- fetch(): a whole answer under one deadline (the engine's /tokenize) ------------------------
+
+
+def test_fetch_returns_whole_answers_sent_in_pieces_and_reuses_the_connection():
+    async def scenario():
+        async def pieces(reader, writer):
+            for _ in range(2):  # two requests on one kept-alive connection
+                await reader.readuntil(b"\r\n\r\n")
+                # The head, then the body in chunks, each its own write (as uvicorn answers).
+                for part in (
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-a: 1\r\n\r\n",
+                    b"3\r\n[1,\r\n",
+                    b"2\r\n2]\r\n0\r\n\r\n",
+                ):
+                    writer.write(part)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+            writer.close()
+
+        server = await asyncio.start_server(pieces, "127.0.0.1", 0)
+        client = pool(server.sockets[0].getsockname()[1])
+        for _ in range(2):
+            status, headers, body = await within(client.fetch("/tokenize", b"{}", {}, 2.0))
+            assert (status, headers["x-a"], body) == (200, "1", b"[1,2]")
+        assert len(client._idle) == 1  # the one connection went back to the pool both times
+        client.close()
+        server.close()
+
+        async def reply(request):
+            return fixed(b'{"error": "no"}', status=400)
+
+        async with RawServer(reply) as raw:
+            client = pool(raw.port)
+            assert await within(client.fetch("/tokenize", b"{}", {}, 2.0)) == (
+                400,
+                {"content-type": "application/json", "content-length": "15"},
+                b'{"error": "no"}',
+            )
+            assert raw.requests[0].startswith(b"POST /v1/tokenize HTTP/1.1\r\n")
+            client.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("head_first", [False, True])
+def test_fetch_times_out_on_the_whole_exchange_and_frees_its_slot(head_first):
+    # The deadline covers the body too: a head that arrives in time is not enough.
+    async def scenario():
+        answered = 0
+
+        async def stalling(reader, writer):
+            nonlocal answered
+            try:
+                while True:
+                    await reader.readuntil(b"\r\n\r\n")
+                    await reader.readexactly(2)
+                    answered += 1
+                    if answered == 1:
+                        if head_first:
+                            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n12345")
+                        await asyncio.sleep(30)  # then nothing
+                    writer.write(fixed(b"{}"))
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+
+        server = await asyncio.start_server(stalling, "127.0.0.1", 0)
+        client = pool(server.sockets[0].getsockname()[1], max_connections=1, read_timeout=30.0)
+        with pytest.raises(http1.TimeoutError_):
+            await within(client.fetch("/x", b"{}", {}, 0.3))
+        # The one slot is free and the half-read connection was not pooled: the next call answers.
+        assert await within(client.fetch("/x", b"{}", {}, 2.0)) == (
+            200,
+            {"content-type": "application/json", "content-length": "2"},
+            b"{}",
+        )
+        client.close()
+        server.close()
+
+    run(scenario())
+
+
+def test_fetch_retries_a_stale_kept_alive_connection_once_and_reports_a_cut_answer():
+    async def scenario():
+        calls = 0
+
+        async def reply(request):
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                return None  # the kept-alive connection dies just as it is reused
+            return fixed(b"{}")
+
+        async with RawServer(reply) as server:
+            client = pool(server.port)
+            for _ in range(2):
+                assert (await within(client.fetch("/x", b"{}", {}, 2.0)))[2] == b"{}"
+            assert server.connections == 2 and calls == 3
+
+        unretrieved = []
+
+        async def cut(request):
+            return b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial"
+
+        async with RawServer(cut) as server:
+            asyncio.get_running_loop().set_exception_handler(lambda loop, context: unretrieved.append(context))
+            with pytest.raises(http1.ProtocolError):
+                await within(pool(server.port).fetch("/x", b"{}", {"connection": "close"}, 2.0))
+            gc.collect()  # an exception set on a future nobody retrieved is reported when it is collected
+            await asyncio.sleep(0)
+        assert unretrieved == []
+
+    run(scenario())
