@@ -4,7 +4,10 @@ Sequential agent sessions (a tool call per turn, the history growing) go to two 
 side, one with `token_injection` on and one capture-only, rounds interleaved. Every call from the
 second on is injected (one `/tokenize` round trip to the mock, the chain lookup and the commit),
 which the injection server's /metrics confirms; the mock's /tokenize count shows one round trip per
-call (each session's messages are its own, so none is answered from the client's cache).
+call (each session's messages are its own, so none is answered from the client's cache). The
+server's CPU is also given for its event loop and for its Rust threads (the hosted Switchyard,
+which relays the ~1,500 injected ids; granian's I/O workers are Rust threads too, alike on both
+sides); `bench/injection_parts.py` measures each part of the added cost alone.
 
 `--injection-tree NAME=PATH` adds injection servers run from other source trees, side by side
 against the same capture-only server; `--mock-tree PATH` runs the mock from another tree.
@@ -83,6 +86,13 @@ def _tokenizes(bench: Any) -> int:
     )
 
 
+def _rust_threads_cpu_s(server: Server) -> float:
+    """CPU of the server's Rust threads: the hosted Switchyard (and granian's I/O workers)."""
+    from bench.threads import thread_cpu_by_role  # here, not at the top: bench.threads imports bench.run
+
+    return sum(seconds for role, seconds in thread_cpu_by_role(server.proc.pid).values() if role == "Rust workers")
+
+
 def run(bench: Any) -> None:
     bench.log("injection on vs capture only: sequential agent sessions")
     sides: dict[str, Server] = {"capture": bench.cap, "injection": _injection_server(bench, "server-injection", None)}
@@ -95,6 +105,7 @@ def run(bench: Any) -> None:
     mock_cpu: dict[str, float] = {name: 0.0 for name in sides}
     tokenizes: dict[str, int] = {name: 0 for name in sides}
     loop_cpu: dict[str, float] = {name: 0.0 for name in sides}  # the server's event-loop thread alone
+    rust_cpu: dict[str, float] = {name: 0.0 for name in sides}  # its Rust threads (Switchyard relays the ids)
     with httpx.Client(trust_env=False, timeout=60) as client:
         for name, server in sides.items():  # warm-up: first connections, lazy imports, the template's generation prompt
             _session(client, server.url, f"bench-inj-warm-{name}", turns)
@@ -104,7 +115,7 @@ def run(bench: Any) -> None:
             for name in rotated if r % 2 == 0 else reversed(rotated):
                 server = sides[name]
                 before, mock_before, tokenize_before = server.proc.cpu_s(), bench.mock.proc.cpu_s(), _tokenizes(bench)
-                loop_before = server.proc.main_thread_cpu_s()
+                loop_before, rust_before = server.proc.main_thread_cpu_s(), _rust_threads_cpu_s(server)
                 for s in range(sessions):
                     # Calls after the first of each session: the ones injection works on.
                     lat[name] += _session(client, server.url, f"bench-inj-{name}-{r}-{s}", turns)[1:]
@@ -112,6 +123,7 @@ def run(bench: Any) -> None:
                 mock_cpu[name] += bench.mock.proc.cpu_s() - mock_before
                 tokenizes[name] += _tokenizes(bench) - tokenize_before
                 loop_cpu[name] += server.proc.main_thread_cpu_s() - loop_before
+                rust_cpu[name] += _rust_threads_cpu_s(server) - rust_before
     calls = rounds * sessions * (turns - 1)
     p50 = {name: statistics.median(values) for name, values in lat.items()}
     data: dict[str, Any] = {
@@ -120,6 +132,7 @@ def run(bench: Any) -> None:
         "p90_ms": {k: round(statistics.quantiles(v, n=10)[-1] * 1000, 3) for k, v in lat.items()},
         "server_cpu_ms_per_call": {k: round(v / calls * 1000, 3) for k, v in cpu.items()},
         "event_loop_cpu_ms_per_call": {k: round(v / calls * 1000, 3) for k, v in loop_cpu.items()},
+        "rust_threads_cpu_ms_per_call": {k: round(v / calls * 1000, 3) for k, v in rust_cpu.items()},
         "mock_cpu_ms_per_call": {k: round(v / calls * 1000, 3) for k, v in mock_cpu.items()},
         # Sessions of `turns` calls, calls 2.. timed: every call of a session asks /tokenize once.
         "tokenize_per_call": {k: round(v / (rounds * sessions * turns), 3) for k, v in tokenizes.items()},
@@ -131,6 +144,7 @@ def run(bench: Any) -> None:
         cpu_added = (cpu[name] - cpu["capture"]) / calls
         mock_added = (mock_cpu[name] - mock_cpu["capture"]) / calls
         loop_added = (loop_cpu[name] - loop_cpu["capture"]) / calls
+        rust_added = (rust_cpu[name] - rust_cpu["capture"]) / calls
         injected = _injected_calls(server)
         key = "" if name == "injection" else name.partition(":")[2]
         data.update(
@@ -139,6 +153,7 @@ def run(bench: Any) -> None:
                 f"added_server_cpu_ms_per_call{'_' + key if key else ''}": round(cpu_added * 1000, 3),
                 f"added_mock_cpu_ms_per_call{'_' + key if key else ''}": round(mock_added * 1000, 3),
                 f"added_event_loop_cpu_ms_per_call{'_' + key if key else ''}": round(loop_added * 1000, 3),
+                f"added_rust_threads_cpu_ms_per_call{'_' + key if key else ''}": round(rust_added * 1000, 3),
                 f"injected_calls{'_' + key if key else ''}": injected,
             }
         )
@@ -147,7 +162,8 @@ def run(bench: Any) -> None:
             f"latency per call, p50 (sequential sessions, {turns} turns, calls 2..{turns})",
             f"capture only {p50['capture'] * 1000:.2f} ms",
             f"injection {p50[name] * 1000:.2f} ms",
-            f"{added * 1000:+.2f} ms; CPU per call: server {cpu_added * 1000:+.2f} ms (event loop {loop_added * 1000:+.2f}), "
+            f"{added * 1000:+.2f} ms; CPU per call: server {cpu_added * 1000:+.2f} ms (event loop {loop_added * 1000:+.2f}, "
+            f"Switchyard's Rust threads {rust_added * 1000:+.2f}), "
             f"mock {mock_added * 1000:+.2f} ms; "
             f"{injected} calls injected, {tokenizes[name] / (rounds * sessions * turns):.2f} /tokenize per call",
             "<= 1 ms added",
