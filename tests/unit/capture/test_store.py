@@ -341,6 +341,19 @@ def test_prebuilt_records(store):
     assert store.stats()["rejected"] == 2
 
 
+def test_a_record_written_again_under_its_own_name_is_counted_once(store):
+    """A caller's own record name may already be on disk: the rename replaces the file, and the index
+    (keyed by file name) keeps one entry for it."""
+    for _ in range(2):
+        assert store.submit(record("sess-1", record_uuid="pre-1"))
+        write(store, call("sess-1", record_uuid="own-1"))
+    assert store.flush(5)
+    files = sorted(p.name.split(".")[0] for p in (store.sessions_dir / session_dir_name("sess-1")).iterdir())
+    assert files == ["own-1", "pre-1"]
+    assert store.session_info("sess-1")["record_count"] == 2
+    assert len(store.list_sessions()) == 1 and store.list_sessions()[0]["record_count"] == 2
+
+
 def populate(store):
     write(
         store,
