@@ -119,9 +119,11 @@ class Upstream:
             headers=headers, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), trust_env=False
         )
 
-    async def _request(self, path: str, body: bytes, headers: dict[str, str]) -> http1.Response:
+    async def _request(
+        self, path: str, body: bytes, headers: dict[str, str], *, stream: bool = False
+    ) -> http1.Response:
         try:
-            return await self._pool.request(path, body, headers)
+            return await self._pool.request(path, body, headers, stream=stream)
         except http1.HTTPError as exc:
             raise error_from_exception(exc, self.base_url) from exc
 
@@ -136,9 +138,9 @@ class Upstream:
         return UpstreamReply(response.status_code, content, response.headers)
 
     async def open_stream(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamStream:
-        # On the same keep-alive pool: its connections acknowledge every read at once, which keeps
-        # Switchyard 0.3.0's Nagle from stalling a stream on a reused connection (docs/architecture.md).
-        response = await self._request(path, body, headers)
+        # On the same keep-alive pool, acknowledging every read at once: that keeps Switchyard 0.3.0's
+        # Nagle from stalling a stream on a reused connection (docs/architecture.md).
+        response = await self._request(path, body, headers, stream=True)
         if response.status_code >= 400:
             try:
                 content = await response.read()

@@ -59,6 +59,7 @@ class _Connection(asyncio.Protocol):
         self._bytes_seen = 0
         self._socket: socket.socket | None = None
         self._whole = False  # fetch(): the waiter is woken once, when the answer is complete
+        self._ack_each_read = False  # a stream's connection acknowledges every read at once
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -81,7 +82,8 @@ class _Connection(asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
-        self._ack_now()
+        if self._ack_each_read:
+            self._ack_now()
         self._bytes_seen += len(data)
         if self._parser is None:  # bytes while idle: the server is not speaking HTTP to us
             self._fail(ProtocolError("unexpected data on an idle connection"))
@@ -130,7 +132,9 @@ class _Connection(asyncio.Protocol):
             self._head_done.set_exception(error)
         self._wake()
 
-    def start(self, payload: bytes) -> None:
+    def start(self, payload: bytes, *, ack_each_read: bool = False) -> None:
+        """Send a request. `ack_each_read` for a stream: an answer in many writes (see `_ack_now`)."""
+        self._ack_each_read = ack_each_read
         self._parser = httptools.HttpResponseParser(self)
         self._headers = {}
         self._head_done = asyncio.get_running_loop().create_future()
@@ -140,7 +144,8 @@ class _Connection(asyncio.Protocol):
         self._error = None
         self._bytes_seen = 0
         self.transport.write(payload)
-        self._ack_now()  # out of "interactive" mode before the answer's first segment comes in
+        if ack_each_read:
+            self._ack_now()  # out of "interactive" mode before the answer's first segment comes in
 
     async def whole_answer(self, payload: bytes, deadline: float) -> tuple[int, dict[str, str], bytes]:
         """Send `payload` and wait for the whole answer, by `deadline` (the loop's clock)."""
@@ -339,8 +344,11 @@ class Pool:
             + body
         )
 
-    async def request(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
-        """POST `body` on an idle connection (or a new one); returns once the answer's head is in."""
+    async def request(self, path: str, body: bytes, headers: dict[str, str], *, stream: bool = False) -> Response:
+        """POST `body` on an idle connection (or a new one); returns once the answer's head is in.
+
+        `stream`: the answer comes in many small writes, each acknowledged at once (`_ack_now`); a
+        whole answer is one write, and needs no quick ACK."""
         payload = self._payload(path, body, headers)
         await self._busy.acquire()
         try:
@@ -349,7 +357,7 @@ class Pool:
                 if connection is None:
                     connection = await self._connect()
                 try:
-                    connection.start(payload)
+                    connection.start(payload, ack_each_read=stream)
                     status, response_headers = await connection.head(self.read_timeout)
                 except ProtocolError:
                     connection.close()

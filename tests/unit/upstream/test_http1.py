@@ -368,7 +368,7 @@ def test_streams_on_a_reused_connection_are_not_held_back_by_the_servers_nagle(m
         for n in range(streams + 1):
             if n == 1:  # the first stream opened the connection; count from the first reuse on
                 before = delayed_acks()
-            response = await client.request("/chat/completions", b"{}", {})
+            response = await client.request("/chat/completions", b"{}", {}, stream=True)
             assert [chunk async for chunk in response.iter_raw()] == [b"first"]
         delayed = delayed_acks() - before
         client.close()
