@@ -145,7 +145,7 @@ class Settings(BaseModel):
     reasoning_seal_key: str | None = None
     log_level: str = "info"
     # The HTTP server under the (pure ASGI) app: see docs/benchmarks.md for how the two compare.
-    http_server: Literal["uvicorn", "granian"] = "uvicorn"
+    http_server: Literal["uvicorn", "granian"] = "granian"
     # Request `model` → Switchyard route. Unlisted names go to switchyard_model unless strict_models.
     model_aliases: dict[str, str] = Field(default_factory=dict)
     strict_models: bool = False  # unknown model names get a 404 instead of the default route

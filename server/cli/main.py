@@ -57,7 +57,7 @@ def _add_serve(sub) -> None:
         help="send the engine each session's token history (reasoning models; see docs/injection.md)",
     )
     p.add_argument("--log-level", help="debug, info, warning, error")
-    p.add_argument("--http-server", help="the HTTP server that carries the app: uvicorn (default) or granian")
+    p.add_argument("--http-server", help="the HTTP server that carries the app: granian (default) or uvicorn")
     p.add_argument("--otel-console", action="store_true", help="print OpenTelemetry spans to stdout")
 
 
