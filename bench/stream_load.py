@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -34,23 +35,16 @@ PACE_MS = 50
 def run_section(bench: Bench) -> None:
     from bench.run import median
 
-    server = Server(
-        "server-streams",
-        bench.mock,
-        bench.log_dir,
-        capture_dir=bench.log_dir / "captures-streams",
-        settings={"upstream_max_connections": 2048},
-    )
+    def streams_server(name: str, capture_dir: Path) -> Server:
+        return Server(
+            name, bench.mock, bench.log_dir, capture_dir=capture_dir, settings={"upstream_max_connections": 2048}
+        )
+
+    server = streams_server("server-streams", bench.log_dir / "captures-streams")
     # The same server with its capture folder in memory: what this disk's file creation costs a stream.
     ram = None
     if bench.ram_dir is not None:
-        ram = Server(
-            "server-streams-ram",
-            bench.mock,
-            bench.log_dir,
-            capture_dir=bench.ram_dir / "captures-streams",
-            settings={"upstream_max_connections": 2048},
-        )
+        ram = streams_server("server-streams-ram", bench.ram_dir / "captures-streams")
     try:
         bench.gen.run(_warm_spec(server.port))
         if ram is not None:

@@ -23,6 +23,19 @@ def pool(port: int, **kw) -> http1.Pool:
     )
 
 
+def hang_up_on_the_second_request():
+    """A reply function for RawServer: `{}`, except that the second request's connection is closed
+    unanswered (a kept-alive connection that dies just as it is reused)."""
+    calls = 0
+
+    async def reply(request):
+        nonlocal calls
+        calls += 1
+        return None if calls == 2 else fixed(b"{}")
+
+    return reply
+
+
 def run(coro):
     return asyncio.run(coro)
 
@@ -109,20 +122,11 @@ def test_chunks_that_arrived_together_are_read_as_one_piece():
 
 def test_a_stale_kept_alive_connection_is_retried_once_on_a_new_one():
     async def scenario():
-        calls = 0
-
-        async def reply(request):
-            nonlocal calls
-            calls += 1
-            if calls == 2:
-                return None  # the kept-alive connection dies just as it is reused
-            return fixed(b"{}")
-
-        async with RawServer(reply) as server:
+        async with RawServer(hang_up_on_the_second_request()) as server:
             client = pool(server.port)
             assert (await (await client.request("/x", b"{}", {})).read()) == b"{}"
             assert (await (await client.request("/x", b"{}", {})).read()) == b"{}"
-            assert server.connections == 2 and calls == 3
+            assert server.connections == 2 and len(server.requests) == 3
 
     run(scenario())
 
@@ -467,20 +471,11 @@ def test_fetch_times_out_on_the_whole_exchange_and_frees_its_slot(head_first):
 
 def test_fetch_retries_a_stale_kept_alive_connection_once_and_reports_a_cut_answer():
     async def scenario():
-        calls = 0
-
-        async def reply(request):
-            nonlocal calls
-            calls += 1
-            if calls == 2:
-                return None  # the kept-alive connection dies just as it is reused
-            return fixed(b"{}")
-
-        async with RawServer(reply) as server:
+        async with RawServer(hang_up_on_the_second_request()) as server:
             client = pool(server.port)
             for _ in range(2):
                 assert (await within(client.fetch("/x", b"{}", {}, 2.0)))[2] == b"{}"
-            assert server.connections == 2 and calls == 3
+            assert server.connections == 2 and len(server.requests) == 3
 
         unretrieved = []
 
