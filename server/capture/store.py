@@ -85,7 +85,7 @@ class CaptureStore:
         queue_size: int = 10000,
         capture_uncorrelated: bool = False,
         compress: bool = False,
-        encoding: str = "delta",
+        encoding: str = "full",
         shared_index: bool = True,
         fsync: str = "batch",
         fsync_window_ms: float = 10.0,
@@ -496,19 +496,15 @@ def _first_line(path: str) -> bytes | None:
 
 def _peek_header(path: str) -> RecordHeader | None:
     """The header fields from a record file's first block, or None to fall back to a full parse."""
+    block = _first_block(path)
+    if block is None:
+        return None
+    head, last = block
     if path.endswith(DELTA_SUFFIX):
-        block = _first_block(path)
-        if block is None:
-            return None
         # The header line may run past the first block (long ids); its leading fields never do.
         # Where it ends inside the block, it must end as a whole object does.
-        head, end = block[0], block[0].find(b"\n")
+        end = head.find(b"\n")
         last = head[end - 1 : end] if end > 0 else b"}"
-    else:
-        block = _first_block(path)
-        if block is None:
-            return None
-        head, last = block
     match = _HEAD.match(head)
     if match is None or last != b"}":
         return None

@@ -60,7 +60,7 @@ class RecordWriter:
         on_batch_written: Callable[[set[str]], None] = lambda dir_names: None,
         queue_size: int = 10000,
         compress: bool = False,
-        encoding: str = "delta",
+        encoding: str = "full",
         fsync: str = "batch",
         fsync_window_ms: float = 10.0,
     ) -> None:

@@ -109,7 +109,7 @@ def test_no_temporary_files_remain(store):
     write(store, *(call("sess-1") for _ in range(5)))
     names = os.listdir(session_path(store, "sess-1"))
     assert len(names) == 5
-    assert all(name.endswith(".delta") and not name.startswith(".") for name in names)
+    assert all(name.endswith(".json") and not name.startswith(".") for name in names)
 
 
 def test_record_is_built_on_the_writer_thread(tmp_path, monkeypatch):
@@ -428,7 +428,7 @@ def test_close_is_idempotent_and_flushes(tmp_path):
     capture.close()
     assert capture.stats()["written"] == 20
     assert capture.stats()["queue_depth"] == 0
-    assert len(list((tmp_path / "sessions").rglob("*.delta"))) == 20
+    assert len(list((tmp_path / "sessions").rglob("*.json"))) == 20
 
 
 def test_read_only_store_creates_and_writes_nothing(tmp_path):

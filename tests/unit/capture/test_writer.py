@@ -22,7 +22,7 @@ def session_dir(root, session_id):
 
 
 def files(root, session_id):
-    return sorted(session_dir(root, session_id).glob("*.delta"))
+    return sorted(session_dir(root, session_id).glob("*.json"))
 
 
 def wait_until(predicate, timeout=20.0):
