@@ -15,7 +15,11 @@ from tests.support.procs import Proc, free_port, start_server
 
 pytestmark = pytest.mark.integration
 
-EXIT_INTERRUPTED = 130
+# Interrupted: our status 130, or death by SIGINT, which a shell reports as the same 130. CPython
+# chooses the second by itself when the interrupt landed inside code compiled from a string (e.g.
+# the methods `dataclasses` writes with exec() while the modules load): it marks that
+# KeyboardInterrupt as unhandled even though main() caught it, and re-raises SIGINT at exit.
+INTERRUPTED = (130, -signal.SIGINT)
 
 
 def ctrl_c(proc: Proc, timeout: float = 60.0) -> int:
@@ -78,7 +82,7 @@ def test_ctrl_c_while_serve_is_still_starting_exits_without_a_traceback(mock_ups
         if not _in_interpreter_startup(output):
             break
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
-    assert code in (0, EXIT_INTERRUPTED), output[-3000:]
+    assert code == 0 or code in INTERRUPTED, output[-3000:]
 
 
 def test_ctrl_c_on_demo_serve_exits_cleanly(tmp_path):
