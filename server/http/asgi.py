@@ -77,8 +77,8 @@ async def run_until_disconnect(
 
     A disconnect after the response is complete (`answered()`) cancels nothing: the work is then
     only cleaning up (closing the upstream stream, handing off capture), which must not be cut.
-    Only call this after the request body has been read: from then on the only message the
-    server can deliver on `receive` is `http.disconnect`.
+    Only call this after the request body has been read: from then on `receive` delivers
+    `http.disconnect`, after (under granian) one empty `http.request`, which the watcher skips.
     """
     task = asyncio.current_task()  # the work runs here; only the watcher is a task of its own
     assert task is not None, "called from a coroutine, so there is a current task"

@@ -130,3 +130,31 @@ async def test_a_cancel_from_elsewhere_stays_a_cancel():
     task.cancel()  # e.g. server shutdown: not a client disconnect
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+@run
+async def test_an_empty_body_message_after_the_body_is_skipped_and_the_disconnect_still_seen():
+    # granian hands back one more empty `http.request` once the body is read; only a disconnect cancels.
+    gone = asyncio.Event()
+    messages = 0
+
+    async def receive() -> dict:
+        nonlocal messages
+        messages += 1
+        if messages == 1:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    started = asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        await asyncio.sleep(0)
+        assert not gone.is_set()  # the empty message alone cancelled nothing
+        gone.set()
+        await asyncio.Event().wait()
+
+    with pytest.raises(ClientGone):
+        await run_until_disconnect(receive, work)
+    assert started.is_set() and messages == 2
