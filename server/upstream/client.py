@@ -128,14 +128,16 @@ class Upstream:
             raise error_from_exception(exc, self.base_url) from exc
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamReply:
-        response = await self._request(path, body, headers)
+        # The pool's whole-answer path: one wake-up when the answer is in, not one per phase. A
+        # non-stream answer's head comes when the answer is ready, so the one deadline for the
+        # whole exchange is the read timeout the head alone had before.
         try:
-            content = await response.read()
+            status, response_headers, content = await self._pool.fetch(path, body, headers, self._pool.read_timeout)
         except http1.HTTPError as exc:
             raise error_from_exception(exc, self.base_url) from exc
-        if response.status_code >= 400:
-            raise error_from_reply(response.status_code, content, response.headers)
-        return UpstreamReply(response.status_code, content, response.headers)
+        if status >= 400:
+            raise error_from_reply(status, content, response_headers)
+        return UpstreamReply(status, content, response_headers)
 
     async def open_stream(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamStream:
         # On the same keep-alive pool, acknowledging every read at once: that keeps Switchyard 0.3.0's

@@ -147,8 +147,8 @@ class _Connection(asyncio.Protocol):
         if ack_each_read:
             self._ack_now()  # out of "interactive" mode before the answer's first segment comes in
 
-    async def whole_answer(self, payload: bytes, deadline: float) -> tuple[int, dict[str, str], bytes]:
-        """Send `payload` and wait for the whole answer, by `deadline` (the loop's clock)."""
+    async def whole_answer(self, payload: bytes, deadline: float, timeout: float) -> tuple[int, dict[str, str], bytes]:
+        """Send `payload` and wait for the whole answer, by `deadline` (the loop's clock; `timeout` names it)."""
         loop = asyncio.get_running_loop()
         self.start(payload)
         self._whole = True
@@ -167,7 +167,7 @@ class _Connection(asyncio.Protocol):
                 head.exception()
             raise self._error
         if not self._complete:
-            raise TimeoutError_("no whole answer within the deadline")
+            raise TimeoutError_(f"no whole answer within {timeout:g}s")
         return head.result(), self._headers, b"".join(self._chunks)
 
     async def head(self, timeout: float) -> tuple[int, dict[str, str]]:
@@ -301,7 +301,7 @@ class Pool:
         """POST `body` and read the whole answer (status, headers, body) within `timeout` seconds
         (a new connection's connect within the pool's connect timeout too).
 
-        For small whole answers on the hot path (the engine's /tokenize): one future, woken once
+        For whole answers on the hot path (non-stream model calls, the engine's /tokenize): one future, woken once
         when the answer is complete, and one timer for the exchange, instead of request() and
         read()'s per-phase waits; about 40 µs less event-loop CPU per round trip
         (docs/benchmarks.md, "Token injection"). The connection is pooled as with request().
@@ -315,7 +315,7 @@ class Pool:
                 connection = self._idle_connection()
                 if connection is None:
                     connection = await self._connect()
-                answer = await connection.whole_answer(payload, deadline)
+                answer = await connection.whole_answer(payload, deadline, timeout)
             except BaseException as exc:
                 if connection is not None:
                     connection.close()

@@ -469,6 +469,25 @@ def test_fetch_times_out_on_the_whole_exchange_and_frees_its_slot(head_first):
     run(scenario())
 
 
+def test_a_fetch_cancelled_while_waiting_releases_its_slot_and_closes_its_connection():
+    # A client that disconnects cancels its non-stream call, which waits in fetch().
+    async def scenario():
+        held = HeldServer()  # the first request is never answered
+        async with RawServer(held.reply) as server:
+            client = pool(server.port, max_connections=1)
+            waiting = asyncio.ensure_future(client.fetch("/x", b"{}", {}, 30.0))
+            await within(held.wait_for_requests(1))
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert (await within(client.fetch("/x", b"{}", {}, 2.0)))[2] == b"{}"
+            assert server.connections == 2  # the half-used connection was closed, not pooled
+            held.release.set()
+            client.close()
+
+    run(scenario())
+
+
 def test_fetch_retries_a_stale_kept_alive_connection_once_and_reports_a_cut_answer():
     async def scenario():
         async with RawServer(hang_up_on_the_second_request()) as server:
