@@ -298,17 +298,18 @@ class Pool:
     async def fetch(
         self, path: str, body: bytes, headers: dict[str, str], timeout: float
     ) -> tuple[int, dict[str, str], bytes]:
-        """POST `body` and read the whole answer (status, headers, body) within `timeout` seconds
-        (a new connection's connect within the pool's connect timeout too).
+        """POST `body` and read the whole answer (status, headers, body) within `timeout` seconds of
+        getting a connection slot (a new connection's connect within the pool's connect timeout too);
+        as with request(), waiting for a slot is not bounded here.
 
-        For whole answers on the hot path (non-stream model calls, the engine's /tokenize): one future, woken once
-        when the answer is complete, and one timer for the exchange, instead of request() and
-        read()'s per-phase waits; about 40 µs less event-loop CPU per round trip
-        (docs/benchmarks.md, "Token injection"). The connection is pooled as with request().
+        For whole answers on the hot path (non-stream model calls, the engine's /tokenize): one
+        future, woken once when the answer is complete, and one timer for the exchange, instead of
+        request() and read()'s per-phase waits; about 20-40 µs less event-loop CPU per call
+        (docs/benchmarks.md). The connection is pooled as with request().
         """
-        deadline = asyncio.get_running_loop().time() + timeout
         payload = self._payload(path, body, headers)
         await self._busy.acquire()
+        deadline = asyncio.get_running_loop().time() + timeout
         for attempt in (1, 2):
             connection = None
             try:

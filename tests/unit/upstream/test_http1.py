@@ -488,6 +488,24 @@ def test_a_fetch_cancelled_while_waiting_releases_its_slot_and_closes_its_connec
     run(scenario())
 
 
+def test_a_fetch_waiting_for_a_connection_slot_starts_its_deadline_once_it_has_one():
+    # As with request(): the timeout bounds the exchange, not the wait behind other calls.
+    async def scenario():
+        held = HeldServer()  # the first request is answered only when released
+        async with RawServer(held.reply) as server:
+            client = pool(server.port, max_connections=1)
+            first = asyncio.ensure_future(client.fetch("/x", b"{}", {}, 30.0))
+            await within(held.wait_for_requests(1))
+            queued = asyncio.ensure_future(client.fetch("/x", b"{}", {}, 0.3))
+            await asyncio.sleep(0.6)  # twice the queued call's timeout, spent waiting for the slot
+            held.release.set()
+            assert (await within(first))[2] == b"{}"
+            assert (await within(queued))[2] == b"{}"
+            client.close()
+
+    run(scenario())
+
+
 def test_fetch_retries_a_stale_kept_alive_connection_once_and_reports_a_cut_answer():
     async def scenario():
         async with RawServer(hang_up_on_the_second_request()) as server:
