@@ -246,17 +246,27 @@ def test_a_queued_caller_that_is_cancelled_takes_no_slot():
     run(scenario())
 
 
-def test_a_caller_cancelled_while_waiting_for_its_answer_releases_its_slot_and_connection():
+async def body_of(client: http1.Pool, way: str, timeout: float = 2.0) -> bytes:
+    """One POST's answer body, through request() + read() or through fetch()."""
+    if way == "request":
+        return await (await client.request("/x", b"{}", {})).read()
+    return (await client.fetch("/x", b"{}", {}, timeout))[2]
+
+
+@pytest.mark.parametrize("way", ["request", "fetch"])
+def test_a_caller_cancelled_while_waiting_for_its_answer_releases_its_slot_and_connection(way):
+    # A client that disconnects cancels its call while it waits upstream (streams: request();
+    # non-stream calls and /tokenize: fetch()).
     async def scenario():
         held = HeldServer()  # the first request is never answered
         async with RawServer(held.reply) as server:
             client = pool(server.port, max_connections=1)
-            waiting = asyncio.ensure_future(client.request("/x", b"{}", {}))
+            waiting = asyncio.ensure_future(body_of(client, way, timeout=30.0))
             await within(held.wait_for_requests(1))
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            assert await within((await client.request("/x", b"{}", {})).read()) == b"{}"
+            assert await within(body_of(client, way)) == b"{}"
             # The half-used connection was closed, not put back in the pool.
             assert server.connections == 2
             held.release.set()
@@ -465,25 +475,6 @@ def test_fetch_times_out_on_the_whole_exchange_and_frees_its_slot(head_first):
         )
         client.close()
         server.close()
-
-    run(scenario())
-
-
-def test_a_fetch_cancelled_while_waiting_releases_its_slot_and_closes_its_connection():
-    # A client that disconnects cancels its non-stream call, which waits in fetch().
-    async def scenario():
-        held = HeldServer()  # the first request is never answered
-        async with RawServer(held.reply) as server:
-            client = pool(server.port, max_connections=1)
-            waiting = asyncio.ensure_future(client.fetch("/x", b"{}", {}, 30.0))
-            await within(held.wait_for_requests(1))
-            waiting.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await waiting
-            assert (await within(client.fetch("/x", b"{}", {}, 2.0)))[2] == b"{}"
-            assert server.connections == 2  # the half-used connection was closed, not pooled
-            held.release.set()
-            client.close()
 
     run(scenario())
 
