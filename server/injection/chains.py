@@ -4,7 +4,9 @@ A chain holds the canonical history of one conversation in a session (the last p
 used plus what it generated), and the template render of that call's messages without the
 generation prompt (`prefix`), which is where a re-rendered next prompt is cut. Sessions may hold
 several chains (opencode's title generator shares the main agent's session id); a call extends the
-chain whose prefix is the longest prefix of its own render.
+chain whose prefix is the longest prefix of its own render. With the `renderers` bridge a call is
+matched by its messages instead (`history_hash`: the chain's last request, before any render), so
+that the common call needs no render of the whole conversation at all.
 
 The capture records are the source of truth: `chains_from_records` rebuilds a session's chains
 from them, so memory here is only a bounded cache (LRU + TTL).
@@ -38,6 +40,12 @@ def prefix_hash(ids: list[int]) -> str:
     return hashlib.blake2b(orjson.dumps(ids), digest_size=16).hexdigest()
 
 
+def history_hash(messages: list[Any], tools: Any, template: dict[str, Any]) -> str:
+    """A digest of what a request asks the template to render: its messages, tools and template options."""
+    doc = {"messages": messages, "tools": tools or None, "template": template}
+    return hashlib.blake2b(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS), digest_size=16).hexdigest()
+
+
 def new_chain_id() -> str:
     return "chain_" + uuid.uuid4().hex[:16]
 
@@ -51,10 +59,12 @@ class Chain:
     last_generation: list[int]
     eot: int | None  # the end-of-turn token that closed the last generation; None after a length stop
     n_messages: int  # messages of the last request + its reply
-    prefix_len: int
+    prefix_len: int  # 0 (and prefix_hash "") when the call that heads the chain was bridged: no render
     prefix_hash: str
     prefix: list[int] | None = None  # None when rebuilt from records until a call matches it
     version: int = 0
+    # The `renderers` bridge's key: the digest of the last request's messages, tools and template options.
+    history_hash: str | None = None
 
     def prefix_of(self, rendered: list[int]) -> bool:
         """True when this chain's prefix is a (strict) prefix of `rendered`."""
@@ -78,6 +88,16 @@ class Chain:
         if len(messages) <= n or not isinstance(messages[n - 1], dict) or messages[n - 1].get("role") != "assistant":
             return False
         return all(isinstance(m, dict) and m.get("role") != "assistant" for m in messages[n:])
+
+
+def extends_history(chain: Chain, messages: list[Any], tools: Any, template: dict[str, Any]) -> bool:
+    """The call resends this chain's last request unchanged, then its reply, then environment turns."""
+    n = chain.n_messages
+    return (
+        chain.history_hash is not None
+        and chain.continues(messages)
+        and history_hash(messages[: n - 1], tools, template) == chain.history_hash
+    )
 
 
 def env_suffix(tail: list[int], last_generation: list[int], eot: int) -> list[int]:
@@ -105,6 +125,17 @@ def longest_match(chains: Iterable[Chain], rendered: list[int]) -> Chain | None:
     return best
 
 
+def longest_history_match(
+    chains: Iterable[Chain], messages: list[Any], tools: Any, template: dict[str, Any]
+) -> Chain | None:
+    """The chain whose last request is the longest the call resends unchanged, if any."""
+    best = None
+    for chain in chains:
+        if (best is None or chain.n_messages > best.n_messages) and extends_history(chain, messages, tools, template):
+            best = chain
+    return best
+
+
 def end_of_turn(generation: list[int], finish_reason: Any) -> int | None:
     """The end-of-turn token of a generation that stopped on its own; None after a length stop."""
     if finish_reason in NATURAL_STOPS and generation:
@@ -124,7 +155,8 @@ def chains_from_records(records: Iterable[dict[str, Any]]) -> list[Chain]:
             continue
         if record.get("is_valid") is not True or record.get("status", "completed") != "completed":
             continue
-        if not isinstance(info.get("prefix_len"), int) or not isinstance(info.get("prefix_hash"), str):
+        rendered = isinstance(info.get("prefix_len"), int) and isinstance(info.get("prefix_hash"), str)
+        if not rendered and not isinstance(info.get("history_hash"), str):
             continue
         key = (record.get("captured_at") or "", record.get("uuid") or "")
         current = heads.get(info["chain"])
@@ -142,8 +174,9 @@ def chains_from_records(records: Iterable[dict[str, Any]]) -> list[Chain]:
                 last_generation=list(generation),
                 eot=eot if isinstance(eot, int) else None,
                 n_messages=len(record.get("messages") or ()),
-                prefix_len=info["prefix_len"],
-                prefix_hash=info["prefix_hash"],
+                prefix_len=info.get("prefix_len") or 0,
+                prefix_hash=info.get("prefix_hash") or "",
+                history_hash=info.get("history_hash"),
             )
         )
     return chains

