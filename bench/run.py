@@ -676,6 +676,9 @@ class Bench:
             )
 
         lag: list[int] = []
+        # File creation on this disk right now: on ext4 without a journal it costs ten times more for a
+        # few minutes after many deletions (docs/benchmarks.md), so the row says what state the series met.
+        disk_before_us = file_create_cost(self.log_dir / "file-probe-before")
         # The same captured calls written as delta records (`capture_encoding: delta`), side by side:
         # what delta records cost or save the writer under load, against the default whole records.
         delta = Server(
@@ -753,7 +756,11 @@ class Bench:
                     "on_ram": summary(pool(on_ram)),
                     "ram_ratio": median(ram_ratios),
                     "ram_cpu_ratio": cpu_ratio(off, on_ram),
-                    "file_create_us": {"disk": round(disk_us, 1), "ram": round(ram_us, 1)},
+                    "file_create_us": {
+                        "disk": round(disk_us, 1),
+                        "disk_before": round(disk_before_us, 1),
+                        "ram": round(ram_us, 1),
+                    },
                 }
             )
             self.row(
@@ -769,8 +776,8 @@ class Bench:
             )
             self.row(
                 "capture",
-                "CPU to put one 3 KB record file in place (new file, write, rename), measured after the series",
-                f"capture folder's disk {disk_us:.0f} µs",
+                "CPU to put one 3 KB record file in place (new file, write, rename), before / after the series",
+                f"capture folder's disk {disk_before_us:.0f} / {disk_us:.0f} µs",
                 f"tmpfs {ram_us:.0f} µs",
                 "",
                 "(context)",
