@@ -9,6 +9,10 @@ server's CPU is also given for its event loop and for its Rust threads (the host
 which relays the ~1,500 injected ids; granian's I/O workers are Rust threads too, alike on both
 sides); `bench/injection_parts.py` measures each part of the added cost alone.
 
+A third server injects through the `nemo_rl` transport (`required_prefix_token_ids`: the history
+only; the mock, like NeMo-RL's worker, renders its template and splices the tail), which needs no
+`/tokenize` at all: its row shows what injection costs without the round trip.
+
 `--injection-tree NAME=PATH` adds injection servers run from other source trees, side by side
 against the same capture-only server; `--mock-tree PATH` runs the mock from another tree.
 """
@@ -67,13 +71,13 @@ def _injected_calls(server: Server) -> int:
     return total
 
 
-def _injection_server(bench: Any, name: str, tree: Path | None) -> Server:
+def _injection_server(bench: Any, name: str, tree: Path | None, transport: str = "vllm") -> Server:
     server = Server(
         name,
         bench.mock,
         bench.log_dir,
         capture_dir=bench.log_dir / f"captures-{name}",
-        settings={"token_injection": True},
+        settings={"token_injection": True, "injection_transport": transport},
         tree=tree,
     )
     bench.procs.append(server.proc)
@@ -95,7 +99,12 @@ def _rust_threads_cpu_s(server: Server) -> float:
 
 def run(bench: Any) -> None:
     bench.log("injection on vs capture only: sequential agent sessions")
-    sides: dict[str, Server] = {"capture": bench.cap, "injection": _injection_server(bench, "server-injection", None)}
+    sides: dict[str, Server] = {
+        "capture": bench.cap,
+        "injection": _injection_server(bench, "server-injection", None),
+        # NeMo-RL's transport: the engine splices its template after the history, so no /tokenize at all.
+        "injection:nemo_rl": _injection_server(bench, "server-injection-nemo-rl", None, "nemo_rl"),
+    }
     for spec in bench.injection_trees:  # A/B: the same figures for other source trees, side by side
         name, _, tree = spec.partition("=")
         sides[f"injection:{name}"] = _injection_server(bench, f"server-injection-{name}", Path(tree))

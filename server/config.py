@@ -187,6 +187,7 @@ class Settings(BaseModel):
                 self.switchyard_base_url
                 and not self.injection_tokenize_base_url
                 and self.injection_bridge == "tokenize"
+                and self.injection_transport != "nemo_rl"  # its engine renders and splices: no /tokenize
             ):
                 raise ValueError(
                     "token_injection in attach mode needs injection_tokenize_base_url (the engine's root URL, "

@@ -121,11 +121,19 @@ class Injector:
         if request.get("n") not in (None, 1) or request.get("echo"):
             plan.reason = UNSUPPORTED
             return plan
+        tools, template = request.get("tools"), template_options(request)
+        if self.transport.sends_history_only:
+            # NeMo-RL's engine renders its template and splices the tail after the history we send:
+            # nothing needs rendering here, so no /tokenize round trip at all.
+            plan.history = (messages, tools, template)
+            _, chain = await self._history_chain(plan)
+            if chain is not None and plan.reason is None:
+                self._inject(plan, chain, [])
+            return plan
         tokenizer = self._tokenizer_for(route)
         if tokenizer is None:
             plan.reason = TOKENIZE_FAILED
             return plan
-        tools, template = request.get("tools"), template_options(request)
         try:
             # A local renderer (the `renderers` bridge) bridges a call that goes on from a chain.
             if hasattr(tokenizer, "bridge"):
@@ -143,15 +151,8 @@ class Injector:
         chains, chain = await self._find_chain(
             session_id, messages, lambda chains: longest_match(chains, render.prefix)
         )
-        plan.chain = chain
-        plan.version = chain.version if chain is not None else -1
-        if chain is None:
-            plan.reason = NO_MATCHING_CHAIN if chains else FIRST_CALL
-        elif self.breaker.paused(route):
-            plan.reason = PAUSED
-        elif chain.eot is None:
-            plan.reason = NO_EOT
-        else:
+        self._plan_on(plan, chains, chain)
+        if chain is not None and plan.reason is None:
             self._cut(plan, chain, render.prompt[chain.prefix_len :])
         if not plan.injected:
             self._clamp(plan, None, len(render.prompt))
@@ -164,19 +165,12 @@ class Injector:
         not vouch for that (Qwen3 at a new user turn), and for plain calls, the call is rendered
         whole, and a declined bridge is cut after the chain's last request like a /tokenize render.
         """
-        assert plan.history is not None
-        messages, tools, template = plan.history
-        _, chain = await self._find_chain(
-            plan.session_id, messages, lambda chains: longest_history_match(chains, messages, tools, template)
-        )
+        _, chain = await self._history_chain(plan)
         if chain is None:
             return False  # a first call, a side call or new history: rendered whole, and it seeds a chain
-        plan.chain, plan.version = chain, chain.version
-        if self.breaker.paused(plan.route):
-            plan.reason = PAUSED
-        elif chain.eot is None:
-            plan.reason = NO_EOT
-        else:
+        assert plan.history is not None
+        messages, tools, template = plan.history
+        if plan.reason is None:
             history, generation = chain.accumulated, chain.last_generation
             prompt = history[: len(history) - len(generation)]
             bridged = await tokenizer.bridge(prompt, generation, messages[chain.n_messages :], tools, template)
@@ -193,6 +187,27 @@ class Injector:
         if not plan.injected:
             self._clamp(plan, None, len(plan.render.prompt))
         return True
+
+    async def _history_chain(self, plan: Plan) -> tuple[list[Chain], Chain | None]:
+        """The chain whose last request the call resends unchanged (`plan.history`), planned on."""
+        assert plan.history is not None
+        messages, tools, template = plan.history
+        chains, chain = await self._find_chain(
+            plan.session_id, messages, lambda chains: longest_history_match(chains, messages, tools, template)
+        )
+        self._plan_on(plan, chains, chain)
+        return chains, chain
+
+    def _plan_on(self, plan: Plan, chains: list[Chain], chain: Chain | None) -> None:
+        """Record the chain the call would extend, and why it cannot (`plan.reason`), if so."""
+        plan.chain, plan.version = chain, chain.version if chain is not None else -1
+        plan.reason = None
+        if chain is None:
+            plan.reason = NO_MATCHING_CHAIN if chains else FIRST_CALL
+        elif self.breaker.paused(plan.route):
+            plan.reason = PAUSED
+        elif chain.eot is None:
+            plan.reason = NO_EOT
 
     def _cut(self, plan: Plan, chain: Chain, tail: list[int]) -> None:
         """Inject the chain's history plus the environment suffix of `tail`, a whole render cut after the
@@ -306,8 +321,7 @@ class Injector:
                 plan.reason = ECHO_MISMATCH
                 self.breaker.failed(plan.route, ECHO_MISMATCH)
                 head = self._commit(plan, prompt, generation, finish_reason)
-        elif plan.render is not None and prompt[: len(plan.render.prefix)] == plan.render.prefix:
-            # A plain answer seeds (or replaces) a chain only when the engine's render agrees with /tokenize's.
+        elif self._seeds(plan, prompt):
             head = self._commit(plan, prompt, generation, finish_reason)
         injected = plan.injected and echo_ok is True
         if injected:
@@ -327,6 +341,13 @@ class Injector:
             "history_hash": head.history_hash if head is not None else None,
         }
         return plan.record
+
+    def _seeds(self, plan: Plan, prompt: list[int]) -> bool:
+        """A plain answer seeds (or replaces) a chain when the engine's render agrees with ours; with
+        nothing rendered here (nemo_rl: the engine splices its own template), the engine's prompt is it."""
+        if plan.render is not None:
+            return prompt[: len(plan.render.prefix)] == plan.render.prefix
+        return self.transport.sends_history_only and plan.history is not None
 
     def _commit(self, plan: Plan, prompt: list[int], generation: list[int], finish_reason: Any) -> Chain:
         """Advance the planned chain in place when it did not move meanwhile; otherwise start a new one.

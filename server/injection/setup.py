@@ -55,7 +55,7 @@ def build_injector(
             raise RuntimeError(
                 f"injection_bridge: renderers needs the [tito] extra (pip install 'switchyard-model[tito]'): {exc}"
             ) from exc
-    else:
+    elif settings.injection_transport != "nemo_rl":  # NeMo-RL's engine renders and splices: no /tokenize
         clients = tokenize_clients(settings, deployment_text)
         if default_route not in clients and "" not in clients:
             for client in clients.values():
@@ -78,7 +78,9 @@ def build_injector(
         breaker=RouteBreaker(settings.injection_mismatch_limit, settings.injection_pause_s),
         rebuild_wait_s=settings.injection_rebuild_wait_s,
     )
-    where = ", ".join(f"{route or '*'} -> {c.base_url}/tokenize" for route, c in clients.items()) or "local renderer"
+    where = ", ".join(f"{route or '*'} -> {c.base_url}/tokenize" for route, c in clients.items()) or (
+        "local renderer" if renderers else "the engine splices; no /tokenize"
+    )
     log.info("token injection on (%s transport; %s)", settings.injection_transport, where)
 
     def close() -> None:

@@ -323,5 +323,8 @@ def test_the_other_transports_cross_switchyard_and_keep_the_chain(upstream, tmp_
         sent = [c["body"].get(field) for c in engine_calls(upstream)]
         assert sent[0] is None and all(isinstance(ids, list) and ids for ids in sent[1:])
         assert {r["injection"]["transport"] for r in records(chain, session)} == {transport}
+        # NeMo-RL's engine renders and splices: its chains are matched by their messages, never tokenized here.
+        tokenizes = httpx.get(upstream + "/mock/stats", trust_env=False).json()["tokenize"]
+        assert (tokenizes == 0) == (transport == "nemo_rl")
     finally:
         chain.proc.stop()

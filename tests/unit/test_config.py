@@ -120,6 +120,10 @@ def test_token_injection_in_attach_mode_names_the_missing_tokenize_url():
         environ={},
     )
     assert settings.token_injection and settings.injection_transport == "vllm"
+    # NeMo-RL's engine renders the template itself and splices its tail: nothing to tokenize here.
+    attached = {"switchyard_base_url": "http://127.0.0.1:9/v1", "token_injection": True}
+    nemo_rl = load_settings(overrides={**attached, "injection_transport": "nemo_rl"}, environ={})
+    assert nemo_rl.injection_tokenize_base_url is None
 
 
 def test_token_injection_in_launch_mode_needs_no_tokenize_url():

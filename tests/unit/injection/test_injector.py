@@ -76,6 +76,9 @@ def test_every_call_extends_the_previous_prompt_and_generation(transport):
         assert extends(chat["prompt_token_ids"], prior)
         assert record["fallback_reason"] is None and record["echo_ok"] is True and record["injected_len"] > 0
         assert record["chain"] == calls[0][2]["chain"]
+    # NeMo-RL's engine renders its template and splices: its chains are found by their messages, unrendered.
+    assert engine.tokenize_calls == (0 if transport == "nemo_rl" else len(calls))
+    assert (calls[-1][2]["history_hash"] is not None) == (transport == "nemo_rl")
 
 
 def test_negative_control_without_injection_the_reasoning_template_breaks_every_turn():

@@ -2,7 +2,8 @@
 
 And the converse, so the property cannot hold by always falling back: with an engine that honours
 the field, every call that continues a naturally stopped turn of the conversation is injected.
-Each holds with the engine's render (/tokenize) and with a local renderer that bridges.
+Each holds with the engine's render (/tokenize), with a local renderer that bridges, and with
+NeMo-RL's splice (nothing rendered here).
 """
 
 from __future__ import annotations
@@ -20,10 +21,21 @@ SYSTEM = {"role": "system", "content": "agent"}
 STEPS = st.lists(st.sampled_from(["tool", "user", "side", "length", "rewrite"]), min_size=1, max_size=12)
 
 
-def run_session(steps: list[str], mode: str, bridge: bool = False) -> list[dict]:
-    engine = ToyEngine(mode=mode)
-    tokenizer = ToyBridge(engine) if bridge else ToyTokenizer(engine)
-    injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda r: tokenizer, read_records=None)
+# How calls are rendered: the engine's /tokenize, a local renderer that bridges, or nothing at all
+# (NeMo-RL: the engine splices its own template after the history; chains are found by their messages).
+WAYS = st.sampled_from(["tokenize", "bridge", "nemo_rl"])
+
+
+def run_session(steps: list[str], mode: str, way: str = "tokenize") -> list[dict]:
+    splices = way == "nemo_rl"
+    engine = (
+        ToyEngine(mode=mode, history_only=splices, field_path=("required_prefix_token_ids",))
+        if splices
+        else ToyEngine(mode=mode)
+    )
+    tokenizer = ToyBridge(engine) if way == "bridge" else ToyTokenizer(engine)
+    transport = make_transport("nemo_rl" if splices else "vllm")
+    injector = Injector(transport=transport, tokenizer_for=lambda r: tokenizer, read_records=None)
     heads: dict[str, list[int]] = {}  # chain id -> what its last committed call sent + generated
     messages = [SYSTEM, {"role": "user", "content": "start"}]
     continues_natural_stop = False
@@ -65,25 +77,25 @@ def run_session(steps: list[str], mode: str, bridge: bool = False) -> list[dict]
 
 
 @settings(max_examples=60, deadline=None)
-@given(STEPS, st.sampled_from(["honor", "ignore"]), st.booleans())
-def test_every_committed_call_extends_its_chain_or_is_a_fallback(steps, mode, bridge):
-    for entry in run_session(steps, mode, bridge):
+@given(STEPS, st.sampled_from(["honor", "ignore"]), WAYS)
+def test_every_committed_call_extends_its_chain_or_is_a_fallback(steps, mode, way):
+    for entry in run_session(steps, mode, way):
         record = entry["record"]
         assert record["fallback_reason"] is not None or (record["echo_ok"] is True and entry["extends"]), entry
 
 
 @settings(max_examples=60, deadline=None)
-@given(STEPS, st.booleans())
-def test_with_an_engine_that_honours_the_field_every_continuing_call_is_injected(steps, bridge):
-    for entry in run_session(steps, "honor", bridge):
+@given(STEPS, WAYS)
+def test_with_an_engine_that_honours_the_field_every_continuing_call_is_injected(steps, way):
+    for entry in run_session(steps, "honor", way):
         if entry["continues_natural_stop"]:
             assert entry["record"]["fallback_reason"] is None, entry
 
 
 @settings(max_examples=30, deadline=None)
-@given(STEPS, st.booleans())
-def test_with_an_engine_that_ignores_the_field_nothing_is_presented_as_injected(steps, bridge):
-    for entry in run_session(steps, "ignore", bridge):
+@given(STEPS, WAYS)
+def test_with_an_engine_that_ignores_the_field_nothing_is_presented_as_injected(steps, way):
+    for entry in run_session(steps, "ignore", way):
         assert entry["record"]["fallback_reason"] is not None and entry["record"]["echo_ok"] is not True
 
 
@@ -93,7 +105,7 @@ def test_the_local_renderer_bridges_environment_turns_and_renders_user_turns_who
     A step names the call's reply; what follows it in the next call is a tool result after a "tool"
     step and a user message otherwise.
     """
-    log = run_session(["tool", "tool", "user", "tool", "length", "tool"], "honor", bridge=True)
+    log = run_session(["tool", "tool", "user", "tool", "length", "tool"], "honor", "bridge")
     assert [e["bridged"] for e in log] == [False, True, True, False, True, False]
     # The fourth call follows a user message: the bridge declines, and a whole render is cut instead.
     assert [e["record"]["fallback_reason"] for e in log] == [
