@@ -174,10 +174,17 @@ def test_two_calls_racing_on_one_chain_fork_instead_of_overwriting():
     assert len(injector.cache.get("s")) == 2
 
 
-def test_a_chain_missing_from_memory_is_rebuilt_from_the_records():
-    engine = ToyEngine()
+def engine_for(transport: str) -> ToyEngine:
+    if transport == "nemo_rl":
+        return ToyEngine(field_path=("required_prefix_token_ids",), history_only=True)
+    return ToyEngine()
+
+
+@pytest.mark.parametrize("transport", ["vllm", "nemo_rl"])  # a chain found by its render, or by its messages
+def test_a_chain_missing_from_memory_is_rebuilt_from_the_records(transport):
+    engine = engine_for(transport)
     records: list[dict] = []
-    injector = make(engine, records=records)
+    injector = make(engine, transport, records=records)
     messages = [SYSTEM, {"role": "user", "content": "go"}]
     _, first, r1 = call(injector, engine, messages, {"content": "a", "tools": ["ls"]})
     records.append(
@@ -192,22 +199,27 @@ def test_a_chain_missing_from_memory_is_rebuilt_from_the_records():
             "injection": r1,
         }
     )
-    fresh = make(engine, records=records)  # a restart, or another worker process
+    fresh = make(engine, transport, records=records)  # a restart, or another worker process
     messages += [assistant_turn(first), {"role": "tool", "content": "x"}]
     _, second, r2 = call(fresh, engine, messages, {"content": "b"})
     assert r2["fallback_reason"] is None and r2["chain"] == r1["chain"]
     assert extends(second["prompt_token_ids"], first)
+    # The control: without the records the new process has no chain to extend.
+    _, _, r3 = call(make(engine, transport), engine, messages, {"content": "b"})
+    assert r3["fallback_reason"] == inj.FIRST_CALL
 
 
-def test_a_stale_chain_in_memory_is_not_extended():
+@pytest.mark.parametrize("transport", ["vllm", "nemo_rl"])
+def test_a_stale_chain_in_memory_is_not_extended(transport):
     """Another process moved the conversation on: the old head must not be spliced onto."""
-    engine = ToyEngine()
+    engine = engine_for(transport)
     records: list[dict] = []
-    a = make(engine, records=records, rebuild_wait_s=0)
+    a = make(engine, transport, records=records, rebuild_wait_s=0)
     messages = [SYSTEM, {"role": "user", "content": "go"}]
     _, first, _ = call(a, engine, messages, {"content": "a", "tools": ["ls"]})
     messages += [assistant_turn(first), {"role": "tool", "content": "x"}]
-    _, second, _ = call(make(engine), engine, messages, {"content": "b", "tools": ["cat"]})  # elsewhere, unrecorded
+    elsewhere = make(engine, transport)  # another process, whose record `a` does not see
+    _, second, _ = call(elsewhere, engine, messages, {"content": "b", "tools": ["cat"]})
     messages += [assistant_turn(second), {"role": "tool", "content": "y"}]
     _, third, r3 = call(a, engine, messages, {"content": "c"})
     assert r3["fallback_reason"] == inj.NO_MATCHING_CHAIN
