@@ -4,9 +4,10 @@ A chain holds the canonical history of one conversation in a session (the last p
 used plus what it generated), and the template render of that call's messages without the
 generation prompt (`prefix`), which is where a re-rendered next prompt is cut. Sessions may hold
 several chains (opencode's title generator shares the main agent's session id); a call extends the
-chain whose prefix is the longest prefix of its own render. With the `renderers` bridge a call is
-matched by its messages instead (`history_hash`: the chain's last request, before any render), so
-that the common call needs no render of the whole conversation at all.
+chain whose prefix is the longest prefix of its own render. With the `renderers` bridge, and with
+the `nemo_rl` transport (whose engine renders and splices), a call is matched by its messages
+instead (`history_hash`: the chain's last request, before any render), so that the common call
+needs no render of the whole conversation here at all.
 
 The capture records are the source of truth: `chains_from_records` rebuilds a session's chains
 from them, so memory here is only a bounded cache (LRU + TTL).
@@ -63,7 +64,7 @@ class Chain:
     prefix_hash: str
     prefix: list[int] | None = None  # None when rebuilt from records until a call matches it
     version: int = 0
-    # The `renderers` bridge's key: the digest of the last request's messages, tools and template options.
+    # The key by messages (nemo_rl, the `renderers` bridge): the last request's messages, tools, template options.
     history_hash: str | None = None
 
     def prefix_of(self, rendered: list[int]) -> bool:

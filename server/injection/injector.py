@@ -1,7 +1,8 @@
 """Decide, per correlated call, whether to inject the session's token history, and commit what happened.
 
-`prepare` runs before the upstream call: one `/tokenize` of the call's messages, the chain it
-extends (from memory, or rebuilt from the capture records), the ids attached through the
+`prepare` runs before the upstream call: one `/tokenize` of the call's messages (or, with a local
+renderer, a bridge of its new messages; with `nemo_rl`, whose engine renders, nothing), the chain
+it extends (from memory, or rebuilt from the capture records), the ids attached through the
 transport, the output budget clamped. `finish` runs on the answer, before the client sees its
 end: it checks the engine's echo, advances (or seeds) the chain, and returns the record's
 `injection` object. No lock is held across the upstream call: a chain that moved meanwhile is not
@@ -79,7 +80,7 @@ class Plan:
     prefix_digest: str | None = None
     # The body is the request plus the transport's field and nothing else (the payload can be spliced).
     adds_field_only: bool = False
-    # With a local renderer: (messages, tools, template options), what the chain's `history_hash` digests.
+    # When chains are matched by messages (nemo_rl, a local renderer): what `history_hash` digests.
     history: tuple[list[Any], Any, dict[str, Any]] | None = None
 
     def digest_prefix(self) -> None:
@@ -334,7 +335,7 @@ class Injector:
             "injected_len": len(plan.sent) if plan.sent is not None else 0,
             "echo_ok": echo_ok,
             "fallback_reason": None if injected else plan.reason,
-            # 0 and "" on a chain a bridged call heads: it rendered no cut point.
+            # 0 and "" on a chain that a call not rendered here heads (bridged, or nemo_rl): no cut point.
             "prefix_len": (head.prefix_len or None) if head is not None else None,
             "prefix_hash": (head.prefix_hash or None) if head is not None else None,
             "eot_token_id": head.eot if head is not None else None,
@@ -352,7 +353,8 @@ class Injector:
     def _commit(self, plan: Plan, prompt: list[int], generation: list[int], finish_reason: Any) -> Chain:
         """Advance the planned chain in place when it did not move meanwhile; otherwise start a new one.
 
-        A bridged call had no render: its chain is found by `history_hash` alone until a call renders.
+        A call not rendered here (bridged, or nemo_rl) has no cut point: its chain is found by
+        `history_hash` alone until a call renders.
         """
         prefix = plan.render.prefix if plan.render is not None else None
         fields = {

