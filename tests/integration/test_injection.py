@@ -326,5 +326,9 @@ def test_the_other_transports_cross_switchyard_and_keep_the_chain(upstream, tmp_
         # NeMo-RL's engine renders and splices: its chains are matched by their messages, never tokenized here.
         tokenizes = httpx.get(upstream + "/mock/stats", trust_env=False).json()["tokenize"]
         assert (tokenizes == 0) == (transport == "nemo_rl")
+        # A Responses stream (its messages translated anew on every call) keeps its chain the same way.
+        httpx.post(upstream + "/mock/reset", trust_env=False)
+        responses_stream_session(chain, session + "-responses")
+        assert_one_chain(chain, upstream, session + "-responses")
     finally:
         chain.proc.stop()
