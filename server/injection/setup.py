@@ -45,7 +45,9 @@ def build_injector(
     """The Injector and a function that releases its connections. Raises RuntimeError naming what is missing."""
     renderers: dict[str, Any] = {}
     clients: dict[str, TokenizeClient] = {}
-    if settings.injection_bridge == "renderers":
+    if settings.injection_transport == "nemo_rl":
+        pass  # NeMo-RL's engine renders its template and splices: nothing is rendered here
+    elif settings.injection_bridge == "renderers":
         from server.injection.renderers_bridge import RendererTokenizer, renderer_factory
 
         assert settings.injection_renderer_model
@@ -55,7 +57,7 @@ def build_injector(
             raise RuntimeError(
                 f"injection_bridge: renderers needs the [tito] extra (pip install 'switchyard-model[tito]'): {exc}"
             ) from exc
-    elif settings.injection_transport != "nemo_rl":  # NeMo-RL's engine renders and splices: no /tokenize
+    else:
         clients = tokenize_clients(settings, deployment_text)
         if default_route not in clients and "" not in clients:
             for client in clients.values():

@@ -98,6 +98,16 @@ class ToyEngine:
         }
 
 
+def engine_for(transport: str, mode: str = "honor") -> ToyEngine:
+    """A ToyEngine reading the field `transport` sends (and splicing, as NeMo-RL's engine does, for `nemo_rl`)."""
+    fields = {"vllm": ("kv_transfer_params", "prompt_token_ids"), "sglang": ("input_ids",)}
+    return ToyEngine(
+        mode=mode,
+        field_path=fields.get(transport, ("required_prefix_token_ids",)),
+        history_only=transport == "nemo_rl",
+    )
+
+
 class ToyTokenizer:
     """The TokenizeClient surface over a ToyEngine (can be told to fail)."""
 

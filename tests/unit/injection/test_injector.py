@@ -16,7 +16,7 @@ from server.injection.breaker import RouteBreaker
 from server.injection.chains import ChainCache, prefix_hash
 from server.injection.injector import Injector
 from server.injection.transports import make_transport
-from tests.support.toy_engine import ToyEngine, ToyTokenizer, assistant_turn, extends
+from tests.support.toy_engine import ToyEngine, ToyTokenizer, assistant_turn, engine_for, extends
 
 SYSTEM = {"role": "system", "content": "you are terse"}
 
@@ -66,10 +66,7 @@ def agent_session(injector: Injector, engine: ToyEngine) -> list[tuple[Any, dict
 
 @pytest.mark.parametrize("transport", ["vllm", "sglang", "nemo_rl"])
 def test_every_call_extends_the_previous_prompt_and_generation(transport):
-    field_path = {"vllm": ("kv_transfer_params", "prompt_token_ids"), "sglang": ("input_ids",)}.get(
-        transport, ("required_prefix_token_ids",)
-    )
-    engine = ToyEngine(field_path=field_path, history_only=transport == "nemo_rl")
+    engine = engine_for(transport)
     calls = agent_session(make(engine, transport), engine)
     assert calls[0][2]["fallback_reason"] == inj.FIRST_CALL
     for (_, prior, _), (_, chat, record) in zip(calls, calls[1:]):
@@ -174,12 +171,6 @@ def test_two_calls_racing_on_one_chain_fork_instead_of_overwriting():
     assert len(injector.cache.get("s")) == 2
 
 
-def engine_for(transport: str) -> ToyEngine:
-    if transport == "nemo_rl":
-        return ToyEngine(field_path=("required_prefix_token_ids",), history_only=True)
-    return ToyEngine()
-
-
 @pytest.mark.parametrize("transport", ["vllm", "nemo_rl"])  # a chain found by its render, or by its messages
 def test_a_chain_missing_from_memory_is_rebuilt_from_the_records(transport):
     engine = engine_for(transport)
@@ -276,3 +267,24 @@ def test_the_prefix_digest_worked_out_meanwhile_is_the_prefix_hash():
     plan, record = _second_call_plan()
     assert plan.prefix_digest is not None and plan.render is not None
     assert record["prefix_hash"] == plan.prefix_digest == prefix_hash(plan.render.prefix)
+
+
+def test_nemo_rl_builds_no_tokenizer_even_when_one_is_configured():
+    from server.config import Settings
+    from server.injection.setup import build_injector
+
+    def tokenizer(transport: str):
+        settings = Settings(
+            switchyard_base_url="http://127.0.0.1:9/v1",
+            token_injection=True,
+            injection_transport=transport,
+            injection_tokenize_base_url="http://127.0.0.1:9",
+        )
+        injector, close = build_injector(
+            settings, default_route="r", deployment_text=None, read_records=None, max_model_len_for=lambda r: None
+        )
+        close()
+        return injector._tokenizer_for("r")
+
+    assert tokenizer("nemo_rl") is None
+    assert tokenizer("vllm") is not None  # the control: the same settings with vllm ask /tokenize

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from server.injection.injector import Injector
 from server.injection.transports import make_transport
-from tests.support.toy_engine import ToyBridge, ToyEngine, ToyTokenizer, assistant_turn
+from tests.support.toy_engine import ToyBridge, ToyTokenizer, assistant_turn, engine_for
 
 SYSTEM = {"role": "system", "content": "agent"}
 STEPS = st.lists(st.sampled_from(["tool", "user", "side", "length", "rewrite"]), min_size=1, max_size=12)
@@ -28,11 +28,7 @@ WAYS = st.sampled_from(["tokenize", "bridge", "nemo_rl"])
 
 def run_session(steps: list[str], mode: str, way: str = "tokenize") -> list[dict]:
     splices = way == "nemo_rl"
-    engine = (
-        ToyEngine(mode=mode, history_only=splices, field_path=("required_prefix_token_ids",))
-        if splices
-        else ToyEngine(mode=mode)
-    )
+    engine = engine_for("nemo_rl" if splices else "vllm", mode)
     tokenizer = ToyBridge(engine) if way == "bridge" else ToyTokenizer(engine)
     transport = make_transport("nemo_rl" if splices else "vllm")
     injector = Injector(transport=transport, tokenizer_for=lambda r: tokenizer, read_records=None)
