@@ -162,6 +162,27 @@ def responses_stream_session(chain: Chain, session: str, via_prefix: bool = Fals
             break
 
 
+def responses_stateful_session(chain: Chain, session: str, stateful: str) -> None:
+    """A Responses client that keeps no history itself: each call sends only its new items, on top of
+    `previous_response_id` or a `conversation` (the server expands the stored history)."""
+    cl = client(chain, session)
+    conversation = cl.conversations.create().id if stateful == "conversation" else None
+    items: list[dict] = [{"role": "system", "content": SYSTEM["content"]}, {"role": "user", "content": TASK}]
+    previous = None
+    for _ in range(3):
+        context: dict[str, Any] = {"conversation": conversation} if conversation else {}
+        if previous is not None:
+            context["previous_response_id"] = previous
+        reply = cl.responses.create(model="demo", input=items, tools=RESPONSES_TOOLS, **context)
+        previous = None if conversation else reply.id
+        calls = [o for o in reply.output if o.type == "function_call"]
+        items = [
+            {"type": "function_call_output", "call_id": c.call_id, "output": f"output of {c.arguments}"} for c in calls
+        ]
+        if not calls:
+            break
+
+
 # ---- what the engine saw and what was recorded ----------------------------------------------------
 
 
@@ -208,23 +229,29 @@ def assert_one_chain(chain: Chain, upstream: str, session: str, run: str | None 
 # ---- the three client shapes, and their negative controls -------------------------------------------
 
 
-@pytest.mark.parametrize("shape", ["chat", "chat-stream", "responses-stream"])
+SHAPES = ["chat", "chat-stream", "responses-stream", "previous_response_id", "conversation"]
+
+
+def run_session(chain: Chain, session: str, shape: str) -> None:
+    if shape == "responses-stream":
+        responses_stream_session(chain, session)
+    elif shape in ("previous_response_id", "conversation"):
+        responses_stateful_session(chain, session, shape)
+    else:
+        chat_session(lambda turn: chain, session, stream=shape == "chat-stream")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_a_reasoning_session_reaches_the_engine_as_one_token_chain(injected, upstream, shape):
     session = f"inj-{shape}-{uuid.uuid4().hex[:8]}"
-    if shape == "responses-stream":
-        responses_stream_session(injected, session)
-    else:
-        chat_session(lambda turn: injected, session, stream=shape == "chat-stream")
+    run_session(injected, session, shape)
     assert_one_chain(injected, upstream, session)
 
 
-@pytest.mark.parametrize("shape", ["chat", "chat-stream", "responses-stream"])
+@pytest.mark.parametrize("shape", SHAPES)
 def test_without_injection_the_same_session_breaks_and_the_rollout_says_so(plain, upstream, shape):
     session = f"plain-{shape}-{uuid.uuid4().hex[:8]}"
-    if shape == "responses-stream":
-        responses_stream_session(plain, session)
-    else:
-        chat_session(lambda turn: plain, session, stream=shape == "chat-stream")
+    run_session(plain, session, shape)
     assert breaks(engine_calls(upstream)) == [1, 2]
     result = rollout(plain, session)
     assert result["mask_sample"] is True and "do not extend" in result["partial_reason"]
@@ -330,5 +357,9 @@ def test_the_other_transports_cross_switchyard_and_keep_the_chain(upstream, tmp_
         httpx.post(upstream + "/mock/reset", trust_env=False)
         responses_stream_session(chain, session + "-responses")
         assert_one_chain(chain, upstream, session + "-responses")
+        # And one whose history the server expands from its stored responses.
+        httpx.post(upstream + "/mock/reset", trust_env=False)
+        responses_stateful_session(chain, session + "-stateful", "previous_response_id")
+        assert_one_chain(chain, upstream, session + "-stateful")
     finally:
         chain.proc.stop()
