@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.support.chain import Chain, launch_chain
+from tests.support.procs import start_mock_upstream
 
 pytestmark = pytest.mark.integration
 
@@ -183,3 +184,62 @@ def test_mini_swe_agent_recipe_is_one_whole_session_per_run(chain, tmp_path):
     # The first command really ran: its output is in the second call's prompt.
     assert str(tmp_path) in str(records[1]["messages"])
     assert_whole_rollout(chain, session, calls=2)
+
+
+# ---- a reasoning model: the recipes unchanged, with and without token injection -------------------
+
+
+@pytest.fixture(scope="module")
+def reasoning_chains(tmp_path_factory) -> Iterator[tuple[str, dict[bool, Chain]]]:
+    """A Qwen3-like engine (past reasoning dropped from re-rendered turns), and a chain with and one without injection."""
+    upstream, url = start_mock_upstream(None, "--template", "drop-reasoning")
+    chains: dict[bool, Chain] = {}
+    try:
+        chains[True] = launch_chain(url, tmp_path_factory.mktemp("injected"), "--token-injection")
+        chains[False] = launch_chain(url, tmp_path_factory.mktemp("plain"))
+        yield url, chains
+    finally:
+        for chain in chains.values():
+            chain.proc.stop()
+        upstream.stop()
+
+
+def engine_breaks(upstream: str) -> int:
+    """How many of the engine's chat calls do not extend the previous call's prompt + generation."""
+    log = httpx.get(upstream + "/mock/requests", trust_env=False).json()["requests"]
+    calls = [e for e in log if e["path"] == "/v1/chat/completions" and "prompt_token_ids" in e]
+    assert len(calls) >= 2
+    return sum(
+        later["prompt_token_ids"][: len(before := earlier["prompt_token_ids"] + earlier["generation_token_ids"])]
+        != before
+        for earlier, later in zip(calls, calls[1:])
+    )
+
+
+REASONING_WEATHER_TASK = 'What is the weather in Paris? [[mock:reasoning]] [[mock:tool get_weather {"city": "Paris"}]]'
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [pytest.param("openai-agents", marks=needs("agents")), pytest.param("langchain", marks=needs("langchain_openai"))],
+)
+@pytest.mark.parametrize("injection", [True, False], ids=["injected", "plain"])
+def test_a_recipe_on_a_reasoning_model_is_one_token_chain_with_injection(reasoning_chains, tmp_path, recipe, injection):
+    """The harness unchanged: with injection its calls reach the engine as one token chain and its rollout
+    is whole; without it (the negative control) the engine's second prompt drops the first reasoning."""
+    upstream, chains = reasoning_chains
+    chain = chains[injection]
+    httpx.post(upstream + "/mock/reset", trust_env=False)
+    new, out = run_recipe(chain, recipe, REASONING_WEATHER_TASK, tmp_path)
+    (session,) = new
+    assert "sunny, 21 C in Paris" in out
+    assert engine_breaks(upstream) == (0 if injection else 1)
+    records = completions(chain, session)
+    reasons = [r["injection"]["fallback_reason"] if r.get("injection") else None for r in records]
+    if injection:
+        assert reasons == ["first_call", None]
+        assert_whole_rollout(chain, session, calls=2)
+    else:
+        assert reasons == [None, None]
+        rollout = httpx.get(f"{chain.v1}/sessions/{session}/rollout", trust_env=False, timeout=30).json()
+        assert rollout["mask_sample"] is True and "do not extend" in rollout["partial_reason"]
