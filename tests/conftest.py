@@ -26,6 +26,22 @@ def mock_upstream():
 
 
 @pytest.fixture(scope="module")
+def reasoning_chains(tmp_path_factory):
+    """A Qwen3-like engine (past reasoning dropped from re-rendered turns), and a chain in front of it
+    with token injection (`chains[True]`) and one without (`chains[False]`, the negative control)."""
+    upstream, url = start_mock_upstream(None, "--template", "drop-reasoning")
+    chains = {}
+    try:
+        chains[True] = launch_chain(url, tmp_path_factory.mktemp("injected"), "--token-injection")
+        chains[False] = launch_chain(url, tmp_path_factory.mktemp("plain"))
+        yield chains
+    finally:
+        for chain in chains.values():
+            chain.proc.stop()
+        upstream.stop()
+
+
+@pytest.fixture(scope="module")
 def chain(mock_upstream, tmp_path_factory):
     chain = launch_chain(mock_upstream, tmp_path_factory.mktemp("captures"))
     yield chain

@@ -6,6 +6,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -275,3 +276,30 @@ def test_codex_edits_a_file_with_the_freeform_apply_patch_tool(chain, tmp_path):
     assert rollout["partial_reason"] is None and rollout["mask_sample"] is False, rollout["partial_reason"]
     assert [item["type"] for item in rollout["output"]] == ["function_call", "function_call_output", "message"]
     assert_token_exact(chain, rollout)
+
+
+@pytest.mark.parametrize("injection", [True, False], ids=["injected", "plain"])
+def test_codex_on_a_reasoning_model_is_one_token_chain_with_injection(reasoning_chains, tmp_path, injection):
+    """Codex unchanged (Responses, reasoning items sent back as it keeps them): with injection its calls
+    reach the engine as one token chain and the rollout is whole; without it the rollout reports the break."""
+    chain = reasoning_chains[injection]
+    httpx.post(chain.upstream_url + "/mock/reset", trust_env=False)
+    prompt = "Write the marker. [[mock:reasoning]] " + directive("exec_command", {"cmd": "echo reasoned > marker.txt"})
+    run, workdir = run_codex(chain, tmp_path, prompt)
+    assert run.returncode == 0, run.describe(chain.proc.output())
+    assert (workdir / "marker.txt").read_text().strip() == "reasoned"
+
+    session_id = thread_id(run)
+    records = get_json(f"{chain.v1}/sessions/{session_id}/completions")["completions"]
+    assert len(records) == 2
+    engine = {e["headers"].get("x-request-id"): e for e in chain.mock_requests() if "prompt_token_ids" in e}
+    first, second = (engine[r["request_id"]] for r in records)
+    history = first["prompt_token_ids"] + first["generation_token_ids"]
+    assert (second["prompt_token_ids"][: len(history)] == history) is injection
+    rollout = get_json(f"{chain.v1}/sessions/{session_id}/rollout")
+    if injection:
+        assert [r["injection"]["fallback_reason"] for r in records] == ["first_call", None]
+        assert rollout["partial_reason"] is None and rollout["mask_sample"] is False, rollout["partial_reason"]
+        assert_token_exact(chain, rollout)
+    else:
+        assert rollout["mask_sample"] is True and "do not extend" in rollout["partial_reason"]

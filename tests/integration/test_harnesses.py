@@ -20,7 +20,6 @@ import httpx
 import pytest
 
 from tests.support.chain import Chain, launch_chain
-from tests.support.procs import start_mock_upstream
 
 pytestmark = pytest.mark.integration
 
@@ -189,21 +188,6 @@ def test_mini_swe_agent_recipe_is_one_whole_session_per_run(chain, tmp_path):
 # ---- a reasoning model: the recipes unchanged, with and without token injection -------------------
 
 
-@pytest.fixture(scope="module")
-def reasoning_chains(tmp_path_factory) -> Iterator[tuple[str, dict[bool, Chain]]]:
-    """A Qwen3-like engine (past reasoning dropped from re-rendered turns), and a chain with and one without injection."""
-    upstream, url = start_mock_upstream(None, "--template", "drop-reasoning")
-    chains: dict[bool, Chain] = {}
-    try:
-        chains[True] = launch_chain(url, tmp_path_factory.mktemp("injected"), "--token-injection")
-        chains[False] = launch_chain(url, tmp_path_factory.mktemp("plain"))
-        yield url, chains
-    finally:
-        for chain in chains.values():
-            chain.proc.stop()
-        upstream.stop()
-
-
 def engine_breaks(upstream: str) -> int:
     """How many of the engine's chat calls do not extend the previous call's prompt + generation."""
     log = httpx.get(upstream + "/mock/requests", trust_env=False).json()["requests"]
@@ -227,8 +211,8 @@ REASONING_WEATHER_TASK = 'What is the weather in Paris? [[mock:reasoning]] [[moc
 def test_a_recipe_on_a_reasoning_model_is_one_token_chain_with_injection(reasoning_chains, tmp_path, recipe, injection):
     """The harness unchanged: with injection its calls reach the engine as one token chain and its rollout
     is whole; without it (the negative control) the engine's second prompt drops the first reasoning."""
-    upstream, chains = reasoning_chains
-    chain = chains[injection]
+    chain = reasoning_chains[injection]
+    upstream = chain.upstream_url
     httpx.post(upstream + "/mock/reset", trust_env=False)
     new, out = run_recipe(chain, recipe, REASONING_WEATHER_TASK, tmp_path)
     (session,) = new

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -156,3 +157,45 @@ def test_opencode_task_sub_agent_runs_bash_and_both_sessions_are_token_exact(cha
 def test_gym_limit_rule():
     assert opencode_limit(32768) == {"context": 32768, "output": 8192}
     assert opencode_limit(131072) == {"context": 131072, "output": 32000}
+
+
+# ---- a reasoning model, with and without token injection --------------------------------------------
+
+
+@pytest.mark.parametrize("injection", [True, False], ids=["injected", "plain"])
+def test_opencode_on_a_reasoning_model_keeps_one_token_chain_beside_its_title_call(
+    reasoning_chains, tmp_path, injection
+):
+    """opencode's title generator shares the main session id: with injection it neither breaks nor joins the
+    agent's chain, whose calls reach the engine as one token chain; without it (the negative control) they break."""
+    chain = reasoning_chains[injection]
+    httpx.post(chain.upstream_url + "/mock/reset", trust_env=False)
+    command = {"command": "echo reasoned > marker.txt", "description": "Write the marker"}
+    run, workdir = run_opencode(
+        opencode_config(chain.v1, None), tmp_path, "Write the marker. [[mock:reasoning]] " + directive("bash", command)
+    )
+    assert run.returncode == 0, run.describe(chain.proc.output())
+    assert (workdir / "marker.txt").read_text().strip() == "reasoned"
+
+    root_id = run.events()[0]["sessionID"]
+    records = get_json(f"{chain.v1}/sessions/{root_id}/completions")["completions"]
+    agent = [r for r in records if not is_title_call(r)]
+    titles = [r for r in records if is_title_call(r)]
+    assert len(agent) == 2 and len(titles) == 1
+    # What the engine used, by request id: the agent's second prompt extends its first prompt + generation?
+    engine = {e["headers"].get("x-request-id"): e for e in chain.mock_requests() if "prompt_token_ids" in e}
+    first, second = (engine[r["request_id"]] for r in agent)
+    extends = second["prompt_token_ids"][: len(first["prompt_token_ids"]) + len(first["generation_token_ids"])] == (
+        first["prompt_token_ids"] + first["generation_token_ids"]
+    )
+    assert extends is injection
+    rollout = get_json(f"{chain.v1}/sessions/{root_id}/rollout")
+    assert rollout["side_calls"] == [titles[0]["uuid"]]
+    if injection:
+        assert agent[1]["injection"]["fallback_reason"] is None
+        assert agent[0]["injection"]["chain"] == agent[1]["injection"]["chain"] != titles[0]["injection"]["chain"]
+        assert rollout["record_uuids"] == [r["uuid"] for r in agent]
+        assert rollout["partial_reason"] is None and rollout["mask_sample"] is False, rollout["partial_reason"]
+        assert_token_exact(chain, rollout)
+    else:
+        assert rollout["mask_sample"] is True and "do not extend" in rollout["partial_reason"]
