@@ -75,14 +75,15 @@ def fresh_mock(upstream):
 # ---- clients ---------------------------------------------------------------------------------------
 
 
-def client(chain: Chain | str, session: str, via_prefix: bool = False) -> OpenAI:
+def client(
+    chain: Chain | str, session: str, via_prefix: bool = False, http_client: httpx.Client | None = None
+) -> OpenAI:
     """A client whose calls carry `session` in a header, or (`via_prefix`) only in Gym's `/ng-rollout/<id>/` path."""
     url = chain if isinstance(chain, str) else chain.url
     if via_prefix:
-        return OpenAI(base_url=f"{url}/ng-rollout/{session}/v1", api_key="x", max_retries=0)
-    return OpenAI(
-        base_url=url + "/v1", api_key="x", max_retries=0, default_headers={"x-switchyard-session-id": session}
-    )
+        return OpenAI(base_url=f"{url}/ng-rollout/{session}/v1", api_key="x", max_retries=0, http_client=http_client)
+    headers = {"x-switchyard-session-id": session}
+    return OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, default_headers=headers, http_client=http_client)
 
 
 def tool_results(calls: list[dict]) -> list[dict]:
@@ -121,10 +122,11 @@ def chat_session(
     stream: bool,
     side_call_after: int | None = None,
     via_prefix: bool = False,
+    http_client: httpx.Client | None = None,
 ) -> None:
     messages: list[dict] = [SYSTEM, {"role": "user", "content": TASK}]
     for turn in range(3):
-        cl = client(chain_for(turn), session, via_prefix)
+        cl = client(chain_for(turn), session, via_prefix, http_client)
         content, calls = chat_turn(cl, messages, stream)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
@@ -320,6 +322,37 @@ def test_two_processes_on_one_capture_dir_serve_a_session_alternately(upstream, 
     finally:
         a.proc.stop()
         b.proc.stop()
+
+
+def test_the_workers_of_one_server_serve_a_session_in_turn_and_keep_its_chain(upstream, tmp_path):
+    """`serve --workers 2`: each call on a new connection, so the kernel hands a session's calls to either
+    worker (the worker header says which); a worker that did not serve the previous call finds the chain
+    in the capture records."""
+    chain = launch_chain(upstream, tmp_path, "--token-injection", "--workers", "2")
+    served_by: list[str] = []
+
+    def note_worker(response: httpx.Response) -> None:
+        if response.request.url.path.endswith("/chat/completions"):
+            served_by.append(response.headers["x-switchyard-model-worker"])
+
+    fresh_connections = httpx.Client(
+        headers={"connection": "close"}, trust_env=False, event_hooks={"response": [note_worker]}
+    )
+    crossed = 0
+    try:
+        for attempt in range(12):  # until two sessions moved between workers mid-chain
+            httpx.post(upstream + "/mock/reset", trust_env=False)
+            served_by.clear()
+            session = f"workers-{attempt}-{uuid.uuid4().hex[:8]}"
+            chat_session(lambda turn: chain, session, stream=attempt % 2 == 1, http_client=fresh_connections)
+            assert_one_chain(chain, upstream, session, run="all")
+            crossed += len(set(served_by)) > 1
+            if crossed == 2:
+                break
+        assert crossed == 2, "the kernel never handed one session's calls to both workers"
+    finally:
+        fresh_connections.close()
+        chain.proc.stop()
 
 
 def test_an_engine_that_ignores_the_field_gets_fallbacks_and_the_rollout_reports_the_break(injected, upstream):
