@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.chain import Chain, launch_chain
+from tests.support.chain import Chain, launch_chain, token_breaks
 
 pytestmark = pytest.mark.integration
 
@@ -188,18 +188,6 @@ def test_mini_swe_agent_recipe_is_one_whole_session_per_run(chain, tmp_path):
 # ---- a reasoning model: the recipes unchanged, with and without token injection -------------------
 
 
-def engine_breaks(upstream: str) -> int:
-    """How many of the engine's chat calls do not extend the previous call's prompt + generation."""
-    log = httpx.get(upstream + "/mock/requests", trust_env=False).json()["requests"]
-    calls = [e for e in log if e["path"] == "/v1/chat/completions" and "prompt_token_ids" in e]
-    assert len(calls) >= 2
-    return sum(
-        later["prompt_token_ids"][: len(before := earlier["prompt_token_ids"] + earlier["generation_token_ids"])]
-        != before
-        for earlier, later in zip(calls, calls[1:])
-    )
-
-
 REASONING_WEATHER_TASK = 'What is the weather in Paris? [[mock:reasoning]] [[mock:tool get_weather {"city": "Paris"}]]'
 
 
@@ -212,12 +200,11 @@ def test_a_recipe_on_a_reasoning_model_is_one_token_chain_with_injection(reasoni
     """The harness unchanged: with injection its calls reach the engine as one token chain and its rollout
     is whole; without it (the negative control) the engine's second prompt drops the first reasoning."""
     chain = reasoning_chains[injection]
-    upstream = chain.upstream_url
-    httpx.post(upstream + "/mock/reset", trust_env=False)
+    httpx.post(chain.upstream_url + "/mock/reset", trust_env=False)
     new, out = run_recipe(chain, recipe, REASONING_WEATHER_TASK, tmp_path)
     (session,) = new
     assert "sunny, 21 C in Paris" in out
-    assert engine_breaks(upstream) == (0 if injection else 1)
+    assert token_breaks(chain.engine_calls()) == ([] if injection else [1])
     records = completions(chain, session)
     reasons = [r["injection"]["fallback_reason"] if r.get("injection") else None for r in records]
     if injection:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.support.chain import Chain, launch_chain
+from tests.support.chain import Chain, launch_chain, token_breaks
 from tests.support.procs import start_mock_upstream
 
 pytestmark = pytest.mark.integration
@@ -197,16 +197,6 @@ def engine_calls(upstream: str, main_only: bool = True) -> list[dict]:
     return calls
 
 
-def breaks(calls: list[dict]) -> list[int]:
-    """Indices of the calls whose prompt does not extend the previous call's prompt + generation."""
-    out = []
-    for i in range(1, len(calls)):
-        before = calls[i - 1]["prompt_token_ids"] + calls[i - 1]["generation_token_ids"]
-        if calls[i]["prompt_token_ids"][: len(before)] != before:
-            out.append(i)
-    return out
-
-
 def records(chain: Chain, session: str) -> list[dict]:
     return httpx.get(f"{chain.url}/v1/sessions/{session}/completions", trust_env=False).json()["completions"]
 
@@ -218,7 +208,7 @@ def rollout(chain: Chain, session: str, run: str | None = None) -> dict:
 
 def assert_one_chain(chain: Chain, upstream: str, session: str, run: str | None = None) -> None:
     calls = engine_calls(upstream)
-    assert len(calls) == 3 and breaks(calls) == []
+    assert len(calls) == 3 and token_breaks(calls) == []
     main = [r for r in records(chain, session) if "title generator" not in json.dumps(r["messages"][0])]
     assert [r["prompt_token_ids"] for r in main] == [c["prompt_token_ids"] for c in calls]
     assert [r["injection"]["fallback_reason"] for r in main] == ["first_call", None, None]
@@ -254,7 +244,7 @@ def test_a_reasoning_session_reaches_the_engine_as_one_token_chain(injected, ups
 def test_without_injection_the_same_session_breaks_and_the_rollout_says_so(plain, upstream, shape):
     session = f"plain-{shape}-{uuid.uuid4().hex[:8]}"
     run_session(plain, session, shape)
-    assert breaks(engine_calls(upstream)) == [1, 2]
+    assert token_breaks(engine_calls(upstream)) == [1, 2]
     result = rollout(plain, session)
     assert result["mask_sample"] is True and "do not extend" in result["partial_reason"]
 
@@ -273,7 +263,7 @@ def test_a_session_under_the_ng_rollout_prefix_is_injected_and_its_rollout_is_wh
             assert_one_chain(chain, upstream, rollout_id)
             assert {r["session_id"] for r in records(chain, rollout_id)} == {rollout_id}
         else:
-            assert breaks(engine_calls(upstream)) == [1, 2]
+            assert token_breaks(engine_calls(upstream)) == [1, 2]
             result = rollout(chain, rollout_id)
             assert result["mask_sample"] is True and "do not extend" in result["partial_reason"]
 
@@ -360,7 +350,7 @@ def test_an_engine_that_ignores_the_field_gets_fallbacks_and_the_rollout_reports
     session = f"ignore-{uuid.uuid4().hex[:8]}"
     chat_session(lambda turn: injected, session, stream=False)
     calls = engine_calls(upstream)
-    assert len(calls) == 3 and breaks(calls) == [1, 2]  # every call answered, plainly
+    assert len(calls) == 3 and token_breaks(calls) == [1, 2]  # every call answered, plainly
     reasons = [r["injection"]["fallback_reason"] for r in records(injected, session)]
     assert reasons == ["first_call", "echo_mismatch", "echo_mismatch"]
     result = rollout(injected, session)

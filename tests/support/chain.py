@@ -27,6 +27,20 @@ class Chain:
     def mock_stats(self) -> dict:
         return httpx.get(self.upstream_url + "/mock/stats", trust_env=False).json()
 
+    def engine_calls(self) -> list[dict]:
+        """The chat calls the mock served, in order, with the prompt and generated ids it used."""
+        return [e for e in self.mock_requests() if e["path"] == "/v1/chat/completions" and "prompt_token_ids" in e]
+
+
+def token_breaks(calls: list[dict]) -> list[int]:
+    """Indices of the engine calls whose prompt does not extend the previous call's prompt + generation."""
+    out = []
+    for i in range(1, len(calls)):
+        before = calls[i - 1]["prompt_token_ids"] + calls[i - 1]["generation_token_ids"]
+        if calls[i]["prompt_token_ids"][: len(before)] != before:
+            out.append(i)
+    return out
+
 
 def launch_chain(upstream_url: str, capture_dir: Path, *extra: str, env: dict[str, str] | None = None) -> Chain:
     """`switchyard-model serve` on the demo deployment, its route pointed at the mock upstream."""
