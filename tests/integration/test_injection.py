@@ -8,6 +8,7 @@ What the engine really used is read from the mock's own request log.
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from openai import OpenAI
 
 from tests.support.chain import Chain, launch_chain, token_breaks
-from tests.support.procs import start_mock_upstream
+from tests.support.procs import Proc, free_port, start_mock_upstream, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -343,6 +344,40 @@ def test_the_workers_of_one_server_serve_a_session_in_turn_and_keep_its_chain(up
     finally:
         fresh_connections.close()
         chain.proc.stop()
+
+
+def test_attached_to_a_switchyard_run_elsewhere_it_asks_the_named_engine_to_tokenize(upstream, tmp_path):
+    """Attach mode: Switchyard is another process, so the engine's /tokenize comes from the settings."""
+    port = free_port()
+    host = Proc(
+        [sys.executable, "-m", "server.switchyard.host", "--config", "demo", "--port", str(port)],
+        env={"MOCK_UPSTREAM_URL": upstream + "/v1"},
+    )
+    try:
+        host.wait_http(f"http://127.0.0.1:{port}/health")
+        config = tmp_path / "settings.yaml"
+        config.write_text(f"injection_tokenize_base_url: {upstream}\n")
+        proc, url = start_server(
+            "--switchyard-base-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--capture-dir",
+            str(tmp_path / "captures"),
+            "--token-injection",
+            "--config",
+            str(config),
+        )
+        attached = Chain(url, proc, tmp_path / "captures", upstream)
+        try:
+            assert httpx.get(url + "/health", trust_env=False).json()["mode"] == "attach"
+            session = f"attach-{uuid.uuid4().hex[:8]}"
+            chat_session(lambda turn: attached, session, stream=False)
+            assert_one_chain(attached, upstream, session)
+            # The first call renders twice (learning the template's generation prompt), then one per call.
+            assert httpx.get(upstream + "/mock/stats", trust_env=False).json()["tokenize"] == 4
+        finally:
+            proc.stop()
+    finally:
+        host.stop()
 
 
 def test_an_engine_that_ignores_the_field_gets_fallbacks_and_the_rollout_reports_the_break(injected, upstream):
