@@ -121,6 +121,11 @@ def template(path: str, body: str, headers: list[tuple[str, str]] | None = None)
     return {"method": "POST", "path": path, "body": body, "headers": [list(h) for h in headers or []]}
 
 
+def capture_bodies() -> list[str]:
+    """The capture section's calls: 8k-token prompts (four different ones), 200-token answers, token fields asked."""
+    return [chat_body(words(8000, offset=k) + " [[mock:tokens 200]]", token_fields=True) for k in range(4)]
+
+
 SMALL = "Summarize the plan in one line. [[mock:tokens 16]]"
 STREAM = "Explain the plan step by step. [[mock:tokens 32]]"
 
@@ -658,7 +663,7 @@ class Bench:
     def capture(self) -> None:
         self.log("capture on vs off: 8k-token prompts, 200-token generations")
         rounds, warm, dur, c = (1, 0.3, 1.5, 64) if self.quick else (4, 0.7, 3.0, 64)
-        bodies = [chat_body(words(8000, offset=k) + " [[mock:tokens 200]]", token_fields=True) for k in range(4)]
+        bodies = capture_bodies()
         corr = [("x-session-id", "bench-cap-{run}-{conn}")]
 
         def spec(srv: Server):
