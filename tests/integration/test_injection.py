@@ -11,6 +11,7 @@ import json
 import sys
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -124,8 +125,9 @@ def chat_session(
     side_call_after: int | None = None,
     via_prefix: bool = False,
     http_client: httpx.Client | None = None,
+    task: str = TASK,
 ) -> None:
-    messages: list[dict] = [SYSTEM, {"role": "user", "content": TASK}]
+    messages: list[dict] = [SYSTEM, {"role": "user", "content": task}]
     for turn in range(3):
         cl = client(chain_for(turn), session, via_prefix, http_client)
         content, calls = chat_turn(cl, messages, stream)
@@ -344,6 +346,32 @@ def test_the_workers_of_one_server_serve_a_session_in_turn_and_keep_its_chain(up
     finally:
         fresh_connections.close()
         chain.proc.stop()
+
+
+@pytest.mark.parametrize("injection", [True, False], ids=["injected", "plain"])
+def test_concurrent_sessions_each_keep_a_chain_of_their_own(injected, plain, upstream, injection):
+    """Eight sessions at once, streamed and not, each its own task: every session reaches the engine as
+    one token chain of its own (no chain crosses sessions); without injection (the control) each breaks."""
+    chain = injected if injection else plain
+    sessions = [f"conc-{injection}-{i}-{uuid.uuid4().hex[:6]}" for i in range(8)]
+    with ThreadPoolExecutor(len(sessions)) as pool:
+        runs = [
+            pool.submit(chat_session, lambda turn: chain, s, stream=i % 2 == 1, task=f"Task {i}: {TASK}")
+            for i, s in enumerate(sessions)
+        ]
+        for run in runs:
+            run.result()
+    engine = {e["headers"].get("x-request-id"): e for e in engine_calls(upstream)}
+    chain_ids = set()
+    for session in sessions:
+        calls = records(chain, session)
+        assert len(calls) == 3
+        assert token_breaks([engine[r["request_id"]] for r in calls]) == ([] if injection else [1, 2])
+        if injection:
+            assert [r["injection"]["fallback_reason"] for r in calls] == ["first_call", None, None]
+            assert len({r["injection"]["chain"] for r in calls}) == 1
+            chain_ids |= {r["injection"]["chain"] for r in calls}
+    assert len(chain_ids) == (len(sessions) if injection else 0)
 
 
 def test_attached_to_a_switchyard_run_elsewhere_it_asks_the_named_engine_to_tokenize(upstream, tmp_path):
