@@ -157,8 +157,8 @@ class ModelEndpoint:
         plan = await injector.prepare(session, call.route, call.request)
         call.injection = plan
         if plan.body is not call.request:
-            if plan.adds_field_only and plan.sent is not None:  # the messages are not serialised again
-                call.payload = injector.transport.splice(call.payload, plan.sent)
+            if plan.adds_field_only and plan.sent_json is not None:  # the messages are not serialised again
+                call.payload = injector.transport.splice(call.payload, plan.sent_json)
             else:
                 call.payload = orjson.dumps(plan.body)
             call.request = plan.body

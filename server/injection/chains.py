@@ -15,7 +15,6 @@ from them, so memory here is only a bounded cache (LRU + TTL).
 
 from __future__ import annotations
 
-import hashlib
 import time
 import uuid
 from collections import OrderedDict
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from server.injection.ids import begins_with, json_digest
 
 # Finish reasons after which the last generated token is the template's end-of-turn token.
 NATURAL_STOPS = frozenset({"stop", "tool_calls", "stop_sequence"})
@@ -34,17 +35,14 @@ class NoEndOfTurn(ValueError):
 
 
 def prefix_hash(ids: list[int]) -> str:
-    """A digest of a token list, stored in records so a chain's prefix can be matched without the ids.
-
-    Over the ids' JSON (deterministic, and the fastest serialisation here: ~5 µs per 1000 ids).
-    """
-    return hashlib.blake2b(orjson.dumps(ids), digest_size=16).hexdigest()
+    """A digest of a token list, stored in records so a chain's prefix can be matched without the ids."""
+    return json_digest(orjson.dumps(ids))
 
 
 def history_hash(messages: list[Any], tools: Any, template: dict[str, Any]) -> str:
     """A digest of what a request asks the template to render: its messages, tools and template options."""
     doc = {"messages": messages, "tools": tools or None, "template": template}
-    return hashlib.blake2b(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS), digest_size=16).hexdigest()
+    return json_digest(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
 
 
 def new_chain_id() -> str:
@@ -62,22 +60,24 @@ class Chain:
     n_messages: int  # messages of the last request + its reply
     prefix_len: int  # 0 (and prefix_hash "") when the call that heads the chain was bridged: no render
     prefix_hash: str
-    prefix: list[int] | None = None  # None when rebuilt from records until a call matches it
+    # The prefix's ids as compact JSON (server.injection.ids); None when rebuilt from records until a call matches it.
+    prefix_json: bytes | None = None
     version: int = 0
     # The key by messages (nemo_rl, the `renderers` bridge): the last request's messages, tools, template options.
     history_hash: str | None = None
 
-    def prefix_of(self, rendered: list[int]) -> bool:
-        """True when this chain's prefix is a (strict) prefix of `rendered`."""
+    def prefix_of(self, rendered: list[int], rendered_json: bytes | None = None) -> bool:
+        """True when this chain's prefix is a (strict) prefix of `rendered` (`rendered_json`: its compact JSON)."""
         n = self.prefix_len
         if n >= len(rendered) or n == 0:
             return False
-        if self.prefix is not None:
-            return rendered[:n] == self.prefix
-        if prefix_hash(rendered[:n]) != self.prefix_hash:
-            return False
-        self.prefix = rendered[:n]
-        return True
+        if self.prefix_json is None:  # rebuilt from the records: only the digest is known
+            head = orjson.dumps(rendered[:n])
+            if json_digest(head) != self.prefix_hash:
+                return False
+            self.prefix_json = head
+            return True
+        return begins_with(rendered_json if rendered_json is not None else orjson.dumps(rendered), self.prefix_json)
 
     def continues(self, messages: list[dict[str, Any]]) -> bool:
         """The call's messages go on from this chain's last reply with environment turns only.
@@ -117,12 +117,15 @@ def env_suffix(tail: list[int], last_generation: list[int], eot: int) -> list[in
     return tail[k:]
 
 
-def longest_match(chains: Iterable[Chain], rendered: list[int]) -> Chain | None:
-    """The chain whose prefix is the longest prefix of `rendered`, if any."""
+def longest_match(chains: Iterable[Chain], rendered: list[int], rendered_json: bytes | None = None) -> Chain | None:
+    """The chain whose prefix is the longest prefix of `rendered` (`rendered_json`: its compact JSON), if any."""
     best = None
     for chain in chains:
-        if (best is None or chain.prefix_len > best.prefix_len) and chain.prefix_of(rendered):
-            best = chain
+        if best is None or chain.prefix_len > best.prefix_len:
+            if rendered_json is None:
+                rendered_json = orjson.dumps(rendered)
+            if chain.prefix_of(rendered, rendered_json):
+                best = chain
     return best
 
 

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from server.capture.record import INJECTION_BREAKING_FALLBACKS
 from server.injection.breaker import RouteBreaker
 from server.injection.chains import (
@@ -35,8 +37,8 @@ from server.injection.chains import (
     longest_history_match,
     longest_match,
     new_chain_id,
-    prefix_hash,
 )
+from server.injection.ids import begins_with, id_list_json, json_digest
 from server.injection.tokenize import Render, TokenizeClient, TokenizeError, template_options
 from server.injection.transports import Transport
 
@@ -74,6 +76,7 @@ class Plan:
     chain: Chain | None = None  # the chain this call extends or replaces
     version: int = -1
     sent: list[int] | None = None  # the ids attached, when injected
+    sent_json: bytes | None = None  # ... as compact JSON: spliced into the payload, compared with the echo
     reason: str | None = None
     record: dict[str, Any] | None = None  # the record's `injection` object, once finished
     # The render's prefix digest (for the record), worked out while the upstream call is in flight.
@@ -85,7 +88,7 @@ class Plan:
 
     def digest_prefix(self) -> None:
         if self.prefix_digest is None and self.render is not None:
-            self.prefix_digest = prefix_hash(self.render.prefix)
+            self.prefix_digest = json_digest(self.render.prefix_json)
 
     @property
     def injected(self) -> bool:
@@ -150,7 +153,7 @@ class Injector:
         # Not needed before the answer: runs once this call yields to the loop, i.e. while it is upstream.
         asyncio.get_running_loop().call_soon(plan.digest_prefix)
         chains, chain = await self._find_chain(
-            session_id, messages, lambda chains: longest_match(chains, render.prefix)
+            session_id, messages, lambda chains: longest_match(chains, render.prefix, render.prefix_json)
         )
         self._plan_on(plan, chains, chain)
         if chain is not None and plan.reason is None:
@@ -225,6 +228,7 @@ class Injector:
         request = plan.plain
         body = copy.copy(request)
         plan.sent = self.transport.attach(body, chain.accumulated, suffix)
+        plan.sent_json = orjson.dumps(plan.sent)
         plan.body = body
         self._clamp(plan, body, len(chain.accumulated) + len(suffix))
         plan.adds_field_only = plan.body is body and self.transport.field_path[0] not in request
@@ -291,7 +295,7 @@ class Injector:
 
     def reissue(self, plan: Plan) -> dict[str, Any]:
         """The engine refused the injected call: the same call, plain."""
-        plan.sent = None
+        plan.sent = plan.sent_json = None
         plan.adds_field_only = False
         plan.reason = UPSTREAM_REJECTED
         self.breaker.failed(plan.route, UPSTREAM_REJECTED)
@@ -313,8 +317,8 @@ class Injector:
             if plan.injected or plan.reason is None:
                 plan.reason = INCOMPLETE
         elif plan.injected:
-            assert plan.sent is not None
-            echo_ok = self.transport.echo_ok(plan.sent, prompt)
+            assert plan.sent_json is not None
+            echo_ok = self.transport.echo_ok(plan.sent_json, prompt)
             if echo_ok:
                 self.breaker.succeeded(plan.route)
                 head = self._commit(plan, prompt, generation, finish_reason)
@@ -347,7 +351,8 @@ class Injector:
         """A plain answer seeds (or replaces) a chain when the engine's render agrees with ours; with
         nothing rendered here (nemo_rl: the engine splices its own template), the engine's prompt is it."""
         if plan.render is not None:
-            return prompt[: len(plan.render.prefix)] == plan.render.prefix
+            encoded = id_list_json(prompt)
+            return encoded is not None and begins_with(encoded, plan.render.prefix_json)
         return self.transport.sends_history_only and plan.history is not None
 
     def _commit(self, plan: Plan, prompt: list[int], generation: list[int], finish_reason: Any) -> Chain:
@@ -356,15 +361,15 @@ class Injector:
         A call not rendered here (bridged, or nemo_rl) has no cut point: its chain is found by
         `history_hash` alone until a call renders.
         """
-        prefix = plan.render.prefix if plan.render is not None else None
+        render = plan.render
         fields = {
             "accumulated": prompt + generation,
             "last_generation": generation,
             "eot": end_of_turn(generation, finish_reason),
             "n_messages": plan.n_messages + 1,
-            "prefix_len": len(prefix) if prefix is not None else 0,
-            "prefix_hash": "" if prefix is None else plan.prefix_digest or prefix_hash(prefix),
-            "prefix": prefix,
+            "prefix_len": len(render.prefix) if render is not None else 0,
+            "prefix_hash": "" if render is None else plan.prefix_digest or json_digest(render.prefix_json),
+            "prefix_json": render.prefix_json if render is not None else None,
             "history_hash": history_hash(*plan.history) if plan.history is not None else None,
         }
         chain = plan.chain

@@ -129,9 +129,9 @@ class RendererTokenizer:
 
     def render_now(self, messages: list[Any], tools: Any, template: dict[str, Any]) -> Render:
         renderer = self.renderer_for(template)
-        prefix = renderer.render_ids(messages, tools=tools or None, add_generation_prompt=False)
-        prompt = renderer.render_ids(messages, tools=tools or None, add_generation_prompt=True)
-        return Render(list(prefix), list(prompt), self.max_model_len)
+        prefix = list(renderer.render_ids(messages, tools=tools or None, add_generation_prompt=False))
+        prompt = list(renderer.render_ids(messages, tools=tools or None, add_generation_prompt=True))
+        return Render(prefix, prompt, self.max_model_len, orjson.dumps(prefix))
 
     async def render(self, messages: list[Any], tools: Any, template: dict[str, Any]) -> Render:
         # Rendering a long conversation takes milliseconds of CPU: off the event loop.

@@ -16,32 +16,19 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 import orjson
 
+from server.injection.ids import id_list_json
 from server.upstream import http1
 from server.urls import root_url
 
 log = logging.getLogger("switchyard_model.injection")
 
 
-# What the compact JSON of a list of non-negative ints holds between its brackets, and nothing else.
-_ID_LIST_CHARS = b"0123456789,"
-
-
-def is_id_list(value: Any) -> TypeGuard[list[int]]:
-    """A list of non-negative ints (no bools, floats, strings, nulls or nested lists).
-
-    Checked on the list's own compact JSON (one C pass; ~6x faster than a per-element type check
-    on a 1,500-id prompt): any other element would put a `-`, `.`, `e`, letter, quote or bracket in it.
-    """
-    if not isinstance(value, list):
-        return False
-    try:
-        return not orjson.dumps(value)[1:-1].translate(None, _ID_LIST_CHARS)
-    except TypeError:  # an int beyond 64 bits
-        return False
+# A /tokenize answer: the ids, the engine's max_model_len if it said, and the ids' compact JSON.
+_Answer = tuple[list[int], int | None, bytes]
 
 
 class TokenizeError(Exception):
@@ -53,6 +40,7 @@ class Render:
     prefix: list[int]  # the messages' render without the generation prompt
     prompt: list[int]  # ... with it: what the engine's own chat template would use as the prompt
     max_model_len: int | None
+    prefix_json: bytes  # `prefix` as compact JSON (server.injection.ids): matched and digested as bytes
 
 
 class TokenizeClient:
@@ -84,11 +72,11 @@ class TokenizeClient:
         # Per template configuration: the generation prompt's ids, or None when it is not a plain suffix.
         self._generation_prompts: dict[bytes, list[int] | None] = {}
         # request bytes -> (when asked, the answer). The answers' lists are shared: nothing mutates them.
-        self._answers: OrderedDict[bytes, tuple[float, tuple[list[int], int | None]]] = OrderedDict()
+        self._answers: OrderedDict[bytes, tuple[float, _Answer]] = OrderedDict()
         self._cache_entries = cache_entries
         self._cache_ttl_s = cache_ttl_s
 
-    async def _tokenize(self, body: dict[str, Any]) -> tuple[list[int], int | None]:
+    async def _tokenize(self, body: dict[str, Any]) -> _Answer:
         payload = orjson.dumps(body)
         kept = self._answers.get(payload)
         now = time.monotonic()
@@ -103,7 +91,7 @@ class TokenizeClient:
                 self._answers.popitem(last=False)
         return answer
 
-    async def _ask(self, payload: bytes) -> tuple[list[int], int | None]:
+    async def _ask(self, payload: bytes) -> _Answer:
         try:
             # One deadline for the round trip, and the pool's lean whole-answer path (no per-phase waits).
             status, _, raw = await self._pool.fetch("/tokenize", payload, {}, self._timeout_s)
@@ -116,10 +104,11 @@ class TokenizeClient:
         except orjson.JSONDecodeError as exc:
             raise TokenizeError(f"{self.base_url}/tokenize answered invalid JSON") from exc
         tokens = doc.get("tokens") if isinstance(doc, dict) else None
-        if not is_id_list(tokens):  # this list is every prompt id: checked in one C pass
+        encoded = id_list_json(tokens)  # this list is every prompt id: checked in one C pass
+        if encoded is None or tokens is None:
             raise TokenizeError(f"{self.base_url}/tokenize answered without a token list")
         length = doc.get("max_model_len")
-        return tokens, length if type(length) is int and length > 0 else None
+        return tokens, length if type(length) is int and length > 0 else None, encoded
 
     async def render(self, messages: list[Any], tools: Any, template: dict[str, Any]) -> Render:
         """Render `messages` (with `tools` and template options such as chat_template_kwargs)."""
@@ -128,7 +117,7 @@ class TokenizeClient:
             body["tools"] = tools
         key = orjson.dumps(template, option=orjson.OPT_SORT_KEYS)
         if key not in self._generation_prompts:
-            (prefix, length), (prompt, _) = await asyncio.gather(
+            (prefix, length, prefix_json), (prompt, _, _) = await asyncio.gather(
                 self._tokenize({**body, "add_generation_prompt": False}),
                 self._tokenize({**body, "add_generation_prompt": True}),
             )
@@ -139,16 +128,16 @@ class TokenizeClient:
                     "this chat template's generation prompt is not a plain suffix: two /tokenize calls per call"
                 )
                 self._generation_prompts[key] = None
-            return Render(prefix, prompt, length)
+            return Render(prefix, prompt, length, prefix_json)
         suffix = self._generation_prompts[key]
         if suffix is None:
-            (prefix, length), (prompt, _) = await asyncio.gather(
+            (prefix, length, prefix_json), (prompt, _, _) = await asyncio.gather(
                 self._tokenize({**body, "add_generation_prompt": False}),
                 self._tokenize({**body, "add_generation_prompt": True}),
             )
-            return Render(prefix, prompt, length)
-        prefix, length = await self._tokenize({**body, "add_generation_prompt": False})
-        return Render(prefix, prefix + suffix, length)
+            return Render(prefix, prompt, length, prefix_json)
+        prefix, length, prefix_json = await self._tokenize({**body, "add_generation_prompt": False})
+        return Render(prefix, prefix + suffix, length, prefix_json)
 
     def close(self) -> None:
         self._pool.close()

@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from server.injection.ids import begins_with, id_list_json
+
 TRANSPORTS = ("vllm", "sglang", "nemo_rl")
 DEFAULT_VLLM_FIELD = "kv_transfer_params.prompt_token_ids"
 
@@ -37,25 +39,26 @@ class Transport:
         target[self.field_path[-1]] = ids
         return ids
 
-    def splice(self, payload: bytes, ids: list[int]) -> bytes:
-        """`payload` (a request's JSON object, without this transport's top-level key) with the ids added.
-
-        The same JSON value as serialising the attached body, without serialising the messages again.
-        """
-        value = orjson.dumps(ids)
+    def splice(self, payload: bytes, ids_json: bytes) -> bytes:
+        """`payload` (a request's JSON object, without this transport's top-level key) with the ids
+        (`ids_json`, their JSON) added: the same JSON value as serialising the attached body, without
+        serialising the messages again."""
+        value = ids_json
         for key in reversed(self.field_path[1:]):
             value = b"{" + orjson.dumps(key) + b":" + value + b"}"
         member = orjson.dumps(self.field_path[0]) + b":" + value
         head = payload.rstrip()[:-1].rstrip()  # without its closing brace
         return head + (b"," if head != b"{" else b"") + member + b"}"
 
-    def echo_ok(self, sent: list[int], echoed: Any) -> bool:
-        """The engine's `prompt_token_ids` prove it used what was sent (a prefix, for nemo_rl's splice)."""
-        if not isinstance(echoed, list):
+    def echo_ok(self, sent_json: bytes, echoed: Any) -> bool:
+        """The engine's `prompt_token_ids` prove it used the ids sent (`sent_json`, their compact JSON):
+        the same ids, or for nemo_rl's splice the sent ids followed by more. Compared as JSON (ids.py)."""
+        encoded = id_list_json(echoed)
+        if encoded is None:
             return False
         if self.sends_history_only:
-            return len(echoed) > len(sent) and echoed[: len(sent)] == sent
-        return echoed == sent
+            return encoded != sent_json and begins_with(encoded, sent_json)
+        return encoded == sent_json
 
 
 def make_transport(name: str, vllm_field: str = DEFAULT_VLLM_FIELD) -> Transport:

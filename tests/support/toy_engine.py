@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from server.injection.tokenize import Render
 
 START, EOT, NL, THINK, ENDTHINK = 1, 2, 3, 4, 5
@@ -52,7 +54,7 @@ class ToyEngine:
     async def tokenize(self, messages: list[dict[str, Any]], tools: Any, template: dict[str, Any]) -> Render:
         self.tokenize_calls += 1
         prefix = self.render(messages, False)
-        return Render(prefix, prefix + [START, ROLES["assistant"]], self.max_model_len)
+        return Render(prefix, prefix + [START, ROLES["assistant"]], self.max_model_len, orjson.dumps(prefix))
 
     def _sent(self, body: dict[str, Any]) -> list[int] | None:
         value: Any = body

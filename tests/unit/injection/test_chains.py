@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from server.injection.chains import (
@@ -28,7 +29,7 @@ def chain(prefix: list[int], cid: str = "c", n_messages: int = 2, from_records: 
         n_messages=n_messages,
         prefix_len=len(prefix),
         prefix_hash=prefix_hash(prefix),
-        prefix=None if from_records else list(prefix),
+        prefix_json=None if from_records else orjson.dumps(list(prefix)),
     )
 
 
@@ -67,9 +68,9 @@ def test_longest_match_prefers_the_longest_prefix_and_needs_a_strict_one():
 def test_a_chain_rebuilt_from_records_matches_by_hash_and_learns_its_prefix():
     rebuilt = chain([1, 2, 3], from_records=True)
     assert not rebuilt.prefix_of([1, 2, 4, 5])
-    assert rebuilt.prefix is None
+    assert rebuilt.prefix_json is None
     assert rebuilt.prefix_of([1, 2, 3, 5])
-    assert rebuilt.prefix == [1, 2, 3]
+    assert rebuilt.prefix_json == b"[1,2,3]"
 
 
 def test_continues_only_with_environment_turns_after_the_last_reply():
@@ -127,7 +128,7 @@ def test_chains_from_records_takes_each_chains_newest_valid_head():
     assert set(chains) == {"main", "side"}
     assert chains["main"].accumulated == [1, 2, 4, 9, 6, 7, 9]
     assert chains["main"].last_generation == [7, 9] and chains["main"].eot == 9 and chains["main"].n_messages == 2
-    assert chains["main"].prefix is None and chains["main"].prefix_of([1, 2, 3])
+    assert chains["main"].prefix_json is None and chains["main"].prefix_of([1, 2, 3])
 
 
 def test_a_bridged_head_is_rebuilt_by_its_history_digest_and_never_matched_by_a_render():

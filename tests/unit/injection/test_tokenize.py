@@ -10,7 +10,8 @@ import pytest
 import uvicorn
 
 from server.dev.mock_upstream.app import create_app
-from server.injection.tokenize import TokenizeClient, TokenizeError, is_id_list, template_options
+from server.injection.ids import is_id_list
+from server.injection.tokenize import TokenizeClient, TokenizeError, template_options
 from tests.support.procs import free_port
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]

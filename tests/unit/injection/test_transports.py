@@ -42,16 +42,21 @@ def test_nemo_rl_sends_the_history_only_and_accepts_a_spliced_echo():
     body: dict = {}
     sent = t.attach(body, [1, 2, 9], [20, 21])
     assert body == {"required_prefix_token_ids": [1, 2, 9]} and sent == [1, 2, 9]
-    assert t.echo_ok(sent, [1, 2, 9, 20, 21])
-    assert not t.echo_ok(sent, [1, 3, 9, 20, 21])
-    assert not t.echo_ok(sent, [1, 2, 9])  # nothing spliced after the history
+    sent_json = orjson.dumps(sent)
+    assert t.echo_ok(sent_json, [1, 2, 9, 20, 21])
+    assert not t.echo_ok(sent_json, [1, 3, 9, 20, 21])
+    assert not t.echo_ok(sent_json, [1, 2, 9])  # nothing spliced after the history
+    assert not t.echo_ok(sent_json, [1, 2, 90, 21])  # the last history id's digits go on: a different id
 
 
 def test_full_prompt_transports_need_an_exact_echo():
     t = make_transport("vllm")
-    assert t.echo_ok([1, 2, 3], [1, 2, 3])
-    assert not t.echo_ok([1, 2, 3], [1, 2, 3, 4])
-    assert not t.echo_ok([1, 2, 3], None)
+    assert t.echo_ok(b"[1,2,3]", [1, 2, 3])
+    assert not t.echo_ok(b"[1,2,3]", [1, 2, 3, 4])
+    assert not t.echo_ok(b"[1,2,3]", [1, 2, 30])
+    assert not t.echo_ok(b"[1,2,3]", None)
+    assert not t.echo_ok(b"[1,2,3]", [1, 2, 3.0])  # the engine's ids are ints, or it did not echo ids
+    assert not t.echo_ok(b"[1,1]", [True, 1])
 
 
 def test_unknown_transport_and_empty_field_are_rejected():
@@ -70,9 +75,9 @@ def test_unknown_transport_and_empty_field_are_rejected():
 def test_splicing_the_ids_into_the_payload_is_serialising_the_attached_body(transport, request_body):
     body = dict(request_body)
     sent = transport.attach(body, [1, 2, 3], [4, 5])
-    spliced = transport.splice(orjson.dumps(request_body), sent)
+    spliced = transport.splice(orjson.dumps(request_body), orjson.dumps(sent))
     assert orjson.loads(spliced) == body
-    assert orjson.loads(transport.splice(b'{ "model" : "m" }\n', sent)) == {
+    assert orjson.loads(transport.splice(b'{ "model" : "m" }\n', orjson.dumps(sent))) == {
         "model": "m",
         **{k: body[k] for k in body if k not in request_body},
     }

@@ -1,0 +1,49 @@
+"""Token id lists as their compact JSON: checked, compared and digested in C, never id by id in Python.
+
+An injected call handles the whole history's ids several times (the /tokenize answer, the chain's
+cut point, the ids sent, the engine's echo); at RL context lengths (tens of thousands of ids) a
+Python list comparison costs ~20 µs per 1,000 ids where the bytes compare in well under one
+(docs/benchmarks.md, "Token injection at longer contexts"). orjson writes a list of ints one way
+only (`[1,2,3]`), so two such lists are equal exactly when their JSON is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, TypeGuard
+
+import orjson
+
+# What the compact JSON of a list of non-negative ints holds between its brackets, and nothing else.
+_ID_LIST_CHARS = b"0123456789,"
+
+
+def id_list_json(value: Any) -> bytes | None:
+    """The compact JSON of a list of non-negative ints, or None for anything else (bools, floats,
+    strings, nulls, nested lists, ints beyond 64 bits): any of those would put a `-`, `.`, `e`,
+    letter, quote or bracket between the outer brackets. One C pass, ~6x faster than a per-element
+    type check on a 1,500-id prompt."""
+    if not isinstance(value, list):
+        return None
+    try:
+        encoded = orjson.dumps(value)
+    except TypeError:  # an int beyond 64 bits
+        return None
+    return None if encoded[1:-1].translate(None, _ID_LIST_CHARS) else encoded
+
+
+def is_id_list(value: Any) -> TypeGuard[list[int]]:
+    return id_list_json(value) is not None
+
+
+def begins_with(encoded: bytes, prefix: bytes) -> bool:
+    """Whether the id list `encoded` starts with the ids of `prefix` (both compact JSON; equal lists do)."""
+    if prefix == b"[]":
+        return True
+    head = prefix[:-1]  # `[1,2,3` of `[1,2,3]`: then `,` or `]` must follow, not another digit
+    return encoded.startswith(head) and encoded[len(head) : len(head) + 1] in (b",", b"]")
+
+
+def json_digest(encoded: bytes) -> str:
+    """The digest records keep of an id list (`prefix_hash`), over its compact JSON."""
+    return hashlib.blake2b(encoded, digest_size=16).hexdigest()
