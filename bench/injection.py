@@ -38,8 +38,8 @@ def _task(turns: int) -> str:
     return f"fix it [[mock:reasoning]] {steps} [[mock:next]] [[mock:say done]]"
 
 
-def _session(client: httpx.Client, url: str, session: str, turns: int) -> list[float]:
-    """Latency of each call of one agent session."""
+def _session(client: httpx.Client, url: str, session: str, turns: int, tool_words: int = 50) -> list[float]:
+    """Latency of each call of one agent session (each tool result `tool_words` mock tokens long)."""
     # The session's name in its task makes every session's messages (and so every /tokenize request)
     # its own, as sampled rollouts are: no call of one session is answered from another's cached render.
     task = f"({session}) {_task(turns)}"
@@ -58,7 +58,7 @@ def _session(client: httpx.Client, url: str, session: str, turns: int) -> list[f
         message = reply.json()["choices"][0]["message"]
         calls = message.get("tool_calls") or []
         messages.append({"role": "assistant", "content": message.get("content") or "", "tool_calls": calls or None})
-        messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ok " * 50} for c in calls]
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ok " * tool_words} for c in calls]
     return out
 
 
