@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.support.chain import launch_chain
-from tests.support.procs import Proc, free_port, start_server
+from tests.support.procs import free_port, start_server, start_switchyard_host
 
 pytestmark = pytest.mark.integration
 
@@ -221,14 +221,9 @@ def test_connection_refused_is_502():
 
 
 def test_attach_to_a_switchyard_hosted_by_another_process(mock_upstream, tmp_path):
-    port = free_port()
-    host = Proc(
-        [sys.executable, "-m", "server.switchyard.host", "--config", "demo", "--port", str(port)],
-        env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
-    )
+    host, switchyard_v1 = start_switchyard_host(mock_upstream)
     try:
-        host.wait_http(f"http://127.0.0.1:{port}/health")
-        proc, url = start_server("--switchyard-base-url", f"http://127.0.0.1:{port}/v1", "--capture-dir", str(tmp_path))
+        proc, url = start_server("--switchyard-base-url", switchyard_v1, "--capture-dir", str(tmp_path))
         try:
             health = httpx.get(url + "/health", trust_env=False).json()
             assert health["mode"] == "attach" and health["route"] == "demo"

@@ -8,7 +8,7 @@ import sys
 import httpx
 import pytest
 
-from tests.support.procs import REPO, Proc, free_port, start_mock_upstream, start_server
+from tests.support.procs import REPO, Proc, free_port, start_mock_upstream, start_server, start_switchyard_host
 
 pytestmark = pytest.mark.integration
 
@@ -52,15 +52,10 @@ def test_gym_yaml_launch_mode_with_provenance(mock_upstream, tmp_path):
 
 
 def test_gym_yaml_attach_mode(mock_upstream, tmp_path):
-    port = free_port()
-    host = Proc(
-        [sys.executable, "-m", "server.switchyard.host", "--config", "demo", "--port", str(port)],
-        env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
-    )
+    host, switchyard_v1 = start_switchyard_host(mock_upstream)
     try:
-        host.wait_http(f"http://127.0.0.1:{port}/health")
         env = {
-            "SWITCHYARD_BASE_URL": f"http://127.0.0.1:{port}/v1",
+            "SWITCHYARD_BASE_URL": switchyard_v1,
             "SWITCHYARD_MODEL": "demo",
             "SWITCHYARD_MODEL_CAPTURE_DIR": str(tmp_path / "cap"),
         }

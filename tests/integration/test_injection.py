@@ -8,7 +8,6 @@ What the engine really used is read from the mock's own request log.
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ import pytest
 from openai import OpenAI
 
 from tests.support.chain import Chain, launch_chain, token_breaks
-from tests.support.procs import Proc, free_port, start_mock_upstream, start_server
+from tests.support.procs import start_mock_upstream, start_server, start_switchyard_host
 
 pytestmark = pytest.mark.integration
 
@@ -376,18 +375,13 @@ def test_concurrent_sessions_each_keep_a_chain_of_their_own(injected, plain, ups
 
 def test_attached_to_a_switchyard_run_elsewhere_it_asks_the_named_engine_to_tokenize(upstream, tmp_path):
     """Attach mode: Switchyard is another process, so the engine's /tokenize comes from the settings."""
-    port = free_port()
-    host = Proc(
-        [sys.executable, "-m", "server.switchyard.host", "--config", "demo", "--port", str(port)],
-        env={"MOCK_UPSTREAM_URL": upstream + "/v1"},
-    )
+    host, switchyard_v1 = start_switchyard_host(upstream)
     try:
-        host.wait_http(f"http://127.0.0.1:{port}/health")
         config = tmp_path / "settings.yaml"
         config.write_text(f"injection_tokenize_base_url: {upstream}\n")
         proc, url = start_server(
             "--switchyard-base-url",
-            f"http://127.0.0.1:{port}/v1",
+            switchyard_v1,
             "--capture-dir",
             str(tmp_path / "captures"),
             "--token-injection",

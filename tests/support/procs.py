@@ -79,6 +79,22 @@ def start_mock_upstream(port: int | None = None, *args: str) -> tuple[Proc, str]
     return proc, f"http://127.0.0.1:{port}"
 
 
+def start_switchyard_host(upstream_url: str) -> tuple[Proc, str]:
+    """Switchyard's native server on the demo deployment, in a process of its own (what attach mode
+    attaches to), its route pointed at `upstream_url`; returns the process and its `/v1` URL."""
+    port = free_port()
+    proc = Proc(
+        [sys.executable, "-m", "server.switchyard.host", "--config", "demo", "--port", str(port)],
+        env={"MOCK_UPSTREAM_URL": upstream_url + "/v1"},
+    )
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/health")
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
 def start_server(
     *args: str, env: dict[str, str] | None = None, port: int | None = None, wait: bool = True
 ) -> tuple[Proc, str]:
