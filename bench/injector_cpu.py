@@ -41,24 +41,32 @@ async def _child(words: int) -> float:
     toy_engine.Vocab.words = lambda self, text: [  # type: ignore[method-assign]
         self.ids.setdefault(w, 100_000 + len(self.ids)) for w in text.split()
     ]
-    renders_json = "prefix_json" in {f.name for f in dataclasses.fields(tk.Render)}
+    fields = {f.name for f in dataclasses.fields(tk.Render)}
+    generation_prompt = [toy_engine.START, toy_engine.ROLES["assistant"]]
     engine = toy_engine.engine_for("vllm")
+
+    def render_of(raw: bytes):  # type: ignore[no-untyped-def]
+        """The Render the tree's TokenizeClient makes of a /tokenize answer (three generations of it)."""
+        if hasattr(tk, "_tokens_cut_out"):  # the ids stay bytes
+            encoded, n, length = tk._tokens_cut_out(raw)
+            return tk.Render(encoded, n, length, generation_prompt=tuple(generation_prompt))
+        tokens = orjson.loads(raw)["tokens"]
+        if "prefix_json" in fields:  # parsed, and checked as JSON
+            from server.injection.ids import id_list_json
+
+            return tk.Render(tokens, tokens + generation_prompt, 10**6, id_list_json(tokens))  # type: ignore[call-arg]
+        assert tk.is_id_list(tokens)  # type: ignore[attr-defined]  # parsed, lists compared
+        return tk.Render(tokens, tokens + generation_prompt, 10**6)  # type: ignore[call-arg]
 
     class WireTokenizer:
         toy_s = 0.0  # the toy template's render, not the injector's work: subtracted
 
         async def render(self, messages, tools, template):  # type: ignore[no-untyped-def]
             t0 = time.thread_time()
-            raw = orjson.dumps({"tokens": engine.render(messages, False), "max_model_len": 10**6})
+            tokens = engine.render(messages, False)
+            raw = orjson.dumps({"count": len(tokens), "max_model_len": 10**6, "tokens": tokens, "token_strs": None})
             self.toy_s += time.thread_time() - t0
-            tokens = orjson.loads(raw)["tokens"]
-            prompt = tokens + [toy_engine.START, toy_engine.ROLES["assistant"]]
-            if renders_json:
-                from server.injection.ids import id_list_json
-
-                return tk.Render(tokens, prompt, 10**6, id_list_json(tokens))  # type: ignore[arg-type]
-            assert tk.is_id_list(tokens)  # type: ignore[attr-defined]
-            return tk.Render(tokens, prompt, 10**6)  # type: ignore[call-arg]
+            return render_of(raw)
 
     tokenizer = WireTokenizer()
     injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: tokenizer, read_records=None)

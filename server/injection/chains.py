@@ -66,18 +66,19 @@ class Chain:
     # The key by messages (nemo_rl, the `renderers` bridge): the last request's messages, tools, template options.
     history_hash: str | None = None
 
-    def prefix_of(self, rendered: list[int], rendered_json: bytes | None = None) -> bool:
-        """True when this chain's prefix is a (strict) prefix of `rendered` (`rendered_json`: its compact JSON)."""
+    def prefix_of(self, rendered_json: bytes, n_rendered: int) -> bool:
+        """True when this chain's prefix is a strict prefix of a render (`rendered_json`: its ids as
+        compact JSON, `n_rendered` of them)."""
         n = self.prefix_len
-        if n >= len(rendered) or n == 0:
+        if n >= n_rendered or n == 0:
             return False
         if self.prefix_json is None:  # rebuilt from the records: only the digest is known
-            head = orjson.dumps(rendered[:n])
+            head = orjson.dumps(orjson.loads(rendered_json)[:n])
             if json_digest(head) != self.prefix_hash:
                 return False
             self.prefix_json = head
             return True
-        return begins_with(rendered_json if rendered_json is not None else orjson.dumps(rendered), self.prefix_json)
+        return begins_with(rendered_json, self.prefix_json)
 
     def continues(self, messages: list[dict[str, Any]]) -> bool:
         """The call's messages go on from this chain's last reply with environment turns only.
@@ -117,15 +118,12 @@ def env_suffix(tail: list[int], last_generation: list[int], eot: int) -> list[in
     return tail[k:]
 
 
-def longest_match(chains: Iterable[Chain], rendered: list[int], rendered_json: bytes | None = None) -> Chain | None:
-    """The chain whose prefix is the longest prefix of `rendered` (`rendered_json`: its compact JSON), if any."""
+def longest_match(chains: Iterable[Chain], rendered_json: bytes, n_rendered: int) -> Chain | None:
+    """The chain whose prefix is the longest prefix of a render (its ids' compact JSON, and how many), if any."""
     best = None
     for chain in chains:
-        if best is None or chain.prefix_len > best.prefix_len:
-            if rendered_json is None:
-                rendered_json = orjson.dumps(rendered)
-            if chain.prefix_of(rendered, rendered_json):
-                best = chain
+        if (best is None or chain.prefix_len > best.prefix_len) and chain.prefix_of(rendered_json, n_rendered):
+            best = chain
     return best
 
 

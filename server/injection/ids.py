@@ -44,6 +44,19 @@ def begins_with(encoded: bytes, prefix: bytes) -> bool:
     return encoded.startswith(head) and encoded[len(head) : len(head) + 1] in (b",", b"]")
 
 
+def ids_after(encoded: bytes, head: bytes) -> list[int]:
+    """The ids of `encoded` that follow `head`, an id list it begins with (both compact JSON)."""
+    if head == b"[]":
+        return orjson.loads(encoded)
+    rest = encoded[len(head) :]  # `d,e]` of `[a,b,c,d,e]` after `[a,b,c]`; empty when they are equal
+    return orjson.loads(b"[" + rest) if rest else []
+
+
+def count_ids(encoded: bytes) -> int:
+    """How many ids an id list's compact JSON holds."""
+    return encoded.count(b",") + 1 if len(encoded) > 2 else 0
+
+
 def json_digest(encoded: bytes) -> str:
     """The digest records keep of an id list (`prefix_hash`), over its compact JSON."""
     return hashlib.blake2b(encoded, digest_size=16).hexdigest()

@@ -153,13 +153,14 @@ class Injector:
         # Not needed before the answer: runs once this call yields to the loop, i.e. while it is upstream.
         asyncio.get_running_loop().call_soon(plan.digest_prefix)
         chains, chain = await self._find_chain(
-            session_id, messages, lambda chains: longest_match(chains, render.prefix, render.prefix_json)
+            session_id, messages, lambda chains: longest_match(chains, render.prefix_json, render.prefix_len)
         )
         self._plan_on(plan, chains, chain)
         if chain is not None and plan.reason is None:
-            self._cut(plan, chain, render.prompt[chain.prefix_len :])
+            assert chain.prefix_json is not None  # the match learnt it
+            self._cut(plan, chain, render.prompt_after(chain.prefix_json))
         if not plan.injected:
-            self._clamp(plan, None, len(render.prompt))
+            self._clamp(plan, None, render.prompt_len)
         return plan
 
     async def _bridge(self, plan: Plan, tokenizer: Any) -> bool:
@@ -189,7 +190,7 @@ class Injector:
             else:
                 plan.reason = NO_MATCHING_CHAIN  # the template renders the earlier turns differently now
         if not plan.injected:
-            self._clamp(plan, None, len(plan.render.prompt))
+            self._clamp(plan, None, plan.render.prompt_len)
         return True
 
     async def _history_chain(self, plan: Plan) -> tuple[list[Chain], Chain | None]:
@@ -300,7 +301,7 @@ class Injector:
         plan.reason = UPSTREAM_REJECTED
         self.breaker.failed(plan.route, UPSTREAM_REJECTED)
         if plan.render is not None:
-            self._clamp(plan, None, len(plan.render.prompt))
+            self._clamp(plan, None, plan.render.prompt_len)
         plan.body = plan.plain
         return plan.plain
 
@@ -367,7 +368,7 @@ class Injector:
             "last_generation": generation,
             "eot": end_of_turn(generation, finish_reason),
             "n_messages": plan.n_messages + 1,
-            "prefix_len": len(render.prefix) if render is not None else 0,
+            "prefix_len": render.prefix_len if render is not None else 0,
             "prefix_hash": "" if render is None else plan.prefix_digest or json_digest(render.prefix_json),
             "prefix_json": render.prefix_json if render is not None else None,
             "history_hash": history_hash(*plan.history) if plan.history is not None else None,

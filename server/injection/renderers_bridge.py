@@ -131,7 +131,7 @@ class RendererTokenizer:
         renderer = self.renderer_for(template)
         prefix = list(renderer.render_ids(messages, tools=tools or None, add_generation_prompt=False))
         prompt = list(renderer.render_ids(messages, tools=tools or None, add_generation_prompt=True))
-        return Render(prefix, prompt, self.max_model_len, orjson.dumps(prefix))
+        return Render.of_lists(prefix, prompt, self.max_model_len)
 
     async def render(self, messages: list[Any], tools: Any, template: dict[str, Any]) -> Render:
         # Rendering a long conversation takes milliseconds of CPU: off the event loop.

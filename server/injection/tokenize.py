@@ -20,15 +20,16 @@ from typing import Any
 
 import orjson
 
-from server.injection.ids import id_list_json
+from server.injection.ids import begins_with, count_ids, id_list_json, ids_after
 from server.upstream import http1
 from server.urls import root_url
 
 log = logging.getLogger("switchyard_model.injection")
 
 
-# A /tokenize answer: the ids, the engine's max_model_len if it said, and the ids' compact JSON.
-_Answer = tuple[list[int], int | None, bytes]
+# A /tokenize answer: the ids as compact JSON (server.injection.ids), how many, the engine's max_model_len if it said.
+_Answer = tuple[bytes, int, int | None]
+_TOKENS_KEY = b'"tokens":['
 
 
 class TokenizeError(Exception):
@@ -37,10 +38,40 @@ class TokenizeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Render:
-    prefix: list[int]  # the messages' render without the generation prompt
-    prompt: list[int]  # ... with it: what the engine's own chat template would use as the prompt
+    """A call's messages as the chat template renders them, without the generation prompt (`prefix`,
+    where the next call is cut) and with it (`prompt`). The ids stay compact JSON (server.injection.ids):
+    a call matches, cuts and digests them as bytes and parses only the ids after its chain's cut."""
+
+    prefix_json: bytes
+    prefix_len: int
     max_model_len: int | None
-    prefix_json: bytes  # `prefix` as compact JSON (server.injection.ids): matched and digested as bytes
+    generation_prompt: tuple[int, ...] = ()  # what the template appends to the prefix for a reply ...
+    whole_prompt: list[int] | None = None  # ... or the prompt rendered on its own, when that is not a plain suffix
+
+    @property
+    def prefix(self) -> list[int]:
+        return orjson.loads(self.prefix_json)
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.whole_prompt if self.whole_prompt is not None else self.prefix + list(self.generation_prompt)
+
+    @property
+    def prompt_len(self) -> int:
+        return (
+            len(self.whole_prompt) if self.whole_prompt is not None else self.prefix_len + len(self.generation_prompt)
+        )
+
+    def prompt_after(self, head_json: bytes) -> list[int]:
+        """The prompt's ids after `head_json`, an id list the prefix begins with (a chain's cut point)."""
+        if self.whole_prompt is not None:
+            return self.whole_prompt[count_ids(head_json) :]
+        return ids_after(self.prefix_json, head_json) + list(self.generation_prompt)
+
+    @classmethod
+    def of_lists(cls, prefix: list[int], prompt: list[int], max_model_len: int | None) -> Render:
+        """A render made here (the `renderers` bridge, tests) from its two id lists."""
+        return cls(orjson.dumps(prefix), len(prefix), max_model_len, whole_prompt=list(prompt))
 
 
 class TokenizeClient:
@@ -70,7 +101,7 @@ class TokenizeClient:
         )
         self._timeout_s = timeout_s
         # Per template configuration: the generation prompt's ids, or None when it is not a plain suffix.
-        self._generation_prompts: dict[bytes, list[int] | None] = {}
+        self._generation_prompts: dict[bytes, tuple[int, ...] | None] = {}
         # request bytes -> (when asked, the answer). The answers' lists are shared: nothing mutates them.
         self._answers: OrderedDict[bytes, tuple[float, _Answer]] = OrderedDict()
         self._cache_entries = cache_entries
@@ -99,6 +130,9 @@ class TokenizeClient:
             raise TokenizeError(f"{self.base_url}/tokenize: {type(exc).__name__}: {exc}") from exc
         if status != 200:
             raise TokenizeError(f"{self.base_url}/tokenize answered HTTP {status}: {raw[:200]!r}")
+        answer = _tokens_cut_out(raw)
+        if answer is not None:
+            return answer
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -107,8 +141,7 @@ class TokenizeClient:
         encoded = id_list_json(tokens)  # this list is every prompt id: checked in one C pass
         if encoded is None or tokens is None:
             raise TokenizeError(f"{self.base_url}/tokenize answered without a token list")
-        length = doc.get("max_model_len")
-        return tokens, length if type(length) is int and length > 0 else None, encoded
+        return encoded, len(tokens), _model_len(doc)
 
     async def render(self, messages: list[Any], tools: Any, template: dict[str, Any]) -> Render:
         """Render `messages` (with `tools` and template options such as chat_template_kwargs)."""
@@ -117,30 +150,63 @@ class TokenizeClient:
             body["tools"] = tools
         key = orjson.dumps(template, option=orjson.OPT_SORT_KEYS)
         if key not in self._generation_prompts:
-            (prefix, length, prefix_json), (prompt, _, _) = await asyncio.gather(
+            (prefix_json, n, length), (prompt_json, m, _) = await asyncio.gather(
                 self._tokenize({**body, "add_generation_prompt": False}),
                 self._tokenize({**body, "add_generation_prompt": True}),
             )
-            if len(prompt) >= len(prefix) and prompt[: len(prefix)] == prefix:
-                self._generation_prompts[key] = prompt[len(prefix) :]
+            if m >= n and begins_with(prompt_json, prefix_json):
+                self._generation_prompts[key] = tuple(ids_after(prompt_json, prefix_json))
             else:
                 log.warning(
                     "this chat template's generation prompt is not a plain suffix: two /tokenize calls per call"
                 )
                 self._generation_prompts[key] = None
-            return Render(prefix, prompt, length, prefix_json)
+            return Render(prefix_json, n, length, whole_prompt=orjson.loads(prompt_json))
         suffix = self._generation_prompts[key]
         if suffix is None:
-            (prefix, length, prefix_json), (prompt, _, _) = await asyncio.gather(
+            (prefix_json, n, length), (prompt_json, _, _) = await asyncio.gather(
                 self._tokenize({**body, "add_generation_prompt": False}),
                 self._tokenize({**body, "add_generation_prompt": True}),
             )
-            return Render(prefix, prompt, length, prefix_json)
-        prefix, length, prefix_json = await self._tokenize({**body, "add_generation_prompt": False})
-        return Render(prefix, prefix + suffix, length, prefix_json)
+            return Render(prefix_json, n, length, whole_prompt=orjson.loads(prompt_json))
+        prefix_json, n, length = await self._tokenize({**body, "add_generation_prompt": False})
+        return Render(prefix_json, n, length, generation_prompt=suffix)
 
     def close(self) -> None:
         self._pool.close()
+
+
+def _model_len(doc: dict[str, Any]) -> int | None:
+    length = doc.get("max_model_len")
+    return length if type(length) is int and length > 0 else None
+
+
+def _tokens_cut_out(raw: bytes) -> _Answer | None:
+    """A vLLM-shaped answer's `tokens` array taken as it came, without making a Python int per id;
+    None when the answer is laid out otherwise (then it is parsed whole).
+
+    The cut is the top-level `tokens` value exactly when the array holds only digits and commas, the
+    rest of the answer parses with an empty list in its place, and the engine's own `count` agrees.
+    """
+    at = raw.find(_TOKENS_KEY)
+    if at < 0:
+        return None
+    start = at + len(_TOKENS_KEY) - 1
+    end = raw.find(b"]", start)
+    if end < 0:
+        return None
+    encoded = raw[start : end + 1]
+    inner = encoded[1:-1]
+    if inner.translate(None, b"0123456789,") or b",," in inner or inner[:1] == b"," or inner[-1:] == b",":
+        return None
+    try:
+        rest = orjson.loads(raw[:start] + b"[]" + raw[end + 1 :])
+    except orjson.JSONDecodeError:
+        return None
+    n = count_ids(encoded)
+    if not isinstance(rest, dict) or rest.get("tokens") != [] or rest.get("count") != n:
+        return None
+    return encoded, n, _model_len(rest)
 
 
 # Request fields that change what the chat template renders; /tokenize must see the same ones.

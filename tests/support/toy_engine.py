@@ -54,7 +54,7 @@ class ToyEngine:
     async def tokenize(self, messages: list[dict[str, Any]], tools: Any, template: dict[str, Any]) -> Render:
         self.tokenize_calls += 1
         prefix = self.render(messages, False)
-        return Render(prefix, prefix + [START, ROLES["assistant"]], self.max_model_len, orjson.dumps(prefix))
+        return Render(orjson.dumps(prefix), len(prefix), self.max_model_len, (START, ROLES["assistant"]))
 
     def _sent(self, body: dict[str, Any]) -> list[int] | None:
         value: Any = body

@@ -20,6 +20,11 @@ from server.injection.chains import (
 )
 
 
+def rendered(ids: list[int]) -> tuple[bytes, int]:
+    """A render's ids as the chains take them: compact JSON, and how many."""
+    return orjson.dumps(ids), len(ids)
+
+
 def chain(prefix: list[int], cid: str = "c", n_messages: int = 2, from_records: bool = False) -> Chain:
     return Chain(
         id=cid,
@@ -59,17 +64,17 @@ def test_end_of_turn_only_after_a_natural_stop():
 
 def test_longest_match_prefers_the_longest_prefix_and_needs_a_strict_one():
     short, long_ = chain([1, 2], "short"), chain([1, 2, 3, 4], "long")
-    assert longest_match([short, long_], [1, 2, 3, 4, 5]).id == "long"
-    assert longest_match([short, long_], [1, 2, 3, 7]).id == "short"
-    assert longest_match([long_], [1, 2, 3, 4]) is None  # equal is not an extension
-    assert longest_match([short], [7, 1, 2]) is None
+    assert longest_match([short, long_], *rendered([1, 2, 3, 4, 5])).id == "long"
+    assert longest_match([short, long_], *rendered([1, 2, 3, 7])).id == "short"
+    assert longest_match([long_], *rendered([1, 2, 3, 4])) is None  # equal is not an extension
+    assert longest_match([short], *rendered([7, 1, 2])) is None
 
 
 def test_a_chain_rebuilt_from_records_matches_by_hash_and_learns_its_prefix():
     rebuilt = chain([1, 2, 3], from_records=True)
-    assert not rebuilt.prefix_of([1, 2, 4, 5])
+    assert not rebuilt.prefix_of(*rendered([1, 2, 4, 5]))
     assert rebuilt.prefix_json is None
-    assert rebuilt.prefix_of([1, 2, 3, 5])
+    assert rebuilt.prefix_of(*rendered([1, 2, 3, 5]))
     assert rebuilt.prefix_json == b"[1,2,3]"
 
 
@@ -128,7 +133,7 @@ def test_chains_from_records_takes_each_chains_newest_valid_head():
     assert set(chains) == {"main", "side"}
     assert chains["main"].accumulated == [1, 2, 4, 9, 6, 7, 9]
     assert chains["main"].last_generation == [7, 9] and chains["main"].eot == 9 and chains["main"].n_messages == 2
-    assert chains["main"].prefix_json is None and chains["main"].prefix_of([1, 2, 3])
+    assert chains["main"].prefix_json is None and chains["main"].prefix_of(*rendered([1, 2, 3]))
 
 
 def test_a_bridged_head_is_rebuilt_by_its_history_digest_and_never_matched_by_a_render():
@@ -140,8 +145,8 @@ def test_a_bridged_head_is_rebuilt_by_its_history_digest_and_never_matched_by_a_
         record("x", "2026-01-01T00:00:02", [1], [9], injection={**bridged, "chain": "x", "history_hash": None}),
     ]
     (rebuilt,) = chains_from_records(records)  # a head with neither a prefix nor a history digest is skipped
-    assert rebuilt.id == "b" and rebuilt.prefix_len == 0 and not rebuilt.prefix_of([1, 2, 3])
-    assert longest_match([rebuilt], [1, 2, 3]) is None
+    assert rebuilt.id == "b" and rebuilt.prefix_len == 0 and not rebuilt.prefix_of(*rendered([1, 2, 3]))
+    assert longest_match([rebuilt], *rendered([1, 2, 3])) is None
     goes_on = [user, {"role": "assistant", "content": "x"}, {"role": "tool", "content": "out"}]
     assert extends_history(rebuilt, goes_on, None, {})
     assert longest_history_match([rebuilt], goes_on, None, {}) is rebuilt

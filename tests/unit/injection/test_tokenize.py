@@ -6,12 +6,15 @@ import asyncio
 import threading
 import time
 
+import orjson
 import pytest
 import uvicorn
+from hypothesis import given
+from hypothesis import strategies as st
 
 from server.dev.mock_upstream.app import create_app
 from server.injection.ids import is_id_list
-from server.injection.tokenize import TokenizeClient, TokenizeError, template_options
+from server.injection.tokenize import Render, TokenizeClient, TokenizeError, _tokens_cut_out, template_options
 from tests.support.procs import free_port
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
@@ -91,3 +94,49 @@ def test_token_lists_of_non_negative_ints_are_accepted(ids):
 )
 def test_anything_but_a_list_of_non_negative_ints_is_refused(bad):
     assert not is_id_list(bad)
+
+
+# ---- the answer's ids taken as bytes ---------------------------------------------------------------
+
+ids_strategy = st.lists(st.integers(min_value=0, max_value=2**31), max_size=30)
+
+
+@given(ids_strategy, st.one_of(st.none(), st.integers(min_value=1, max_value=10**6)), st.booleans())
+def test_a_vllm_shaped_answer_is_cut_out_and_agrees_with_parsing_it_whole(ids, model_len, with_strs):
+    answer = {"count": len(ids), "max_model_len": model_len, "tokens": ids, "token_strs": ["x"] if with_strs else None}
+    raw = orjson.dumps(answer)
+    assert _tokens_cut_out(raw) == (orjson.dumps(ids), len(ids), model_len)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"tokens": [1, 2], "count": 2}',  # spaced: not cut, parsed whole
+        b'{"tokens":[1,2]}',  # no count to agree with
+        b'{"count":3,"tokens":[1,2]}',  # a count that disagrees
+        b'{"count":2,"tokens":[1,-2]}',
+        b'{"count":2,"tokens":[1,2.0]}',
+        b'{"count":2,"tokens":[1,,2]}',
+        b'{"count":1,"extra":{"tokens":[5]},"tokens":[7]}',  # a nested object's key comes first
+        b'{"count":1,"tokens":[7',  # cut short
+        b'["tokens",[1]]',
+    ],
+)
+def test_an_answer_laid_out_otherwise_is_not_cut(raw):
+    assert _tokens_cut_out(raw) is None
+
+
+def test_a_nested_key_would_fool_a_cut_without_its_checks():
+    # The negative control for the checks above: the first `"tokens":[` here is a nested object's.
+    raw = b'{"count":1,"extra":{"tokens":[5]},"tokens":[7]}'
+    at = raw.find(b'"tokens":[')
+    assert raw[at + 9 : raw.find(b"]", at) + 1] == b"[5]" and orjson.loads(raw)["tokens"] == [7]
+
+
+def test_a_render_gives_the_prompt_after_a_chain_cut_point():
+    render = Render(b"[1,2,30,4]", 4, None, generation_prompt=(8, 9))
+    assert render.prefix == [1, 2, 30, 4] and render.prompt == [1, 2, 30, 4, 8, 9] and render.prompt_len == 6
+    assert render.prompt_after(b"[1,2]") == [30, 4, 8, 9]
+    assert render.prompt_after(b"[1,2,30,4]") == [8, 9]
+    whole = Render.of_lists([1, 2, 3], [1, 2, 5, 3, 9], None)  # a generation prompt that is not a plain suffix
+    assert whole.prefix_len == 3 and whole.prompt_len == 5 and whole.prompt_after(b"[1,2]") == [5, 3, 9]
