@@ -73,7 +73,10 @@ class Chain:
         if n >= n_rendered or n == 0:
             return False
         if self.prefix_json is None:  # rebuilt from the records: only the digest is known
-            head = orjson.dumps(orjson.loads(rendered_json)[:n])
+            try:
+                head = orjson.dumps(orjson.loads(rendered_json)[:n])
+            except ValueError:  # not plain JSON integers: nothing to match
+                return False
             if json_digest(head) != self.prefix_hash:
                 return False
             self.prefix_json = head

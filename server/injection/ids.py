@@ -45,11 +45,16 @@ def begins_with(encoded: bytes, prefix: bytes) -> bool:
 
 
 def ids_after(encoded: bytes, head: bytes) -> list[int]:
-    """The ids of `encoded` that follow `head`, an id list it begins with (both compact JSON)."""
-    if head == b"[]":
-        return orjson.loads(encoded)
-    rest = encoded[len(head) :]  # `d,e]` of `[a,b,c,d,e]` after `[a,b,c]`; empty when they are equal
-    return orjson.loads(b"[" + rest) if rest else []
+    """The ids of `encoded` that follow `head`, an id list it begins with (both compact JSON).
+
+    Raises ValueError where they are not plain JSON integers (`01`, or beyond 64 bits, which orjson
+    would read as a float): bytes taken from an engine's answer are checked only as they are parsed.
+    """
+    rest = encoded[len(head) :] if head != b"[]" else encoded[1:]  # `d,e]` of `[a,b,c,d,e]` after `[a,b,c]`
+    ids = orjson.loads(b"[" + rest) if rest else []
+    if id_list_json(ids) is None:
+        raise ValueError("ids that are not plain JSON integers")
+    return ids
 
 
 def count_ids(encoded: bytes) -> int:

@@ -158,7 +158,12 @@ class Injector:
         self._plan_on(plan, chains, chain)
         if chain is not None and plan.reason is None:
             assert chain.prefix_json is not None  # the match learnt it
-            self._cut(plan, chain, render.prompt_after(chain.prefix_json))
+            try:
+                tail = render.prompt_after(chain.prefix_json)
+            except ValueError:  # an answer of digits and commas that are not plain JSON integers (`01`)
+                plan.reason = TOKENIZE_FAILED
+            else:
+                self._cut(plan, chain, tail)
         if not plan.injected:
             self._clamp(plan, None, render.prompt_len)
         return plan

@@ -148,7 +148,12 @@ class TokenizeClient:
         body: dict[str, Any] = {"messages": messages, **template}
         if tools:
             body["tools"] = tools
-        key = orjson.dumps(template, option=orjson.OPT_SORT_KEYS)
+        try:
+            return await self._render(body, orjson.dumps(template, option=orjson.OPT_SORT_KEYS))
+        except ValueError as exc:  # an answer of digits and commas that are not plain JSON integers (`01`)
+            raise TokenizeError(f"{self.base_url}/tokenize answered ids that are not JSON integers") from exc
+
+    async def _render(self, body: dict[str, Any], key: bytes) -> Render:
         if key not in self._generation_prompts:
             (prefix_json, n, length), (prompt_json, m, _) = await asyncio.gather(
                 self._tokenize({**body, "add_generation_prompt": False}),
@@ -161,14 +166,14 @@ class TokenizeClient:
                     "this chat template's generation prompt is not a plain suffix: two /tokenize calls per call"
                 )
                 self._generation_prompts[key] = None
-            return Render(prefix_json, n, length, whole_prompt=orjson.loads(prompt_json))
+            return Render(prefix_json, n, length, whole_prompt=ids_after(prompt_json, b"[]"))
         suffix = self._generation_prompts[key]
         if suffix is None:
             (prefix_json, n, length), (prompt_json, _, _) = await asyncio.gather(
                 self._tokenize({**body, "add_generation_prompt": False}),
                 self._tokenize({**body, "add_generation_prompt": True}),
             )
-            return Render(prefix_json, n, length, whole_prompt=orjson.loads(prompt_json))
+            return Render(prefix_json, n, length, whole_prompt=ids_after(prompt_json, b"[]"))
         prefix_json, n, length = await self._tokenize({**body, "add_generation_prompt": False})
         return Render(prefix_json, n, length, generation_prompt=suffix)
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from server.injection.chains import prefix_hash
-from server.injection.ids import begins_with, id_list_json, is_id_list, json_digest
+from server.injection.ids import begins_with, count_ids, id_list_json, ids_after, is_id_list, json_digest
 
 ids = st.lists(st.integers(min_value=0, max_value=200_000), max_size=40)
 
@@ -39,3 +40,17 @@ def test_a_longer_number_is_not_a_prefix_match():
 def test_the_digest_is_the_one_records_already_hold():
     # Records' prefix_hash values (16-byte BLAKE2b of the ids' compact JSON) must stay matchable.
     assert json_digest(b"[1,2,3]") == prefix_hash([1, 2, 3]) == "53c65deb7d4e0bfc9931d06cfe60790d"
+
+
+@given(ids, ids)
+def test_ids_after_a_head_are_the_rest_of_the_list(head, tail):
+    encoded = orjson.dumps(head + tail)
+    assert ids_after(encoded, orjson.dumps(head)) == tail
+    assert count_ids(encoded) == len(head + tail)
+
+
+@pytest.mark.parametrize("bad", [b"[1,01]", b"[1,99999999999999999999999]"])
+def test_ids_after_refuses_digits_that_are_not_plain_json_integers(bad):
+    # Bytes cut out of an engine's answer are only digits and commas; these are still no token ids.
+    with pytest.raises(ValueError):
+        ids_after(bad, b"[1]")

@@ -15,6 +15,7 @@ from server.injection import injector as inj
 from server.injection.breaker import RouteBreaker
 from server.injection.chains import ChainCache, prefix_hash
 from server.injection.injector import Injector
+from server.injection.tokenize import Render
 from server.injection.transports import make_transport
 from tests.support.toy_engine import ToyEngine, ToyTokenizer, assistant_turn, engine_for, extends
 
@@ -288,3 +289,23 @@ def test_nemo_rl_builds_no_tokenizer_even_when_one_is_configured():
 
     assert tokenizer("nemo_rl") is None
     assert tokenizer("vllm") is not None  # the control: the same settings with vllm ask /tokenize
+
+
+def test_an_answer_whose_ids_are_not_json_integers_is_served_plain_not_failed():
+    """/tokenize answers are taken as bytes (digits and commas); `01` is no JSON integer, so cutting
+    the call's tail out of such an answer fails: the call goes out plain, never as an error."""
+    engine = engine_for("vllm")
+    injector = make(engine)
+    messages: list[dict] = [SYSTEM, {"role": "user", "content": "find the file"}]
+    _, chat, _ = call(injector, engine, messages, {"reasoning": "look", "tools": ["ls"]})
+    tokenizer = injector.toy_tokenizer  # type: ignore[attr-defined]
+    rendered = tokenizer.engine.tokenize
+
+    async def with_a_bad_tail(messages, tools, template):  # the chain's prefix, then `01`
+        good = await rendered(messages, tools, template)
+        return Render(good.prefix_json[:-1] + b",01]", good.prefix_len + 1, None, good.generation_prompt)
+
+    tokenizer.engine.tokenize = with_a_bad_tail
+    follow = messages + [assistant_turn(chat), {"role": "tool", "tool_call_id": "c0", "content": "a.txt"}]
+    plan, _, record = call(injector, engine, follow, {"reasoning": "read", "content": "ok"})
+    assert not plan.injected and record["fallback_reason"] == inj.TOKENIZE_FAILED
