@@ -7,6 +7,8 @@ configuration and appended locally, so the steady state is one round trip per ca
 
 Answers are kept briefly, keyed by the exact request bytes (a retried call, or a side call that
 sends the same messages, needs no round trip); the same bytes to the same engine render the same ids.
+An answer's ids stay the JSON bytes they came as (server.injection.ids): at tens of thousands of
+ids, making each a Python int costs more than the rest of the call's bookkeeping.
 """
 
 from __future__ import annotations
