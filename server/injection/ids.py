@@ -36,6 +36,12 @@ def is_id_list(value: Any) -> TypeGuard[list[int]]:
     return id_list_json(value) is not None
 
 
+def looks_like_id_list(encoded: bytes) -> bool:
+    """Bytes that are `[`, then only digits and commas, then `]`: an id list's compact JSON as far as
+    one C pass can tell (an empty element or `01` is caught where the ids are counted or parsed)."""
+    return encoded[:1] == b"[" and encoded[-1:] == b"]" and not encoded[1:-1].translate(None, _ID_LIST_CHARS)
+
+
 def begins_with(encoded: bytes, prefix: bytes) -> bool:
     """Whether the id list `encoded` starts with the ids of `prefix` (both compact JSON; equal lists do)."""
     if prefix == b"[]":

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from server.injection.ids import begins_with, count_ids, id_list_json, ids_after
+from server.injection.ids import begins_with, count_ids, id_list_json, ids_after, looks_like_id_list
 from server.upstream import http1
 from server.urls import root_url
 
@@ -193,7 +193,8 @@ def _tokens_cut_out(raw: bytes) -> _Answer | None:
     None when the answer is laid out otherwise (then it is parsed whole).
 
     The cut is the top-level `tokens` value exactly when the array holds only digits and commas, the
-    rest of the answer parses with an empty list in its place, and the engine's own `count` agrees.
+    rest of the answer parses with an empty list in its place, and the engine's own `count` agrees
+    with the commas (an empty element would add one).
     """
     at = raw.find(_TOKENS_KEY)
     if at < 0:
@@ -203,8 +204,7 @@ def _tokens_cut_out(raw: bytes) -> _Answer | None:
     if end < 0:
         return None
     encoded = raw[start : end + 1]
-    inner = encoded[1:-1]
-    if inner.translate(None, b"0123456789,") or b",," in inner or inner[:1] == b"," or inner[-1:] == b",":
+    if not looks_like_id_list(encoded):
         return None
     try:
         rest = orjson.loads(raw[:start] + b"[]" + raw[end + 1 :])

@@ -8,7 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from server.injection.chains import prefix_hash
-from server.injection.ids import begins_with, count_ids, id_list_json, ids_after, is_id_list, json_digest
+from server.injection.ids import (
+    begins_with,
+    count_ids,
+    id_list_json,
+    ids_after,
+    is_id_list,
+    json_digest,
+    looks_like_id_list,
+)
 
 ids = st.lists(st.integers(min_value=0, max_value=200_000), max_size=40)
 
@@ -54,3 +62,9 @@ def test_ids_after_refuses_digits_that_are_not_plain_json_integers(bad):
     # Bytes cut out of an engine's answer are only digits and commas; these are still no token ids.
     with pytest.raises(ValueError):
         ids_after(bad, b"[1]")
+
+
+def test_looks_like_an_id_list_is_one_pass_over_brackets_digits_and_commas():
+    assert looks_like_id_list(b"[1,20,300]") and looks_like_id_list(b"[]")
+    for bad in (b"1,2", b"[1,-2]", b"[1,2.0]", b"[1, 2]", b'["1"]', b"[[1]]", b"[1,2"):
+        assert not looks_like_id_list(bad), bad
