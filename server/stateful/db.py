@@ -10,6 +10,7 @@ Connections are per thread (handlers call in from `asyncio.to_thread`), each ope
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import threading
@@ -111,8 +112,18 @@ class StateDB:
         # Created here with 0600 before SQLite sees it: SQLite gives its -wal/-shm files the same mode.
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         os.close(fd)
-        # One transaction, so two workers starting together never see half a schema.
-        self.connection().executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+        # Workers starting together take turns here. Switching a new file to WAL needs SQLite's
+        # exclusive lock, and SQLite answers "database is locked" at once, without waiting out its
+        # busy timeout, when another connection holds a lock it could not wait for without deadlock.
+        # The lock is on the directory, so it never touches the POSIX locks SQLite keeps on the file.
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX)
+            conn = self.connection()
+            conn.execute("PRAGMA journal_mode=WAL")  # kept in the file: later connections find it
+            conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+        finally:
+            os.close(dir_fd)  # releases the flock
 
     def connection(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -120,7 +131,6 @@ class StateDB:
             if self._closed:
                 raise RuntimeError("the state database is closed")
             conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
             self._local.conn = conn
             with self._lock:
