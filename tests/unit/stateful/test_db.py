@@ -22,7 +22,7 @@ def _open_at_the_barrier(directory: str, barrier, results, take_turns: bool) -> 
 
 def _round(directory, take_turns: bool) -> list[str]:
     """Start WORKERS processes that open one fresh state file at the same moment; their errors."""
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")  # children of a clean process, not of pytest and its threads
     barrier, results = ctx.Barrier(WORKERS), ctx.Queue()
     procs = [
         ctx.Process(target=_open_at_the_barrier, args=(str(directory), barrier, results, take_turns))
