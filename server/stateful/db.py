@@ -11,6 +11,7 @@ Connections are per thread (handlers call in from `asyncio.to_thread`), each ope
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sqlite3
 import threading
@@ -90,6 +91,8 @@ END;
 # is an error the caller reports, never a hang.
 _BUSY_TIMEOUT_S = 10.0
 
+log = logging.getLogger("switchyard_model.stateful")
+
 
 class StateDB:
     """The SQLite file `<capture_dir>/state.sqlite3` (mode 0600), opened once per thread."""
@@ -118,7 +121,10 @@ class StateDB:
         # The lock is on the directory, so it never touches the POSIX locks SQLite keeps on the file.
         dir_fd = os.open(self.directory, os.O_RDONLY)
         try:
-            fcntl.flock(dir_fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)
+            except OSError as exc:  # a filesystem without flock (some network mounts): no turns taken
+                log.warning("cannot lock %s while setting up the state file (%s)", self.directory, exc)
             conn = self.connection()
             conn.execute("PRAGMA journal_mode=WAL")  # kept in the file: later connections find it
             conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")

@@ -49,3 +49,17 @@ def test_without_taking_turns_some_worker_is_refused(tmp_path):
             assert "database is locked" in errors[0]
             return
     raise AssertionError("200 rounds of racing workers, and SQLite never refused one")
+
+
+def test_a_directory_that_cannot_be_locked_still_opens(tmp_path, monkeypatch, caplog):
+    """Some network mounts refuse flock: the state file opens as it did before workers took turns."""
+
+    def refuse(fd, op):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(state_db.fcntl, "flock", refuse)
+    db = state_db.StateDB(tmp_path)
+    db.open()
+    assert db.connection().execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert "cannot lock" in caplog.text
+    db.close()
