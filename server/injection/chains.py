@@ -58,9 +58,8 @@ class Chain:
     last_generation: list[int]
     eot: int | None  # the end-of-turn token that closed the last generation; None after a length stop
     n_messages: int  # messages of the last request + its reply
-    prefix_len: (
-        int  # 0 (and prefix_hash "") when the call that heads the chain was not rendered here (bridged, nemo_rl)
-    )
+    # 0 (and prefix_hash "") when the call that heads the chain was not rendered here (bridged, nemo_rl).
+    prefix_len: int
     prefix_hash: str
     # The prefix's ids as compact JSON (server.injection.ids); None when rebuilt from records until a call matches it.
     prefix_json: bytes | None = None
