@@ -1,13 +1,16 @@
 """Two builds of the server side by side: CPU per call of the whole server process and of its event loop.
 
 Usage: python bench/ab_cpu.py OTHER_CHECKOUT [--rounds N] [--kinds chat,responses] [--settings-a YAML]
+       [--concurrency C] [--session]
 
 Starts this checkout's server ("a") and the one in OTHER_CHECKOUT ("b", e.g. a `git worktree` or a
 `git archive` of another commit) on one mock upstream, sends each the same c=64 load in interleaved
 rounds (the order flips each round), and reads each process's CPU from /proc per thread: the server
 as a whole and its event-loop (main) thread. CPU per call moves far less than throughput when other
 tenants load the machine, so it is what this prints first. `--settings-a`/`--settings-b` give
-either server extra settings (a YAML mapping), e.g. `response_store: false`.
+either server extra settings (a YAML mapping), e.g. `response_store: false`. `--concurrency 1`
+compares sequential latency (the p50 is printed too); `--session` sends a session id with every
+call, so each is captured (its record in its file before the answer).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
@@ -48,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--kinds", default="chat,responses")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--session", action="store_true", help="a session id on every call: captured calls")
     parser.add_argument("--settings-a", default="", help="YAML mapping of extra settings for a")
     parser.add_argument("--settings-b", default="", help="YAML mapping of extra settings for b")
     args = parser.parse_args(argv)
@@ -71,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers.values():  # warm-up: lazy imports and first connections
             templates = [template(path, body) for path, body in BODIES.values()]
             gen.run({"port": server.port, "templates": templates, "concurrency": 8, "count": 300})
+        headers = [("x-session-id", "ab-{run}-{conn}")] if args.session else None
         totals: dict[tuple[str, str], dict] = {}
         for r in range(args.rounds):
             for kind in args.kinds.split(","):
@@ -82,26 +89,34 @@ def main(argv: list[str] | None = None) -> int:
                     result = gen.run(
                         {
                             "port": server.port,
-                            "templates": [template(path, body)],
-                            "concurrency": 64,
+                            "templates": [template(path, body, headers)],
+                            "concurrency": args.concurrency,
+                            "vars": {"run": str(r)},
                             "duration": args.seconds,
                             "warmup": 0.5,
                             "timeout": 60,
                         }
                     )
                     after = thread_cpu(pid)
-                    acc = totals.setdefault((kind, name), {"ok": 0, "rps": [], "loop": 0.0, "all": 0.0, "errors": 0})
+                    acc = totals.setdefault(
+                        (kind, name), {"ok": 0, "rps": [], "loop": 0.0, "all": 0.0, "errors": 0, "lat": []}
+                    )
+                    acc["lat"] += result["lat"]
                     acc["ok"] += result["ok"]
                     acc["errors"] += result["errors"]
                     acc["rps"].append(round(result["throughput"]))
                     acc["loop"] += after.get(pid, 0.0) - before.get(pid, 0.0)
                     acc["all"] += sum(cpu - before.get(tid, 0.0) for tid, cpu in after.items())
-        print(f"a = {here}, b = {Path(args.other).resolve()}; c=64, {args.rounds} rounds of {args.seconds:.0f} s")
+        print(
+            f"a = {here}, b = {Path(args.other).resolve()}; c={args.concurrency}, {args.rounds} rounds of"
+            f" {args.seconds:.0f} s{', captured' if args.session else ''}"
+        )
         for (kind, name), acc in sorted(totals.items()):
             calls = max(1, acc["ok"])
             print(
                 f"{kind:<10} {name}  server CPU {acc['all'] / calls * 1e6:5.0f} us/call, event loop"
-                f" {acc['loop'] / calls * 1e6:4.0f} us/call; calls/s by round {acc['rps']}; errors {acc['errors']}"
+                f" {acc['loop'] / calls * 1e6:4.0f} us/call; p50 {statistics.median(acc['lat'] or [0]) * 1e3:.2f} ms;"
+                f" calls/s by round {acc['rps']}; errors {acc['errors']}"
             )
     finally:
         for proc in reversed(procs):
