@@ -4,7 +4,7 @@ Usage: python bench/ab_cpu.py OTHER_CHECKOUT [--rounds N] [--kinds chat,response
        [--concurrency C] [--session]
 
 Starts this checkout's server ("a") and the one in OTHER_CHECKOUT ("b", e.g. a `git worktree` or a
-`git archive` of another commit) on one mock upstream, sends each the same c=64 load in interleaved
+`git archive` of another commit) on one mock upstream, sends each the same load (c=64) in interleaved
 rounds (the order flips each round), and reads each process's CPU from /proc per thread: the server
 as a whole and its event-loop (main) thread. CPU per call moves far less than throughput when other
 tenants load the machine, so it is what this prints first. `--settings-a`/`--settings-b` give
