@@ -12,10 +12,11 @@ from tests.support.deployments import ALL_PROFILE_VARS
 from tests.support.procs import start_mock_upstream
 
 # In CI every property and fuzz test runs a fixed set of examples, so a run is reproducible; locally
-# they explore afresh each time (and SWITCHYARD_FUZZ_SCALE widens the fuzzers).
-settings.register_profile("ci", derandomize=True, database=None)
-if os.environ.get("CI") == "true":
-    settings.load_profile("ci")
+# they explore afresh each time (and SWITCHYARD_FUZZ_SCALE widens the fuzzers). Neither has a
+# per-example deadline: on a shared machine one slow example says nothing about the property.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+settings.register_profile("local", deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") == "true" else "local")
 
 
 @pytest.fixture(scope="session")
