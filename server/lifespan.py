@@ -68,7 +68,8 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 server_run=state.server_run,
                 full_revalidation_s=settings.capture_index_rescan_s,
             )
-            await asyncio.to_thread(state.store.start)  # indexes what earlier runs recorded
+            # Earlier runs' records are indexed in the background: calls are served meanwhile.
+            await asyncio.to_thread(state.store.start, index_in_background=True)
             from server.capture.rebuilds import RolloutBuilder
 
             state.rollouts = RolloutBuilder(

@@ -111,6 +111,13 @@ class CaptureStore:
         self._state_lock = threading.Lock()  # started/closed
         self._started = False
         self._closed = False
+        # The first scan of what earlier runs recorded runs on a thread of its own (see `start`).
+        self._index_scan: threading.Thread | None = None
+        self._indexed = threading.Event()
+        # First writes into a session made before that scan finished: their check for a session
+        # reused across runs waits for it (the runs already there are not known before).
+        self._reuse_checks_lock = threading.Lock()
+        self._pending_reuse_checks: list[tuple[str, str | None, str]] = []
 
         self._index = SessionIndex(
             self.sessions_dir,
@@ -156,12 +163,19 @@ class CaptureStore:
         store._closed = True
         store.writer.close(0, write_queued=False)  # every submit is refused
         store._index.refresh()
+        store._indexed.set()
         return store
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Index what is already on disk, then start the writer. Idempotent."""
+    def start(self, *, index_in_background: bool = False) -> None:
+        """Start the writer, then index what is already on disk. Idempotent.
+
+        `index_in_background` (the server's choice): the index is built on a thread of its own, so
+        a restart on a large directory answers calls at once instead of after reading every
+        record's head; a reader of the index (the session list, a rollout) waits for that first
+        scan, since the index's refresh lock is held through it, so no reader sees a partial list.
+        """
         with self._state_lock:
             if self._started:
                 return
@@ -174,7 +188,27 @@ class CaptureStore:
                 journal.create(self.sessions_dir)  # readers follow it from now on
             except OSError as exc:
                 self._errors.warning("capture change journal not usable: %s", exc)
-        self._index.refresh()
+        if not index_in_background:
+            self._index_existing()
+            return
+        self._index_scan = threading.Thread(target=self._index_existing, name="capture-index", daemon=True)
+        self._index_scan.start()
+
+    def _index_existing(self) -> None:
+        try:
+            self._index.refresh()
+        except Exception:  # readers refresh on their own; only the warning below depends on this
+            log.exception("capture: indexing %s failed", self.sessions_dir)
+        finally:
+            with self._reuse_checks_lock:
+                self._indexed.set()
+                pending, self._pending_reuse_checks = self._pending_reuse_checks, []
+            for session_id, run, dir_name in pending:
+                self._warn_if_reused(session_id, run, self._index.known_runs(dir_name))
+
+    def wait_indexed(self, timeout: float | None = None) -> bool:
+        """Wait until what earlier runs recorded is in the index (the first scan); False on timeout."""
+        return self._indexed.wait(timeout)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything submitted so far is in its file. False on timeout or if not running."""
@@ -187,6 +221,8 @@ class CaptureStore:
                 return
             self._closed = True
         self.writer.close(timeout, write_queued=not self._read_only)
+        if self._index_scan is not None:  # its deferred warnings belong to this run's log
+            self._index_scan.join(timeout)
 
     # ---- submitting ------------------------------------------------------------------------
 
@@ -260,7 +296,12 @@ class CaptureStore:
         header = _header(record)
         if dir_name not in self._sessions_written:
             self._sessions_written.add(dir_name)
-            self._warn_if_reused(record["session_id"], header.server_run, self._index.known_runs(dir_name))
+            with self._reuse_checks_lock:
+                check_now = self._indexed.is_set()
+                if not check_now:
+                    self._pending_reuse_checks.append((record["session_id"], header.server_run, dir_name))
+            if check_now:
+                self._warn_if_reused(record["session_id"], header.server_run, self._index.known_runs(dir_name))
         self._index.note_written(dir_name, name, header)
 
     def _warn_if_reused(self, session_id: str, run: str | None, known: set[str | None]) -> None:
@@ -383,6 +424,7 @@ class CaptureStore:
             "uncorrelated": self._uncorrelated,
             "journal_failed": self._journal_failed,
             "sessions": len(self._index),
+            "indexed": self._indexed.is_set(),  # false while the first scan after a start runs
             "sessions_with_lost_records": writer.lost.sessions,
             "fsync": writer.fsync,
             "syncs": writer.group_sync.syncs,

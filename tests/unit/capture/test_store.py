@@ -556,3 +556,98 @@ def test_a_header_filed_under_another_session_is_not_indexed(tmp_path):
     _write_raw(capture_dir, "ses-here", f"{stray['uuid']}.json", orjson.dumps(stray))
     reader = CaptureStore.open_read_only(capture_dir)
     assert reader.session_info("ses-elsewhere") is None and reader.session_info("ses-here") is None
+
+
+# ---- indexing in the background (the server's start) -------------------------------------------
+
+
+@pytest.fixture
+def earlier_run(tmp_path):
+    """A capture directory an earlier server run wrote three sessions into."""
+    first = CaptureStore(tmp_path / "captures", server_run="run-a")
+    first.start()
+    write(first, *(call(f"old-{i}") for i in range(3)))
+    first.close()
+    return tmp_path / "captures"
+
+
+@pytest.fixture
+def gated_header_reads(monkeypatch):
+    """Record heads are read only once the returned event is set; `reading` is set at the first read."""
+    gate, reading = threading.Event(), threading.Event()
+    real = store_module._read_header
+
+    def gated(path, dir_name):
+        reading.set()
+        assert gate.wait(20), "the test never opened the gate"
+        return real(path, dir_name)
+
+    monkeypatch.setattr(store_module, "_read_header", gated)
+    yield gate, reading
+    gate.set()
+
+
+def _session_ids(store):
+    return {s["session_id"] for s in store.list_sessions(parent=None, roots_only=False, limit=100)}
+
+
+def test_a_background_start_writes_at_once_and_readers_wait_for_the_whole_index(earlier_run, gated_header_reads):
+    gate, reading = gated_header_reads
+    store = CaptureStore(earlier_run, server_run="run-b")
+    try:
+        store.start(index_in_background=True)  # returns while the scan waits at the gate
+        assert reading.wait(10)
+        assert store.stats()["indexed"] is False
+        write(store, call("new-1"))  # a call's record is written while the scan is still going
+        listed: dict[str, set[str]] = {}
+        reader = threading.Thread(target=lambda: listed.setdefault("ids", _session_ids(store)))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive(), "a reader saw the index before the first scan was done"
+        gate.set()
+        reader.join(10)
+        assert listed["ids"] == {"old-0", "old-1", "old-2", "new-1"}
+        assert store.wait_indexed(10) and store.stats()["indexed"] is True
+    finally:
+        gate.set()
+        store.close()
+
+
+def test_control_the_default_start_waits_for_the_scan(earlier_run, gated_header_reads):
+    """What the test above tells apart: a start that indexes first does not return at the gate."""
+    gate, reading = gated_header_reads
+    store = CaptureStore(earlier_run, server_run="run-b")
+    starting = threading.Thread(target=store.start)
+    try:
+        starting.start()
+        assert reading.wait(10)
+        starting.join(0.5)
+        assert starting.is_alive()
+        gate.set()
+        starting.join(10)
+        assert store.stats()["indexed"] is True and _session_ids(store) == {"old-0", "old-1", "old-2"}
+    finally:
+        gate.set()
+        starting.join(10)
+        store.close()
+
+
+def test_a_session_reused_across_runs_is_still_reported_when_written_before_the_scan_found_it(
+    earlier_run, gated_header_reads, caplog
+):
+    """The check needs the runs already in the session directory: it waits for the scan to know them."""
+    gate, reading = gated_header_reads
+    caplog.set_level(logging.WARNING, logger="switchyard_model.capture")
+    store = CaptureStore(earlier_run, server_run="run-b")
+    try:
+        store.start(index_in_background=True)
+        assert reading.wait(10)
+        write(store, call("old-1"), call("new-1"))
+        assert not [r for r in caplog.records if "earlier server run" in r.getMessage()]  # not known yet
+        gate.set()
+        assert store.wait_indexed(10)
+    finally:
+        gate.set()
+        store.close()
+    warnings = [r.getMessage() for r in caplog.records if "earlier server run" in r.getMessage()]
+    assert len(warnings) == 1 and "'old-1'" in warnings[0] and "run-a" in warnings[0] and "run-b" in warnings[0]
