@@ -196,10 +196,8 @@ class CaptureStore:
 
     def _index_existing(self) -> None:
         try:
-            self._index.refresh()
-        except Exception:  # readers refresh on their own; only the warning below depends on this
-            log.exception("capture: indexing %s failed", self.sessions_dir)
-        finally:
+            self._index.refresh()  # on the background thread, a failure is reported by threading's hook
+        finally:  # readers refresh on their own; the held-back reuse checks are made either way
             with self._reuse_checks_lock:
                 self._indexed.set()
                 pending, self._pending_reuse_checks = self._pending_reuse_checks, []
