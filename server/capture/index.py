@@ -357,10 +357,9 @@ class SessionIndex:
             names = check | forced
             if not names:
                 return
-            old = self._dirs
-            fresh = dict(old)
-        for name in names:
-            fresh.pop(name, None)
+            # Only the named directories: a copy of the whole map per read would cost O(sessions).
+            old = {name: self._dirs[name] for name in names if name in self._dirs}
+        fresh: dict[str, _DirState] = {}
         with _open_dir(self.sessions_dir) as top_fd:
             # A directory that is gone (deleted) is simply not put back.
             self._revalidate(list(names), old, forced, fresh, top_fd, started_ns)
@@ -373,10 +372,14 @@ class SessionIndex:
             if either is not None and entry_before != entry_after:
                 by_session[either.session_id] = entry_after
         with self._lock:
-            self._dirs = fresh
-            for gone in names - set(fresh):
-                if gone not in self._dirty:
-                    self._headers.pop(gone, None)
+            for name in names:
+                state = fresh.get(name)
+                if state is not None:
+                    self._dirs[name] = state
+                    continue
+                self._dirs.pop(name, None)
+                if name not in self._dirty:
+                    self._headers.pop(name, None)
             if by_session and self._view is not None:
                 self._view = self._view.updated(by_session)
 
