@@ -6,14 +6,14 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from starlette.concurrency import run_in_threadpool
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from server.api.cursor import limit_param
 from server.capture.index import IndexView
-from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
+from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder, SpooledRollout
 from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import RolloutError
 from server.capture.runs import ALL, LATEST, UnknownRun, parse_run
@@ -80,13 +80,13 @@ def session_routes(
 
         def page() -> bytes:
             store.flush(READ_SETTLE_TIMEOUT_S)
-            sessions, has_more = list_page(store, summaries, filters, limit=limit, after=after)
+            sessions, next_after = list_page(store, summaries, filters, limit=limit, after=after)
             return orjson.dumps(
                 {
                     "schema_version": SCHEMA_VERSION,
                     "sessions": sessions,
-                    "has_more": has_more,
-                    "next_after": sessions[-1]["session_id"] if has_more else None,
+                    "has_more": next_after is not None,
+                    "next_after": next_after,
                 }
             )
 
@@ -152,6 +152,13 @@ def session_routes(
             raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
         except RebuildUnavailable as exc:
             raise OpenAIError(503, str(exc), type="server_error", code="rollout_worker_failed") from None
+        if isinstance(body, SpooledRollout):
+            # Read and sent piece by piece: no copy of the whole body is made under the GIL.
+            return StreamingResponse(
+                iterate_in_threadpool(body.chunks()),
+                media_type="application/json",
+                headers={"content-length": str(body.size)},
+            )
         return _json_bytes(body)
 
     async def delete(request: Request) -> Response:

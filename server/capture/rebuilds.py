@@ -7,7 +7,13 @@ rebuild memory is that of one session at a time however many requests arrive), i
 share one rebuild, and the result is cached under the tree's state (each session's record count and
 first and last capture time), so asking again after nothing changed costs a dictionary look-up.
 `workers=0` builds in a thread of the serving process instead, still one at a time. The worker runs
-at a lower CPU priority (nice 10): on a machine short of cores it yields to the calls being served.
+at the lowest CPU priority (Linux's SCHED_IDLE, else nice 10): on a machine short of cores it yields
+to the calls being served.
+
+A large rollout (over 1 MiB) never enters the serving process as one object: the worker writes it to
+a temporary file, the server opens and unlinks it, and the response reads it piece by piece. Passed
+through the worker's pipe and handed to the HTTP server whole, a 43 MB rollout held the GIL for
+copies of tens of milliseconds each, which the streams being served felt as stalls.
 """
 
 from __future__ import annotations
@@ -16,10 +22,13 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
+import tempfile
 import threading
+import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -34,9 +43,51 @@ from server.capture.store import UnknownSession, read_session_records
 
 log = logging.getLogger("switchyard_model.capture")
 
+# Rollouts larger than this are spooled to a file rather than passed back and held as bytes.
+INLINE_BYTES = 1 << 20
+# What one response reads of a spooled rollout at a time: a short copy under the GIL.
+SPOOL_CHUNK_BYTES = 512 << 10
+
 _Lost = tuple[tuple[str, int], ...]  # (session id, records lost to capture failures), non-zero only
 _State = tuple[tuple[str, int, str, str, tuple[str | None, ...]], ...]
 _CacheKey = tuple[str, bool, RunChoice | None, _State, _Lost]
+
+
+class SpooledRollout:
+    """A large rollout as an unlinked temporary file, read by offset so several responses can share it.
+
+    Its descriptor closes when nothing refers to it any more (the cache evicted it and the last
+    response finished), and the disk space goes with it.
+    """
+
+    def __init__(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.unlink(path)  # from here on only this descriptor keeps the file
+        except OSError:
+            pass
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        weakref.finalize(self, os.close, fd)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def chunks(self, chunk_bytes: int = SPOOL_CHUNK_BYTES) -> Iterator[bytes]:
+        """The whole body, piece by piece (blocking reads: iterate in a thread)."""
+        offset = 0
+        while offset < self.size:
+            piece = os.pread(self.fd, min(chunk_bytes, self.size - offset), offset)
+            if not piece:
+                raise OSError(f"spooled rollout ended at {offset} of {self.size} bytes")
+            offset += len(piece)
+            yield piece
+
+    def read_all(self) -> bytes:
+        return b"".join(self.chunks())
+
+
+RolloutBody = bytes | SpooledRollout
 
 
 class RebuildUnavailable(RuntimeError):
@@ -101,19 +152,52 @@ def rollout_json(
     )
 
 
+def build_rollout(spool_dir: str, inline_bytes: int, *args: object) -> bytes | str:
+    """`rollout_json(*args)` as bytes if at most `inline_bytes`, else written to a new file in
+    `spool_dir` and that file's path returned (runs in the worker)."""
+    body = rollout_json(*args)  # type: ignore[arg-type]
+    if len(body) <= inline_bytes:
+        return body
+    fd, path = tempfile.mkstemp(prefix="rollout-", suffix=".json", dir=spool_dir)
+    try:
+        with open(fd, "wb") as out:
+            out.write(body)
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path
+
+
 class RolloutBuilder:
     """Builds rollouts off the serving interpreter, bounded and cached (see the module docstring)."""
 
-    def __init__(self, sessions_dir: str | Path, *, workers: int = 1, cache_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        sessions_dir: str | Path,
+        *,
+        workers: int = 1,
+        cache_bytes: int = 64 << 20,
+        inline_bytes: int = INLINE_BYTES,
+    ) -> None:
         self.sessions_dir = str(sessions_dir)
         self.workers = max(0, workers)
         self.cache_bytes = max(0, cache_bytes)
-        self._cache: OrderedDict[_CacheKey, bytes] = OrderedDict()
+        self.inline_bytes = max(0, inline_bytes)
+        self._cache: OrderedDict[_CacheKey, RolloutBody] = OrderedDict()
         self._cached_bytes = 0
-        self._inflight: dict[_CacheKey, asyncio.Future[bytes]] = {}
+        self._inflight: dict[_CacheKey, asyncio.Future[RolloutBody]] = {}
         self._pool: Executor | None = None
         self._pool_lock = threading.Lock()
+        self._spool_dir: str | None = None  # made at the first rebuild, removed by close()
         self.rebuilds = 0  # rebuilds actually run (not served from the cache or shared)
+
+    def _spool(self) -> str:
+        with self._pool_lock:
+            if self._spool_dir is None:
+                self._spool_dir = tempfile.mkdtemp(prefix="switchyard-model-rollouts-")
+                # Removed at exit also for a builder nobody closes (the session routes' fallback).
+                weakref.finalize(self, shutil.rmtree, self._spool_dir, True)
+            return self._spool_dir
 
     def _executor(self) -> Executor:
         with self._pool_lock:
@@ -135,8 +219,8 @@ class RolloutBuilder:
         allow_partial: bool = True,
         lost_records: Callable[[str], int] | None = None,
         run: str = LATEST,
-    ) -> bytes:
-        """The rollout JSON for `session_id` as of `index`, from the records of the server run `run`
+    ) -> RolloutBody:
+        """The rollout JSON for `session_id` as of `index` (bytes, or a SpooledRollout when large), from the records of the server run `run`
         picks (`latest`, a run id, `legacy`, `all`) (raises RolloutError, UnknownSession, UnknownRun,
         RebuildUnavailable). Call with an index snapshot taken after the store was flushed.
 
@@ -163,14 +247,16 @@ class RolloutBuilder:
             task.add_done_callback(lambda done: self._settled(key, done))
         return await asyncio.shield(task)
 
-    async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> bytes:
+    async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> RolloutBody:
         session_id, allow_partial, choice, state, lost = key
         self.rebuilds += 1
         loop = asyncio.get_running_loop()
         try:
-            body = await loop.run_in_executor(
+            built = await loop.run_in_executor(
                 self._executor(),
-                rollout_json,
+                build_rollout,
+                self._spool(),
+                self.inline_bytes,
                 self.sessions_dir,
                 session_id,
                 tree,
@@ -182,16 +268,17 @@ class RolloutBuilder:
         except BrokenProcessPool as exc:
             self._reset_pool()
             raise RebuildUnavailable("the rollout worker process died; try again") from exc
+        body = built if isinstance(built, bytes) else await asyncio.to_thread(SpooledRollout, built)
         self._remember(key, body)
         return body
 
-    def _settled(self, key: _CacheKey, task: asyncio.Future[bytes]) -> None:
+    def _settled(self, key: _CacheKey, task: asyncio.Future[RolloutBody]) -> None:
         if self._inflight.get(key) is task:
             del self._inflight[key]
         if not task.cancelled():
             task.exception()  # retrieved here, so a rebuild every waiter gave up on logs no warning
 
-    def _remember(self, key: _CacheKey, body: bytes) -> None:
+    def _remember(self, key: _CacheKey, body: RolloutBody) -> None:
         if len(body) > self.cache_bytes:
             return
         self._cache[key] = body
@@ -210,9 +297,14 @@ class RolloutBuilder:
         self._reset_pool()
         self._cache.clear()
         self._cached_bytes = 0
+        if self._spool_dir is not None:
+            shutil.rmtree(self._spool_dir, ignore_errors=True)  # spooled bodies still open stay readable
 
 
-# A rebuild is background work: where CPU is short, the calls being served should win it.
+# A rebuild is background work: where CPU is short, the calls being served should win it. Under
+# Linux's SCHED_IDLE policy a serving thread that wakes up takes the CPU from the worker at once; a
+# nice level only shrinks the worker's share (docs/benchmarks.md, "Reads beside paced streams").
+# Where the policy is missing or refused, nice 10.
 WORKER_NICENESS = 10
 
 
@@ -221,6 +313,12 @@ def _lower_priority() -> None:
         os.nice(WORKER_NICENESS)
     except OSError:
         pass
+    idle = getattr(os, "SCHED_IDLE", None)
+    if idle is not None:
+        try:
+            os.sched_setscheduler(0, idle, os.sched_param(0))
+        except OSError:
+            pass
 
 
 def _state_of(index: IndexView, tree: dict[str, list[str]]) -> _State:

@@ -452,3 +452,29 @@ def test_real_rollout_rejects_a_broken_chain_when_strict(client, store):
     lenient = client.get("/v1/sessions/chain/rollout").json()
     assert lenient["mask_sample"] is True
     assert len(lenient["record_uuids"]) == 1
+
+
+def test_a_large_rollout_is_streamed_from_its_spool_file_with_its_length(store):
+    """Over the inline size the body never sits in the server whole: it is sent from an unlinked
+    file, piece by piece, with its Content-Length, and the bytes are those of a rollout kept whole."""
+    from server.capture.rebuilds import RolloutBuilder
+
+    add(
+        store,
+        call("big", response=chat_response(list(range(1, 4000)), [4000, 4001])),
+        call("big", request_id="req-2", response=chat_response(list(range(1, 4003)), [5000])),
+    )
+    spooling = RolloutBuilder(store.sessions_dir, workers=0, inline_bytes=0)
+    inline = RolloutBuilder(store.sessions_dir, workers=0)
+    try:
+        with TestClient(Starlette(routes=session_routes(lambda: store, lambda: spooling))) as spooled_client:
+            spooled = spooled_client.get("/v1/sessions/big/rollout")
+        with TestClient(Starlette(routes=session_routes(lambda: store, lambda: inline))) as inline_client:
+            whole = inline_client.get("/v1/sessions/big/rollout")
+    finally:
+        spooling.close()
+        inline.close()
+    assert spooled.status_code == whole.status_code == 200
+    assert spooled.content == whole.content and len(spooled.content) > 2 * 4000
+    assert spooled.headers["content-length"] == str(len(whole.content))
+    assert "content-length" in whole.headers  # the control: the same header, set by a plain response

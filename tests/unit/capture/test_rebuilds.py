@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import threading
 import time
 
@@ -170,3 +172,53 @@ def test_a_lost_record_marked_after_caching_is_never_hidden_by_the_cache(store):
     marked = rollout()
     assert marked["partial_reason"] == "capture_failed" and marked["mask_sample"] is True
     builder.close()
+
+
+def test_a_spooled_rollout_is_an_unlinked_file_read_in_pieces_and_closed_when_dropped(store):
+    from server.capture.rebuilds import SpooledRollout
+
+    _two_turns(store)
+    builder = RolloutBuilder(store.sessions_dir, workers=0, inline_bytes=0)
+    expected = rollout_json(str(store.sessions_dir), "ses-a", tree_of(store.index_view(), "ses-a"), True)
+
+    async def fetch():
+        return await builder.rollout(store.index_view(), "ses-a")
+
+    body = asyncio.run(fetch())
+    assert isinstance(body, SpooledRollout) and len(body) == len(expected)
+    assert b"".join(body.chunks(chunk_bytes=7)) == expected  # pieces at any offset join to the body
+    assert os.listdir(builder._spool()) == []  # unlinked once opened: nothing is left on disk
+    assert asyncio.run(fetch()) is body  # the cache shares one open file
+    fd = body.fd
+    builder.close()  # the cache lets go; the only reference left is ours
+    assert body.read_all() == expected
+    del body
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed once nothing refers to it
+
+
+def test_small_rollouts_stay_bytes(store):
+    _two_turns(store)
+    builder = RolloutBuilder(store.sessions_dir, workers=0)
+    assert isinstance(asyncio.run(builder.rollout(store.index_view(), "ses-a")), bytes)
+    builder.close()
+
+
+@pytest.mark.integration
+def test_the_worker_runs_under_the_idle_scheduling_policy_and_spools_what_it_builds(store):
+    """SCHED_IDLE, not only a nice level: a serving thread that wakes takes the CPU from it at once."""
+    if not hasattr(os, "SCHED_IDLE"):
+        pytest.skip("no SCHED_IDLE on this platform")
+    _two_turns(store)
+    builder = RolloutBuilder(store.sessions_dir, workers=1, inline_bytes=0)
+    try:
+        policy = builder._executor().submit(os.sched_getscheduler, 0).result(60)
+        body = asyncio.run(builder.rollout(store.index_view(), "ses-a"))
+        assert body.read_all() == rollout_json(
+            str(store.sessions_dir), "ses-a", tree_of(store.index_view(), "ses-a"), True
+        )
+    finally:
+        builder.close()
+    assert policy == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the control: this process is not idle-class
