@@ -29,8 +29,10 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 # A directory modified this recently is rescanned every time. Covers the filesystem clock's tick
 # and modest clock differences between a network filesystem's server and this host.
@@ -59,6 +61,15 @@ class SessionEntry:
     first_captured_at: str
     last_captured_at: str
     runs: tuple[str | None, ...] = (None,)  # the server runs that wrote it, in order of their first record
+    # as_dict serialised, by parent_missing: an entry never changes (the index replaces it), so a
+    # page of the session list joins these instead of serialising a thousand dicts each time.
+    _json: list[bytes | None] = field(default_factory=lambda: [None, None], init=False, compare=False, repr=False)
+
+    def as_json(self, parent_missing: bool = False) -> bytes:
+        body = self._json[parent_missing]
+        if body is None:
+            body = self._json[parent_missing] = orjson.dumps(self.as_dict(parent_missing))
+        return body
 
     def as_dict(self, parent_missing: bool = False) -> dict[str, Any]:
         return {
@@ -158,6 +169,13 @@ class IndexView:
         self, parent: str | None = None, roots_only: bool = False, after: str | None = None
     ) -> Iterator[dict]:
         """Sessions sorted by id after `after`, made into dicts only as they are taken."""
+        for entry, missing in self.iter_entries(parent, roots_only, after):
+            yield entry.as_dict(missing)
+
+    def iter_entries(
+        self, parent: str | None = None, roots_only: bool = False, after: str | None = None
+    ) -> Iterator[tuple[SessionEntry, bool]]:
+        """(entry, whether the parent it names is missing) of the sessions sorted by id after `after`."""
         ids: list[str] = self._children.get(parent, []) if parent is not None else self._sorted
         start = bisect.bisect_right(ids, after) if after is not None else 0
         for session_id in itertools.islice(ids, start, None):
@@ -165,7 +183,7 @@ class IndexView:
             missing = self._parent_missing(entry)
             if roots_only and entry.parent_session_id is not None and not missing:
                 continue
-            yield entry.as_dict(missing)
+            yield entry, missing
 
     def session_info(self, session_id: str) -> dict | None:
         entry = self._by_id.get(session_id)

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from server.capture.index import IndexView
+import orjson
+
+from server.capture.index import IndexView, SessionEntry
 from server.capture.rollout import RolloutError, reconstruct_session
 from server.capture.runs import children_in, latest_conversation, runs_of
 from server.capture.store import CaptureStore, UnknownSession
@@ -343,41 +345,49 @@ class ListQuery:
 
 def list_page(
     store: CaptureStore, cache: SummaryCache, query: ListQuery, *, limit: int, after: str | None
-) -> tuple[list[dict], bool]:
-    """One page of sessions in id order after `after`, and whether more follow.
+) -> tuple[list[dict | orjson.Fragment], str | None]:
+    """One page of sessions in id order after `after`, and the id to pass as `after` for the next
+    page (None when no more follow).
 
     Filters on the index (parent, kind, id, time) cost nothing per session; filters on the summary
-    (model, route, status) read a session's records once, then come from the cache.
+    (model, route, status) read a session's records once, then come from the cache. Without
+    summaries the rows are each entry's JSON, kept on the entry, ready to be joined.
     """
     view = store.index_view()  # one snapshot for the whole page (each fresh view revalidates the disk)
-    entries = view.iter_sessions(parent=query.parent, roots_only=query.kind == "root", after=after)
+    entries = view.iter_entries(parent=query.parent, roots_only=query.kind == "root", after=after)
     needle = query.q.lower() if query.q else None
-    rows: list[dict] = []
-    for entry in entries:
-        if query.kind == "child" and (entry["parent_session_id"] is None or entry["parent_missing"]):
+    picked: list[tuple[SessionEntry, bool, dict | None]] = []
+    for entry, missing in entries:
+        if query.kind == "child" and (entry.parent_session_id is None or missing):
             continue
-        if needle is not None and needle not in entry["session_id"].lower():
+        if needle is not None and needle not in entry.session_id.lower():
             continue
-        if query.since is not None and (entry["last_captured_at"] or "") < query.since:
+        if query.since is not None and (entry.last_captured_at or "") < query.since:
             continue
         # The index keeps when the first call ended; a session that began just before `until` still counts.
-        if query.until is not None and (entry["first_captured_at"] or "") > query.until:
+        if query.until is not None and (entry.first_captured_at or "") > query.until:
             continue
+        summary = None
         if query.needs_summary():
-            summary = cache.summary(store, view, entry["session_id"])
+            summary = cache.summary(store, view, entry.session_id)
             if summary is None or not _summary_matches(summary, query):
                 continue
-            entry["summary"] = summary
-        rows.append(entry)
-        if len(rows) > limit:
+        picked.append((entry, missing, summary))
+        if len(picked) > limit:
             break
-    has_more = len(rows) > limit
-    rows = rows[:limit]
-    if query.summary:
-        for row in rows:
-            if "summary" not in row:
-                row["summary"] = cache.summary(store, view, row["session_id"], wait=False)
-    return rows, has_more
+    next_after = picked[limit - 1][0].session_id if len(picked) > limit and limit > 0 else None
+    picked = picked[:limit]
+    if not (query.summary or query.needs_summary()):
+        return [orjson.Fragment(entry.as_json(missing)) for entry, missing, _ in picked], next_after
+    rows: list[dict | orjson.Fragment] = []
+    for entry, missing, summary in picked:
+        row = entry.as_dict(missing)
+        if summary is None and query.summary:
+            summary = cache.summary(store, view, entry.session_id, wait=False)
+        if summary is not None:
+            row["summary"] = summary
+        rows.append(row)
+    return rows, next_after
 
 
 def _summary_matches(summary: dict, query: ListQuery) -> bool:

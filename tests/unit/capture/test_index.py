@@ -351,3 +351,16 @@ def test_an_updated_view_equals_one_built_from_scratch():
         assert view.list_sessions(roots_only=True, limit=1000) == scratch.list_sessions(roots_only=True, limit=1000)
         for parent in names[:8]:
             assert view.children(parent) == scratch.children(parent)
+
+
+def test_an_entry_keeps_its_json_for_each_parent_state():
+    import orjson
+
+    from server.capture.index import SessionEntry
+
+    entry = SessionEntry("s", "p", 3, "2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z", ("run-a",))
+    for missing in (False, True):
+        assert orjson.loads(entry.as_json(missing)) == entry.as_dict(missing)
+        assert entry.as_json(missing) is entry.as_json(missing)  # made once
+    assert entry.as_json(False) != entry.as_json(True)
+    assert entry == SessionEntry("s", "p", 3, "2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z", ("run-a",))
