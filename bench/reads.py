@@ -11,11 +11,13 @@ through `GET /v1/sessions` in a loop until stopped, counting what it did.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -100,8 +102,26 @@ def populate(
     }
 
 
-def get(url: str, timeout: float = 120.0) -> httpx.Response:
-    return httpx.get(url, timeout=timeout, trust_env=False)
+def fetch_status(url: str, timeout: float = 120.0) -> int:
+    """GET `url`, read the whole body into one reused buffer and drop it; the status.
+
+    A lean reader, because on two cores its CPU is taken from the server being measured: httpx
+    spends about 250 ms of CPU taking in a 43 MB rollout, `readinto` about 27 ms.
+    """
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
+    try:
+        conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""))
+        response = conn.getresponse()
+        buffer = memoryview(bytearray(1 << 20))
+        while response.readinto(buffer):
+            pass
+        return response.status
+    finally:
+        conn.close()
+
+
+READ_ERRORS = (OSError, http.client.HTTPException)
 
 
 def page_through_sessions(base_url: str) -> list[float]:
@@ -144,11 +164,11 @@ class Readers:
         while not self._stop.is_set():
             t0 = time.perf_counter()
             try:
-                ok = get(f"{self.base_url}/v1/sessions/{LONG_SESSION}/rollout").status_code == 200
+                ok = fetch_status(f"{self.base_url}/v1/sessions/{LONG_SESSION}/rollout") == 200
                 self.rebuilds.append(time.perf_counter() - t0)
                 self.errors += not ok
                 self.pages += page_through_sessions(self.base_url)
-            except httpx.HTTPError:
+            except (httpx.HTTPError, *READ_ERRORS):
                 self.errors += 1
 
 
@@ -199,8 +219,8 @@ def peak_rss_during(pid: int, requests: int, base_url: str) -> dict[str, Any]:
 
     def one(copy: int) -> None:
         try:
-            statuses.append(get(f"{base_url}/v1/sessions/{long_id(copy)}/rollout").status_code)
-        except httpx.HTTPError:
+            statuses.append(fetch_status(f"{base_url}/v1/sessions/{long_id(copy)}/rollout"))
+        except READ_ERRORS:
             statuses.append(0)
 
     t0 = time.perf_counter()
