@@ -126,7 +126,7 @@ class Settings(BaseModel):
     # Writers name each changed session directory in a change journal, so a read rescans only those;
     # every this many seconds a read still checks every directory (for writers that do not append:
     # an older server, records copied in). 0: check every directory on every read (one stat each).
-    capture_index_rescan_s: float = Field(default=5.0, ge=0, le=3600)
+    capture_index_rescan_s: float = Field(default=30.0, ge=0, le=3600)
     # How long an answer waits for its record at most; past it the call is answered (and counted).
     capture_write_timeout_s: float = Field(default=30.0, gt=0)
     # When a record cannot be written: `serve` answers anyway (counted, logged, the session marked);
