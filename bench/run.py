@@ -1115,6 +1115,8 @@ class Bench:
                     seen["errors"] += readers.errors
             pooled = {name: pool(rs) for name, rs in results.items()}
             out["ttft"] = {name: summary(p) for name, p in pooled.items()}
+            round_p99 = {n: [pct([x for x in r["marker"] if x is not None], 0.99) for r in rs] for n, rs in results.items()}
+            out["ttft_round_p99_s"] = round_p99
             out["readers"] = readers_seen
             for label, quiet, busy in (
                 ("rebuilds in a worker process (default)", "quiet", "reading"),
@@ -1130,7 +1132,11 @@ class Bench:
                     fmt_lat(b),
                     f"p99 {rise * 1000:+.1f} ms, p50 {(median(b) - median(q)) * 1000:+.1f} ms; "
                     f"{len(seen['rebuilds'])} rebuilds (p50 {median(seen['rebuilds']) if seen['rebuilds'] else float('nan'):.2f} s), "
-                    f"{len(seen['pages'])} list pages"
+                    f"{len(seen['pages'])} list pages; p99 by round: quiet "
+                    + "/".join(f"{x * 1000:.0f}" for x in round_p99[quiet])
+                    + ", reading "
+                    + "/".join(f"{x * 1000:.0f}" for x in round_p99[busy])
+                    + " ms"
                     + (f", {seen['errors']} reader errors" if seen["errors"] else ""),
                     "p99 rise <= 20 ms" if busy == "reading" else "(control)",
                     verdict(rise <= 0.02, errors(pooled[quiet], pooled[busy])) if busy == "reading" else "",
