@@ -297,8 +297,9 @@ class RolloutBuilder:
         self._reset_pool()
         self._cache.clear()
         self._cached_bytes = 0
-        if self._spool_dir is not None:
-            shutil.rmtree(self._spool_dir, ignore_errors=True)  # spooled bodies still open stay readable
+        spool, self._spool_dir = self._spool_dir, None
+        if spool is not None:
+            shutil.rmtree(spool, ignore_errors=True)  # spooled bodies still open stay readable
 
 
 # A rebuild is background work: where CPU is short, the calls being served should win it. Under
