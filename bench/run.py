@@ -1115,7 +1115,9 @@ class Bench:
                     seen["errors"] += readers.errors
             pooled = {name: pool(rs) for name, rs in results.items()}
             out["ttft"] = {name: summary(p) for name, p in pooled.items()}
-            round_p99 = {n: [pct([x for x in r["marker"] if x is not None], 0.99) for r in rs] for n, rs in results.items()}
+            round_p99 = {
+                n: [pct([x for x in r["marker"] if x is not None], 0.99) for r in rs] for n, rs in results.items()
+            }
             out["ttft_round_p99_s"] = round_p99
             out["readers"] = readers_seen
             for label, quiet, busy in (
