@@ -131,7 +131,7 @@ def create_app(
 
         summaries = SummaryCache()
         routes += session_routes(lambda: state.store, lambda: state.rollouts, cache=summaries)
-        routes += view_routes(lambda: state.store, summaries)
+        routes += view_routes(lambda: state.store, summaries, lambda: state.rollouts)
         routes += ui_routes()
     # Registered whatever the settings: with the store off they answer why in an OpenAI error.
     routes += stored_response_routes(lambda: state.stateful)

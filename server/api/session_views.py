@@ -12,11 +12,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown, read_records
+from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown
+from server.capture.index import IndexView
+from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
 from server.capture.record import SCHEMA_VERSION
 from server.capture.store import CaptureStore, UnknownSession
-from server.capture.summary import SummaryCache, rollout_outcome
-from server.capture.timeline import build_timeline, build_tree, link_children
+from server.capture.summary import SummaryCache
+from server.capture.timeline import build_tree, link_children, timeline_parts
 from server.errors import OpenAIError
 from server.ids import is_valid_session_id
 
@@ -25,8 +27,17 @@ from server.ids import is_valid_session_id
 TIMELINE_CACHE_SIZE = 16
 
 
-def view_routes(get_store: Callable[[], CaptureStore | None], cache: SummaryCache) -> list[Route]:
-    """`GET /v1/sessions/{id}/timeline` and `GET /v1/sessions/{id}/completions/{uuid}`."""
+def view_routes(
+    get_store: Callable[[], CaptureStore | None],
+    cache: SummaryCache,
+    get_rollouts: Callable[[], RolloutBuilder | None] = lambda: None,
+) -> list[Route]:
+    """`GET /v1/sessions/{id}/timeline` and `GET /v1/sessions/{id}/completions/{uuid}`.
+
+    A timeline's records are read and compared where rollouts are rebuilt (`get_rollouts`' worker
+    process), so looking at a long session never holds the interpreter that serves calls; without
+    a builder, in a thread.
+    """
     timelines: OrderedDict[tuple, bytes] = OrderedDict()
     lock = threading.Lock()
 
@@ -42,7 +53,7 @@ def view_routes(get_store: Callable[[], CaptureStore | None], cache: SummaryCach
     async def timeline(request: Request) -> Response:
         store, session_id = store_and_id(request)
 
-        def build() -> bytes:
+        def cached() -> tuple[IndexView, tuple, bytes | None]:
             store.flush(READ_SETTLE_TIMEOUT_S)
             view = store.index_view()  # one snapshot for every lookup below
             info = view.session_info(session_id)
@@ -52,11 +63,27 @@ def view_routes(get_store: Callable[[], CaptureStore | None], cache: SummaryCach
             with lock:
                 if key in timelines:
                     timelines.move_to_end(key)
-                    return timelines[key]
-            records, skipped = read_records(store, session_id)
-            outcome = rollout_outcome(session_id, records)  # rebuilt once, for the timeline and the summary
-            cache.remember(view, session_id, records, outcome)
-            body = build_timeline(session_id, records, outcome=outcome)
+                    return view, key, timelines[key]
+            return view, key, None
+
+        view, key, data = await run_in_threadpool(cached)
+        if data is not None:
+            return _json_bytes(data)
+        builder = get_rollouts()
+        try:
+            if builder is not None:
+                body, facts, skipped = await builder.run(timeline_parts, str(store.sessions_dir), session_id)
+            else:
+                body, facts, skipped = await run_in_threadpool(timeline_parts, str(store.sessions_dir), session_id)
+        except UnknownSession:
+            raise _unknown(session_id) from None
+        except RebuildUnavailable as exc:
+            raise OpenAIError(503, str(exc), type="server_error", code="rollout_worker_failed") from None
+        if body is None or facts is None:
+            raise _unknown(session_id, skipped=skipped)
+
+        def finish() -> bytes:
+            cache.remember_facts(view, session_id, facts)
             tree = build_tree(store, view, cache, session_id)
             if tree is not None:
                 link_children(body, tree)
@@ -71,7 +98,7 @@ def view_routes(get_store: Callable[[], CaptureStore | None], cache: SummaryCach
                     timelines.popitem(last=False)
             return data
 
-        return _json_bytes(await run_in_threadpool(build))
+        return _json_bytes(await run_in_threadpool(finish))
 
     async def one_call(request: Request) -> Response:
         store, session_id = store_and_id(request)

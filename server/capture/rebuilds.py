@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any, TypeVar
 
 import orjson
 
@@ -48,6 +49,7 @@ INLINE_BYTES = 1 << 20
 # What one response reads of a spooled rollout at a time: a short copy under the GIL.
 SPOOL_CHUNK_BYTES = 512 << 10
 
+_T = TypeVar("_T")
 _Lost = tuple[tuple[str, int], ...]  # (session id, records lost to capture failures), non-zero only
 _State = tuple[tuple[str, int, str, str, tuple[str | None, ...]], ...]
 _CacheKey = tuple[str, bool, RunChoice | None, _State, _Lost]
@@ -247,27 +249,31 @@ class RolloutBuilder:
             task.add_done_callback(lambda done: self._settled(key, done))
         return await asyncio.shield(task)
 
-    async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> RolloutBody:
-        session_id, allow_partial, choice, state, lost = key
-        self.rebuilds += 1
+    async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """`fn(*args)` where rollouts are rebuilt (the worker process, or the builder's thread), in
+        turn with them; other reads that parse a whole session (the viewer's timeline) use it too."""
         loop = asyncio.get_running_loop()
         try:
-            built = await loop.run_in_executor(
-                self._executor(),
-                build_rollout,
-                self._spool(),
-                self.inline_bytes,
-                self.sessions_dir,
-                session_id,
-                tree,
-                allow_partial,
-                lost,
-                choice,
-                {sid: runs for sid, _, _, _, runs in state},
-            )
+            return await loop.run_in_executor(self._executor(), fn, *args)
         except BrokenProcessPool as exc:
             self._reset_pool()
             raise RebuildUnavailable("the rollout worker process died; try again") from exc
+
+    async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> RolloutBody:
+        session_id, allow_partial, choice, state, lost = key
+        self.rebuilds += 1
+        built = await self.run(
+            build_rollout,
+            self._spool(),
+            self.inline_bytes,
+            self.sessions_dir,
+            session_id,
+            tree,
+            allow_partial,
+            lost,
+            choice,
+            {sid: runs for sid, _, _, _, runs in state},
+        )
         body = built if isinstance(built, bytes) else await asyncio.to_thread(SpooledRollout, built)
         self._remember(key, body)
         return body

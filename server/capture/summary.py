@@ -224,10 +224,13 @@ class SummaryCache:
         self, view: IndexView, session_id: str, records: list[dict], outcome: tuple[dict | None, str | None]
     ) -> None:
         """Cache facts from records the caller already read and rebuilt (so they are not read twice)."""
+        self.remember_facts(view, session_id, session_facts(session_id, records, outcome))
+
+    def remember_facts(self, view: IndexView, session_id: str, facts: SessionFacts) -> None:
+        """Cache facts made elsewhere (a worker process) from the records `view` counts."""
         info = view.session_info(session_id)
         if info is None:
             return
-        facts = session_facts(session_id, records, outcome)
         with self._lock:
             self._entries[session_id] = ((info["record_count"], info["last_captured_at"]), facts)
             self._entries.move_to_end(session_id)

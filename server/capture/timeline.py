@@ -7,17 +7,33 @@ from typing import Any
 
 from server.capture.contiguity import compare_calls
 from server.capture.index import IndexView
-from server.capture.store import CaptureStore
+from server.capture.store import CaptureStore, read_session_records
 from server.capture.summary import (
     SessionFacts,
     SummaryCache,
     rollout_outcome,
+    session_facts,
     started_at,
     tokens_in,
     tokens_out,
 )
 
 CONTEXT_WINDOW = 8
+
+
+def timeline_parts(sessions_dir: str, session_id: str) -> tuple[dict | None, SessionFacts | None, int]:
+    """What reading the session's records gives the timeline: its calls laid out, its facts for the
+    summary cache, and how many files were skipped ((None, None, skipped) when none is readable).
+
+    Needs only the directory, so it runs where rollouts are rebuilt (a worker process): parsing and
+    comparing a long session's records holds an interpreter for seconds. The tree and summary are
+    added by the server, from its index.
+    """
+    records, skipped = read_session_records(sessions_dir, session_id)
+    if not records:
+        return None, None, skipped
+    outcome = rollout_outcome(session_id, records)  # rebuilt once, for the timeline and the facts
+    return build_timeline(session_id, records, outcome=outcome), session_facts(session_id, records, outcome), skipped
 
 
 def build_timeline(

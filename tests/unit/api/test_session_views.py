@@ -152,3 +152,44 @@ def test_the_ui_is_served_with_its_security_headers(client):
     script = client.get("/ui/session.js")
     assert script.headers["content-type"].startswith(("text/javascript", "application/javascript"))
     assert client.get("/ui/../server/viewer/offline.py").status_code == 404
+
+
+@pytest.mark.integration
+def test_a_timeline_is_built_in_the_rebuild_worker_and_matches_the_one_built_in_a_thread(tmp_path):
+    """Looking at a long session must not hold the serving interpreter: the records are read and
+    compared in the worker process; the answer is the same as the thread-built one."""
+    from starlette.applications import Starlette
+
+    from server.api.session_views import view_routes
+    from server.capture.rebuilds import RolloutBuilder
+    from server.capture.store import CaptureStore
+    from server.capture.summary import SummaryCache
+
+    capture_dir = tmp_path / "captures"
+    write_demo_sessions(capture_dir, fillers=FILLERS)
+    store = CaptureStore(capture_dir)
+    store.start()
+    builder = RolloutBuilder(store.sessions_dir, workers=1)
+    ran = []
+    real_run = builder.run
+
+    async def spying_run(fn, *args):
+        ran.append(fn.__name__)
+        return await real_run(fn, *args)
+
+    builder.run = spying_run
+    try:
+        app = Starlette(routes=view_routes(lambda: store, SummaryCache(), lambda: builder))
+        with TestClient(app) as worker_client:
+            in_worker = worker_client.get("/v1/sessions/agent-main/timeline")
+            missing = worker_client.get("/v1/sessions/never-was/timeline")
+        with TestClient(Starlette(routes=view_routes(lambda: store, SummaryCache()))) as thread_client:
+            in_thread = thread_client.get("/v1/sessions/agent-main/timeline")
+    finally:
+        builder.close()
+        store.close()
+    assert in_worker.status_code == 200, in_worker.text
+    assert ran == ["timeline_parts"]
+    assert in_worker.json() == in_thread.json()
+    assert in_worker.json()["tree"]["children"] and in_worker.json()["summary"]["calls"] == 3
+    assert missing.status_code == 404
