@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from server.api.cursor import limit_param
 from server.capture.index import IndexView
-from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder, SpooledRollout
+from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
 from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import RolloutError
 from server.capture.runs import ALL, LATEST, UnknownRun, parse_run
@@ -96,22 +96,21 @@ def session_routes(
         store = store_or_error()
         session_id = path_session_id(request)
 
-        def read() -> bytes:
+        def settle() -> int:
             store.flush(READ_SETTLE_TIMEOUT_S)
-            records, skipped = read_records(store, session_id)
-            # Serialised here, off the event loop: these envelopes can hold many long token lists.
-            return orjson.dumps(
-                {
-                    "schema_version": SCHEMA_VERSION,
-                    "session_id": session_id,
-                    "completions": records,
-                    "skipped": skipped,
-                    # Records capture failed to write (disk full, ...): the session is not whole.
-                    "lost_records": store.lost_records(session_id),
-                }
-            )
+            return store.lost_records(session_id)
 
-        return _json_bytes(await run_in_threadpool(read))
+        lost = await run_in_threadpool(settle)
+        try:
+            # Parsed and serialised where rollouts are rebuilt: a long session's records are tens of MB.
+            body = await rollouts_for(store).completions(session_id, lost)
+        except UnknownSession:
+            raise _unknown(session_id) from None
+        except RebuildUnavailable as exc:
+            raise OpenAIError(503, str(exc), type="server_error", code="rollout_worker_failed") from None
+        if isinstance(body, int):
+            raise _unknown(session_id, skipped=body)
+        return _body_response(body)
 
     async def tree(request: Request) -> Response:
         store = store_or_error()
@@ -152,14 +151,7 @@ def session_routes(
             raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
         except RebuildUnavailable as exc:
             raise OpenAIError(503, str(exc), type="server_error", code="rollout_worker_failed") from None
-        if isinstance(body, SpooledRollout):
-            # Read and sent piece by piece: no copy of the whole body is made under the GIL.
-            return StreamingResponse(
-                iterate_in_threadpool(body.chunks()),
-                media_type="application/json",
-                headers={"content-length": str(body.size)},
-            )
-        return _json_bytes(body)
+        return _body_response(body)
 
     async def delete(request: Request) -> Response:
         store = store_or_error()
@@ -204,16 +196,15 @@ def _json_bytes(body: bytes, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
-def read_records(store: CaptureStore, session_id: str) -> tuple[list[dict], int]:
-    """A session's records and how many files were skipped, or the 404 for a session with none
-    (blocking: call from a thread)."""
-    try:
-        records, skipped = store.read_completions(session_id)
-    except UnknownSession:
-        raise _unknown(session_id) from None
-    if not records:
-        raise _unknown(session_id, skipped=skipped)
-    return records, skipped
+def _body_response(body: SessionBody) -> Response:
+    if isinstance(body, SpooledBody):
+        # Read and sent piece by piece: no copy of the whole body is made under the GIL.
+        return StreamingResponse(
+            iterate_in_threadpool(body.chunks()),
+            media_type="application/json",
+            headers={"content-length": str(body.size)},
+        )
+    return _json_bytes(body)
 
 
 def _unknown(session_id: str, *, skipped: int = 0) -> OpenAIError:

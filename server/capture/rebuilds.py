@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import orjson
 
 from server.capture.index import IndexView
+from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import reconstruct_tree
 from server.capture.runs import LATEST, RunChoice, children_in
 from server.capture.sessions import pick, tree_records
@@ -55,8 +56,9 @@ _State = tuple[tuple[str, int, str, str, tuple[str | None, ...]], ...]
 _CacheKey = tuple[str, bool, RunChoice | None, _State, _Lost]
 
 
-class SpooledRollout:
-    """A large rollout as an unlinked temporary file, read by offset so several responses can share it.
+class SpooledBody:
+    """A large answer (a rollout, a session's records) as an unlinked temporary file, read by offset
+    so several responses can share it.
 
     Its descriptor closes when nothing refers to it any more (the cache evicted it and the last
     response finished), and the disk space goes with it.
@@ -81,7 +83,7 @@ class SpooledRollout:
         while offset < self.size:
             piece = os.pread(self.fd, min(chunk_bytes, self.size - offset), offset)
             if not piece:
-                raise OSError(f"spooled rollout ended at {offset} of {self.size} bytes")
+                raise OSError(f"spooled body ended at {offset} of {self.size} bytes")
             offset += len(piece)
             yield piece
 
@@ -89,7 +91,7 @@ class SpooledRollout:
         return b"".join(self.chunks())
 
 
-RolloutBody = bytes | SpooledRollout
+SessionBody = bytes | SpooledBody
 
 
 class RebuildUnavailable(RuntimeError):
@@ -154,13 +156,42 @@ def rollout_json(
     )
 
 
+def completions_json(sessions_dir: str, session_id: str, lost_records: int) -> bytes | int:
+    """The `/completions` envelope of `session_id`, or how many files were skipped when it has no
+    readable record (raises UnknownSession). Runs in the worker: a long session's records are tens
+    of MB to parse and serialise."""
+    records, skipped = read_session_records(sessions_dir, session_id)
+    if not records:
+        return skipped
+    return orjson.dumps(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "session_id": session_id,
+            "completions": records,
+            "skipped": skipped,
+            # Records capture failed to write (disk full, ...): the session is not whole.
+            "lost_records": lost_records,
+        }
+    )
+
+
 def build_rollout(spool_dir: str, inline_bytes: int, *args: object) -> bytes | str:
-    """`rollout_json(*args)` as bytes if at most `inline_bytes`, else written to a new file in
-    `spool_dir` and that file's path returned (runs in the worker)."""
-    body = rollout_json(*args)  # type: ignore[arg-type]
+    """`rollout_json(*args)`, spooled when large (runs in the worker)."""
+    return spool(spool_dir, inline_bytes, rollout_json(*args))  # type: ignore[arg-type]
+
+
+def build_completions(spool_dir: str, inline_bytes: int, *args: object) -> bytes | str | int:
+    """`completions_json(*args)`, spooled when large (runs in the worker)."""
+    body = completions_json(*args)  # type: ignore[arg-type]
+    return body if isinstance(body, int) else spool(spool_dir, inline_bytes, body)
+
+
+def spool(spool_dir: str, inline_bytes: int, body: bytes) -> bytes | str:
+    """`body` itself if at most `inline_bytes`, else written to a new file in `spool_dir` and that
+    file's path."""
     if len(body) <= inline_bytes:
         return body
-    fd, path = tempfile.mkstemp(prefix="rollout-", suffix=".json", dir=spool_dir)
+    fd, path = tempfile.mkstemp(prefix="body-", suffix=".json", dir=spool_dir)
     try:
         with open(fd, "wb") as out:
             out.write(body)
@@ -185,9 +216,9 @@ class RolloutBuilder:
         self.workers = max(0, workers)
         self.cache_bytes = max(0, cache_bytes)
         self.inline_bytes = max(0, inline_bytes)
-        self._cache: OrderedDict[_CacheKey, RolloutBody] = OrderedDict()
+        self._cache: OrderedDict[_CacheKey, SessionBody] = OrderedDict()
         self._cached_bytes = 0
-        self._inflight: dict[_CacheKey, asyncio.Future[RolloutBody]] = {}
+        self._inflight: dict[_CacheKey, asyncio.Future[SessionBody]] = {}
         self._pool: Executor | None = None
         self._pool_lock = threading.Lock()
         self._spool_dir: str | None = None  # made at the first rebuild, removed by close()
@@ -221,8 +252,8 @@ class RolloutBuilder:
         allow_partial: bool = True,
         lost_records: Callable[[str], int] | None = None,
         run: str = LATEST,
-    ) -> RolloutBody:
-        """The rollout JSON for `session_id` as of `index` (bytes, or a SpooledRollout when large), from the records of the server run `run`
+    ) -> SessionBody:
+        """The rollout JSON for `session_id` as of `index` (bytes, or a SpooledBody when large), from the records of the server run `run`
         picks (`latest`, a run id, `legacy`, `all`) (raises RolloutError, UnknownSession, UnknownRun,
         RebuildUnavailable). Call with an index snapshot taken after the store was flushed.
 
@@ -259,7 +290,7 @@ class RolloutBuilder:
             self._reset_pool()
             raise RebuildUnavailable("the rollout worker process died; try again") from exc
 
-    async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> RolloutBody:
+    async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> SessionBody:
         session_id, allow_partial, choice, state, lost = key
         self.rebuilds += 1
         built = await self.run(
@@ -274,17 +305,26 @@ class RolloutBuilder:
             choice,
             {sid: runs for sid, _, _, _, runs in state},
         )
-        body = built if isinstance(built, bytes) else await asyncio.to_thread(SpooledRollout, built)
+        body = await _opened(built)
         self._remember(key, body)
         return body
 
-    def _settled(self, key: _CacheKey, task: asyncio.Future[RolloutBody]) -> None:
+    async def completions(self, session_id: str, lost_records: int) -> SessionBody | int:
+        """The `/completions` envelope of `session_id` (bytes, or a SpooledBody when large), or the
+        count of skipped files when it has no readable record (raises UnknownSession,
+        RebuildUnavailable). Built where rollouts are, not cached: a live session changes."""
+        built = await self.run(
+            build_completions, self._spool(), self.inline_bytes, self.sessions_dir, session_id, lost_records
+        )
+        return built if isinstance(built, int) else await _opened(built)
+
+    def _settled(self, key: _CacheKey, task: asyncio.Future[SessionBody]) -> None:
         if self._inflight.get(key) is task:
             del self._inflight[key]
         if not task.cancelled():
             task.exception()  # retrieved here, so a rebuild every waiter gave up on logs no warning
 
-    def _remember(self, key: _CacheKey, body: RolloutBody) -> None:
+    def _remember(self, key: _CacheKey, body: SessionBody) -> None:
         if len(body) > self.cache_bytes:
             return
         self._cache[key] = body
@@ -306,6 +346,11 @@ class RolloutBuilder:
         spool, self._spool_dir = self._spool_dir, None
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)  # spooled bodies still open stay readable
+
+
+async def _opened(built: bytes | str) -> SessionBody:
+    """What the worker built: bytes as they are, a spooled file's path opened (and unlinked)."""
+    return built if isinstance(built, bytes) else await asyncio.to_thread(SpooledBody, built)
 
 
 # A rebuild is background work: where CPU is short, the calls being served should win it. Under

@@ -454,7 +454,7 @@ def test_real_rollout_rejects_a_broken_chain_when_strict(client, store):
     assert len(lenient["record_uuids"]) == 1
 
 
-def test_a_large_rollout_is_streamed_from_its_spool_file_with_its_length(store):
+def test_a_large_rollout_and_records_are_streamed_from_a_spool_file_with_their_length(store):
     """Over the inline size the body never sits in the server whole: it is sent from an unlinked
     file, piece by piece, with its Content-Length, and the bytes are those of a rollout kept whole."""
     from server.capture.rebuilds import RolloutBuilder
@@ -468,13 +468,17 @@ def test_a_large_rollout_is_streamed_from_its_spool_file_with_its_length(store):
     inline = RolloutBuilder(store.sessions_dir, workers=0)
     try:
         with TestClient(Starlette(routes=session_routes(lambda: store, lambda: spooling))) as spooled_client:
-            spooled = spooled_client.get("/v1/sessions/big/rollout")
+            spooled = [spooled_client.get(f"/v1/sessions/big/{what}") for what in ("rollout", "completions")]
+            missing = spooled_client.get("/v1/sessions/never/completions")
         with TestClient(Starlette(routes=session_routes(lambda: store, lambda: inline))) as inline_client:
-            whole = inline_client.get("/v1/sessions/big/rollout")
+            whole = [inline_client.get(f"/v1/sessions/big/{what}") for what in ("rollout", "completions")]
     finally:
         spooling.close()
         inline.close()
-    assert spooled.status_code == whole.status_code == 200
-    assert spooled.content == whole.content and len(spooled.content) > 2 * 4000
-    assert spooled.headers["content-length"] == str(len(whole.content))
-    assert "content-length" in whole.headers  # the control: the same header, set by a plain response
+    for spooled_one, whole_one in zip(spooled, whole, strict=True):
+        assert spooled_one.status_code == whole_one.status_code == 200
+        assert spooled_one.content == whole_one.content and len(spooled_one.content) > 2 * 4000
+        assert spooled_one.headers["content-length"] == str(len(whole_one.content))
+        assert "content-length" in whole_one.headers  # the control: the same header, set by a plain response
+    assert [r["session_id"] for r in whole[1].json()["completions"]] == ["big", "big"]
+    assert_openai_error(missing, 404)

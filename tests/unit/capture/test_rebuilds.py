@@ -175,7 +175,7 @@ def test_a_lost_record_marked_after_caching_is_never_hidden_by_the_cache(store):
 
 
 def test_a_spooled_rollout_is_an_unlinked_file_read_in_pieces_and_closed_when_dropped(store):
-    from server.capture.rebuilds import SpooledRollout
+    from server.capture.rebuilds import SpooledBody
 
     _two_turns(store)
     builder = RolloutBuilder(store.sessions_dir, workers=0, inline_bytes=0)
@@ -185,7 +185,7 @@ def test_a_spooled_rollout_is_an_unlinked_file_read_in_pieces_and_closed_when_dr
         return await builder.rollout(store.index_view(), "ses-a")
 
     body = asyncio.run(fetch())
-    assert isinstance(body, SpooledRollout) and len(body) == len(expected)
+    assert isinstance(body, SpooledBody) and len(body) == len(expected)
     assert b"".join(body.chunks(chunk_bytes=7)) == expected  # pieces at any offset join to the body
     assert os.listdir(builder._spool()) == []  # unlinked once opened: nothing is left on disk
     assert asyncio.run(fetch()) is body  # the cache shares one open file
