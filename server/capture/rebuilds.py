@@ -10,10 +10,11 @@ first and last capture time), so asking again after nothing changed costs a dict
 at the lowest CPU priority (Linux's SCHED_IDLE, else nice 10): on a machine short of cores it yields
 to the calls being served.
 
-A large rollout (over 1 MiB) never enters the serving process as one object: the worker writes it to
+A large answer (over 1 MiB) never enters the serving process as one object: the worker writes it to
 a temporary file, the server opens and unlinks it, and the response reads it piece by piece. Passed
 through the worker's pipe and handed to the HTTP server whole, a 43 MB rollout held the GIL for
-copies of tens of milliseconds each, which the streams being served felt as stalls.
+copies of tens of milliseconds each, which the streams being served felt as stalls. Other reads
+that parse a whole session run here too (`run`): its records (`completions`), the viewer's timeline.
 """
 
 from __future__ import annotations

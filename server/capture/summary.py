@@ -220,14 +220,9 @@ class SummaryCache:
                 self._entries.popitem(last=False)
         return facts
 
-    def remember(
-        self, view: IndexView, session_id: str, records: list[dict], outcome: tuple[dict | None, str | None]
-    ) -> None:
-        """Cache facts from records the caller already read and rebuilt (so they are not read twice)."""
-        self.remember_facts(view, session_id, session_facts(session_id, records, outcome))
-
     def remember_facts(self, view: IndexView, session_id: str, facts: SessionFacts) -> None:
-        """Cache facts made elsewhere (a worker process) from the records `view` counts."""
+        """Cache facts made elsewhere (the rollout worker, with a timeline) from the records `view`
+        counts, so they are not read twice."""
         info = view.session_info(session_id)
         if info is None:
             return
