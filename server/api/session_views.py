@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown
+from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown, worker_failed
 from server.capture.index import IndexView
 from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
 from server.capture.record import SCHEMA_VERSION
@@ -78,7 +78,7 @@ def view_routes(
         except UnknownSession:
             raise _unknown(session_id) from None
         except RebuildUnavailable as exc:
-            raise OpenAIError(503, str(exc), type="server_error", code="rollout_worker_failed") from None
+            raise worker_failed(exc) from None
         if body is None or facts is None:
             raise _unknown(session_id, skipped=skipped)
 

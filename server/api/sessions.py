@@ -107,7 +107,7 @@ def session_routes(
         except UnknownSession:
             raise _unknown(session_id) from None
         except RebuildUnavailable as exc:
-            raise OpenAIError(503, str(exc), type="server_error", code="rollout_worker_failed") from None
+            raise worker_failed(exc) from None
         if isinstance(body, int):
             raise _unknown(session_id, skipped=body)
         return _body_response(body)
@@ -150,7 +150,7 @@ def session_routes(
         except RolloutError as exc:
             raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
         except RebuildUnavailable as exc:
-            raise OpenAIError(503, str(exc), type="server_error", code="rollout_worker_failed") from None
+            raise worker_failed(exc) from None
         return _body_response(body)
 
     async def delete(request: Request) -> Response:
@@ -205,6 +205,11 @@ def _body_response(body: SessionBody) -> Response:
             headers={"content-length": str(body.size)},
         )
     return _json_bytes(body)
+
+
+def worker_failed(exc: RebuildUnavailable) -> OpenAIError:
+    """The 503 for a read whose worker process died (the next request starts a fresh one)."""
+    return OpenAIError(503, str(exc), type="server_error", code="rollout_worker_failed")
 
 
 def _unknown(session_id: str, *, skipped: int = 0) -> OpenAIError:

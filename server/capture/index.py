@@ -38,10 +38,9 @@ import orjson
 # and modest clock differences between a network filesystem's server and this host.
 RACY_WINDOW_NS = 2_000_000_000
 # With a change journal: records from a writer that does not append to it appear within about this
-# long (the rolling sweep checks every directory once per half of it).
-# Every session directory's mtime is checked within this long (with the journal, a slice per look).
-# Long, because each check is a stat and some Python under the GIL (about 25 us) in a server that is
-# serving streams: on 10,000 sessions, 5 s meant about 0.1 s of it per second of reading; 30 s, 17 ms.
+# long (the rolling sweep checks every directory, a slice per look, once per half of it). Long,
+# because each check is a stat and some Python under the GIL (about 25 us) in a server serving
+# streams: on 10,000 sessions, 5 s meant about 0.1 s of it per second of reading; 30 s, 17 ms.
 FULL_REVALIDATION_S = 30.0
 
 

@@ -254,9 +254,9 @@ class RolloutBuilder:
         lost_records: Callable[[str], int] | None = None,
         run: str = LATEST,
     ) -> SessionBody:
-        """The rollout JSON for `session_id` as of `index` (bytes, or a SpooledBody when large), from the records of the server run `run`
-        picks (`latest`, a run id, `legacy`, `all`) (raises RolloutError, UnknownSession, UnknownRun,
-        RebuildUnavailable). Call with an index snapshot taken after the store was flushed.
+        """The rollout JSON for `session_id` as of `index` (bytes, or a SpooledBody when large), from
+        the records of the server run `run` picks (`latest`, a run id, `legacy`, `all`) (raises
+        RolloutError, UnknownSession, UnknownRun, RebuildUnavailable). Call with an index snapshot taken after the store was flushed.
 
         `lost_records` (the store's) says which sessions lost records to a capture failure: they are
         part of the cache key, so a mark made after a rollout was cached is never hidden by it.

@@ -479,6 +479,6 @@ def test_a_large_rollout_and_records_are_streamed_from_a_spool_file_with_their_l
         assert spooled_one.status_code == whole_one.status_code == 200
         assert spooled_one.content == whole_one.content and len(spooled_one.content) > 2 * 4000
         assert spooled_one.headers["content-length"] == str(len(whole_one.content))
-        assert "content-length" in whole_one.headers  # the control: the same header, set by a plain response
+        assert "content-length" in whole_one.headers  # as a plain response has it
     assert [r["session_id"] for r in whole[1].json()["completions"]] == ["big", "big"]
     assert_openai_error(missing, 404)
