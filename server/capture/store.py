@@ -19,6 +19,7 @@ import shutil
 import threading
 import uuid as uuid_module
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from server.capture.delta_read import delta_header, read_with_deltas
 from server.capture.index import FULL_REVALIDATION_S, IndexView, RecordHeader, SessionIndex
 from server.capture.record import validate_record
 from server.capture.runs import LEGACY
+from server.capture.shared_prompts import SharedPrompts
 from server.capture.writer import CALL, RECORD, RecordWriter
 from server.ids import is_valid_session_id, uncorrelated_session_id
 from server.logs import RateLimitedLog
@@ -443,17 +445,23 @@ def read_session_records(sessions_dir: str | os.PathLike[str], session_id: str) 
     if os.path.islink(directory) or not os.path.isdir(directory):
         raise UnknownSession(session_id)
     files = _record_files(directory)
+    prompts = SharedPrompts()  # each record's prompt ids mostly repeat an earlier one's: parse them once
+
+    def parse(data: bytes, path: str) -> dict | None:
+        return _parse_record(data, path, prompts.loads)
+
     if not any(path.endswith(DELTA_SUFFIX) for path in files):
         records, skipped = [], 0
         for path in files:
-            record = _load_record(path)
+            data = _read_bytes(path)
+            record = None if data is None else parse(data, path)
             if record is None or record["session_id"] != session_id:
                 skipped += 1
                 continue
             records.append(record)
         records.sort(key=_record_key)
         return records, skipped
-    return read_with_deltas(files, session_id, read_bytes=_read_bytes, parse_full=_parse_record)
+    return read_with_deltas(files, session_id, read_bytes=_read_bytes, parse_full=parse)
 
 
 def _record_files(directory: str) -> list[str]:
@@ -603,12 +611,12 @@ def _read_bytes(path: str) -> bytes | None:
         return None
 
 
-def _parse_record(data: bytes, path: str) -> dict | None:
+def _parse_record(data: bytes, path: str, loads: Callable[[bytes], Any] = orjson.loads) -> dict | None:
     """A full record file's bytes as a record, or None for anything torn or foreign."""
     try:
         if path.endswith(".gz"):
             data = gzip.decompress(data)
-        record = orjson.loads(data)
+        record = loads(data)
     except (OSError, EOFError, zlib.error, orjson.JSONDecodeError):  # gzip raises OSError for a bad header
         return None
     if validate_record(record) is not None:
