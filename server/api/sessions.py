@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from server.api.cursor import limit_param
@@ -196,15 +196,17 @@ def _json_bytes(body: bytes, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
+class _SpooledResponse(FileResponse):
+    """A spooled body sent as the file it is: by the HTTP server itself where it offers ASGI's
+    pathsend (granian: no byte of it passes through the GIL), else read in pieces in a thread."""
+
+    def __init__(self, body: SpooledBody) -> None:
+        super().__init__(body.path, media_type="application/json", stat_result=body.stat)
+        self.spooled = body  # the file stays while the response may still open it
+
+
 def _body_response(body: SessionBody) -> Response:
-    if isinstance(body, SpooledBody):
-        # Read and sent piece by piece: no copy of the whole body is made under the GIL.
-        return StreamingResponse(
-            iterate_in_threadpool(body.chunks()),
-            media_type="application/json",
-            headers={"content-length": str(body.size)},
-        )
-    return _json_bytes(body)
+    return _SpooledResponse(body) if isinstance(body, SpooledBody) else _json_bytes(body)
 
 
 def worker_failed(exc: RebuildUnavailable) -> OpenAIError:

@@ -11,9 +11,11 @@ at the lowest CPU priority (Linux's SCHED_IDLE, else nice 10): on a machine shor
 to the calls being served.
 
 A large answer (over 1 MiB) never enters the serving process as one object: the worker writes it to
-a temporary file, the server opens and unlinks it, and the response reads it piece by piece. Passed
-through the worker's pipe and handed to the HTTP server whole, a 43 MB rollout held the GIL for
-copies of tens of milliseconds each, which the streams being served felt as stalls. Other reads
+a file, and the response sends that file, from the HTTP server's own threads where it can (granian
+does, through ASGI's pathsend extension), else read piece by piece. Passed through the worker's pipe
+and handed to the HTTP server whole, a 43 MB rollout held the GIL for copies of tens of
+milliseconds each, which the streams being served felt as stalls; read piece by piece in the
+server, each piece still cost the event loop a hop and a copy. Other reads
 that parse a whole session run here too (`run`): its records (`completions`), the viewer's timeline.
 """
 
@@ -27,9 +29,10 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -48,8 +51,6 @@ log = logging.getLogger("switchyard_model.capture")
 
 # Rollouts larger than this are spooled to a file rather than passed back and held as bytes.
 INLINE_BYTES = 1 << 20
-# What one response reads of a spooled rollout at a time: a short copy under the GIL.
-SPOOL_CHUNK_BYTES = 512 << 10
 
 _T = TypeVar("_T")
 _Lost = tuple[tuple[str, int], ...]  # (session id, records lost to capture failures), non-zero only
@@ -58,38 +59,80 @@ _CacheKey = tuple[str, bool, RunChoice | None, _State, _Lost]
 
 
 class SpooledBody:
-    """A large answer (a rollout, a session's records) as an unlinked temporary file, read by offset
-    so several responses can share it.
+    """A large answer (a rollout, a session's records) as a file in the builder's spool directory,
+    which every response that sends it reads from (the HTTP server itself, where it can send files).
 
-    Its descriptor closes when nothing refers to it any more (the cache evicted it and the last
-    response finished), and the disk space goes with it.
+    The file is removed once nothing refers to the body (the cache evicted it and the last response
+    finished) and `RETIRE_GRACE_S` have passed: granian opens a file it was asked to send (ASGI's
+    pathsend) just after the response's last message, so the name must outlive the response a little.
     """
 
     def __init__(self, path: str) -> None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.unlink(path)  # from here on only this descriptor keeps the file
-        except OSError:
-            pass
-        self.fd = fd
-        self.size = os.fstat(fd).st_size
-        weakref.finalize(self, os.close, fd)
+        self.path = path
+        self.stat = os.stat(path)
+        self.size = self.stat.st_size
+        weakref.finalize(self, _retire, path)
 
     def __len__(self) -> int:
         return self.size
 
-    def chunks(self, chunk_bytes: int = SPOOL_CHUNK_BYTES) -> Iterator[bytes]:
-        """The whole body, piece by piece (blocking reads: iterate in a thread)."""
-        offset = 0
-        while offset < self.size:
-            piece = os.pread(self.fd, min(chunk_bytes, self.size - offset), offset)
-            if not piece:
-                raise OSError(f"spooled body ended at {offset} of {self.size} bytes")
-            offset += len(piece)
-            yield piece
-
     def read_all(self) -> bytes:
-        return b"".join(self.chunks())
+        with open(self.path, "rb") as body:
+            return body.read()
+
+
+SPOOL_PREFIX = "switchyard-model-rollouts-"  # then the server's pid: a killed server's spool is found
+
+
+def _remove_orphaned_spools() -> None:
+    """Spool directories of servers that died without closing (SIGKILL): their pid is gone."""
+    root = tempfile.gettempdir()
+    try:
+        names = [name for name in os.listdir(root) if name.startswith(SPOOL_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(SPOOL_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process
+        return True
+    return True
+
+
+# Long past the moment an HTTP server sending a spooled file opens it; once open, removing the name
+# does not disturb the transfer.
+RETIRE_GRACE_S = 30.0
+_retired: deque[tuple[float, str]] = deque()  # (when it may go, path), oldest first
+_retired_lock = threading.Lock()
+
+
+def _retire(path: str) -> None:
+    """A spooled file no body refers to any more: removed after the grace, at a later retirement or
+    spooling (or with its directory when the builder closes)."""
+    with _retired_lock:
+        _retired.append((time.monotonic() + RETIRE_GRACE_S, path))
+    _remove_retired()
+
+
+def _remove_retired() -> None:
+    now = time.monotonic()
+    while True:
+        with _retired_lock:
+            if not _retired or _retired[0][0] > now:
+                return
+            _, path = _retired.popleft()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 SessionBody = bytes | SpooledBody
@@ -228,7 +271,8 @@ class RolloutBuilder:
     def _spool(self) -> str:
         with self._pool_lock:
             if self._spool_dir is None:
-                self._spool_dir = tempfile.mkdtemp(prefix="switchyard-model-rollouts-")
+                _remove_orphaned_spools()
+                self._spool_dir = tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
                 # Removed at exit also for a builder nobody closes (the session routes' fallback).
                 weakref.finalize(self, shutil.rmtree, self._spool_dir, True)
             return self._spool_dir
@@ -346,12 +390,15 @@ class RolloutBuilder:
         self._cached_bytes = 0
         spool, self._spool_dir = self._spool_dir, None
         if spool is not None:
-            shutil.rmtree(spool, ignore_errors=True)  # spooled bodies still open stay readable
+            shutil.rmtree(spool, ignore_errors=True)
 
 
 async def _opened(built: bytes | str) -> SessionBody:
-    """What the worker built: bytes as they are, a spooled file's path opened (and unlinked)."""
-    return built if isinstance(built, bytes) else await asyncio.to_thread(SpooledBody, built)
+    """What the worker built: bytes as they are, a spooled file's path as a SpooledBody."""
+    if isinstance(built, bytes):
+        return built
+    _remove_retired()
+    return await asyncio.to_thread(SpooledBody, built)
 
 
 # A rebuild is background work: where CPU is short, the calls being served should win it. Under

@@ -12,8 +12,11 @@ import threading
 import time
 
 import httpx
+import orjson
 import pytest
 
+from server.capture.rebuilds import rollout_json
+from server.capture.store import CaptureStore
 from tests.support.procs import start_server
 from tests.support.tcp import NaglingStreamServer, delayed_acks
 
@@ -100,6 +103,74 @@ def test_a_failed_startup_exits_2_with_one_line(tmp_path, impl):
         proc.stop()
     out = proc.output()
     assert "startup failed" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("impl", SERVERS)
+def test_a_large_rollout_arrives_whole_from_its_spool_file(tmp_path, mock_upstream, impl):
+    """Over 1 MiB a rollout is sent from the file the worker wrote: by granian itself (pathsend),
+    which opens it after the response's last message, so the file must outlive the response; with
+    the cache off nothing else keeps it (removed at once, granian answered 404 with no body)."""
+    capture = CaptureStore(tmp_path / "captures")
+    capture.start()
+    prompt = list(range(1000, 121_000))
+    first = [{"role": "user", "content": "go on"}]
+    second = [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and on"}]
+    # The second turn continues the first, which made [5]: both turns' ids are in the rollout.
+    for turn_prompt, messages in ((prompt, first), ([*prompt, 5, 7], second)):
+        assert capture.submit_call(**_call("big", turn_prompt, messages))
+    assert capture.flush(10)
+    expected = rollout_json(str(capture.sessions_dir), "big", {"big": []}, True)
+    capture.close()
+    assert len(expected) > 1 << 20 and orjson.loads(expected)["partial_reason"] is None
+    config = tmp_path / "settings.yaml"
+    config.write_text("rollout_cache_mb: 0\n")
+    proc, base = start_server(
+        "--deployment",
+        "demo",
+        "--http-server",
+        impl,
+        "--capture-dir",
+        str(tmp_path / "captures"),
+        "--config",
+        str(config),
+        env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
+    )
+    try:
+        for _ in range(3):
+            response = httpx.get(base + "/v1/sessions/big/rollout", timeout=60, trust_env=False)
+            assert response.status_code == 200
+            assert response.headers["content-length"] == str(len(expected))
+            assert response.content == expected
+    finally:
+        proc.stop()
+
+
+def _call(session_id: str, prompt: list[int], messages: list[dict]) -> dict:
+    return dict(
+        session_id=session_id,
+        parent_session_id=None,
+        rollout_id=None,
+        request_id=None,
+        chat_request={"messages": messages},
+        chat_response={
+            "id": "c",
+            "model": "policy",
+            "prompt_token_ids": prompt,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "ok"},
+                    "finish_reason": "stop",
+                    "token_ids": [5],
+                    "logprobs": {"content": [{"logprob": -0.1}]},
+                }
+            ],
+        },
+        route="policy",
+        api="chat",
+        stream=False,
+        latency_ms=1.0,
+    )
 
 
 def _delayed_acks_over_keep_alive_streams(port: int, path: str, body: bytes, streams: int) -> int:

@@ -482,3 +482,58 @@ def test_a_large_rollout_and_records_are_streamed_from_a_spool_file_with_their_l
         assert "content-length" in whole_one.headers  # as a plain response has it
     assert [r["session_id"] for r in whole[1].json()["completions"]] == ["big", "big"]
     assert_openai_error(missing, 404)
+
+
+def test_a_spooled_body_is_handed_to_a_server_that_sends_files_itself(store):
+    """Where the HTTP server offers ASGI's pathsend (granian), the response names the spooled file
+    and no byte of the body passes through the app; the file holds exactly the rollout."""
+    import asyncio
+
+    from server.capture.rebuilds import RolloutBuilder
+
+    add(store, call("big", response=chat_response(list(range(1, 4000)), [4000, 4001])))
+    spooling = RolloutBuilder(store.sessions_dir, workers=0, inline_bytes=0)
+    app = Starlette(routes=session_routes(lambda: store, lambda: spooling))
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    def get(extensions: dict) -> list[dict]:
+        sent.clear()
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.4"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": "/v1/sessions/big/rollout",
+            "raw_path": b"/v1/sessions/big/rollout",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [],
+            "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 80),
+            "extensions": extensions,
+        }
+        asyncio.run(app(scope, receive, send))
+        return list(sent)
+
+    try:
+        with_pathsend = get({"http.response.pathsend": {}})
+        assert [m["type"] for m in with_pathsend] == ["http.response.start", "http.response.pathsend"]
+        with open(with_pathsend[1]["path"], "rb") as named:
+            named_bytes = named.read()
+        without = get({})  # the control: a server without the extension gets the bytes from the app
+    finally:
+        spooling.close()
+    assert {m["type"] for m in without[1:]} == {"http.response.body"}
+    body = b"".join(m["body"] for m in without[1:])
+    assert named_bytes == body
+    headers = dict(with_pathsend[0]["headers"])
+    assert headers[b"content-length"] == str(len(body)).encode()
+    assert headers[b"content-type"] == b"application/json"
+    assert orjson.loads(body)["session_id"] == "big"

@@ -174,8 +174,8 @@ def test_a_lost_record_marked_after_caching_is_never_hidden_by_the_cache(store):
     builder.close()
 
 
-def test_a_spooled_rollout_is_an_unlinked_file_read_in_pieces_and_closed_when_dropped(store):
-    from server.capture.rebuilds import SpooledBody
+def test_a_spooled_rollout_is_a_file_removed_a_grace_after_nothing_refers_to_it(store, monkeypatch):
+    import server.capture.rebuilds as rebuilds
 
     _two_turns(store)
     builder = RolloutBuilder(store.sessions_dir, workers=0, inline_bytes=0)
@@ -185,17 +185,23 @@ def test_a_spooled_rollout_is_an_unlinked_file_read_in_pieces_and_closed_when_dr
         return await builder.rollout(store.index_view(), "ses-a")
 
     body = asyncio.run(fetch())
-    assert isinstance(body, SpooledBody) and len(body) == len(expected)
-    assert b"".join(body.chunks(chunk_bytes=7)) == expected  # pieces at any offset join to the body
-    assert os.listdir(builder._spool()) == []  # unlinked once opened: nothing is left on disk
-    assert asyncio.run(fetch()) is body  # the cache shares one open file
-    fd = body.fd
-    builder.close()  # the cache lets go; the only reference left is ours
+    assert isinstance(body, rebuilds.SpooledBody) and len(body) == len(expected)
+    assert body.read_all() == expected
+    assert asyncio.run(fetch()) is body  # the cache shares one file
+    path = body.path
+    builder._cache.clear()  # evicted; the only reference left is ours
     assert body.read_all() == expected
     del body
     gc.collect()
-    with pytest.raises(OSError):
-        os.fstat(fd)  # closed once nothing refers to it
+    # Dropped, the name stays for the grace: an HTTP server asked to send it may not have opened it yet.
+    assert os.path.exists(path)
+    monkeypatch.setattr(rebuilds, "RETIRE_GRACE_S", 0.0)
+    rebuilds._remove_retired()
+    assert os.path.exists(path)  # the grace it was retired with still runs
+    monkeypatch.setattr(rebuilds.time, "monotonic", lambda: float("inf"))
+    rebuilds._remove_retired()
+    assert not os.path.exists(path)
+    builder.close()
 
 
 def test_small_rollouts_stay_bytes(store):
@@ -222,3 +228,25 @@ def test_the_worker_runs_under_the_idle_scheduling_policy_and_spools_what_it_bui
         builder.close()
     assert policy == os.SCHED_IDLE
     assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the control: this process is not idle-class
+
+
+def test_a_killed_servers_spool_is_removed_by_the_next_one_and_a_live_ones_is_kept(store, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    import server.capture.rebuilds as rebuilds
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f"{rebuilds.SPOOL_PREFIX}{int(dead.stdout)}-abc"
+    living = tmp_path / f"{rebuilds.SPOOL_PREFIX}{os.getppid()}-def"  # our parent: alive
+    for directory in (orphan, living):
+        directory.mkdir()
+        (directory / "body-1.json").write_bytes(b"{}")
+    builder = RolloutBuilder(store.sessions_dir, workers=0)
+    own = builder._spool()
+    assert not orphan.exists() and living.exists()
+    assert os.path.basename(own).startswith(f"{rebuilds.SPOOL_PREFIX}{os.getpid()}-")
+    builder.close()
+    assert not os.path.exists(own)
