@@ -15,7 +15,7 @@ append-only file), a look reads the journal's new lines and rescans only the dir
 instead of stat-ing every directory. For writers that do not append (an older server, a copy), a
 rolling sweep still checks every directory as above, a slice per look, once per half of
 `full_revalidation_s`, so their changes appear within about that long and no single look pays for
-all directories. When the journal cannot say what changed (missing, rotated, truncated, garbled),
+all directories (between looks the store's keeper thread carries the sweep on: `keep_up`). When the journal cannot say what changed (missing, rotated, truncated, garbled),
 the look checks every directory at once.
 """
 
@@ -42,6 +42,8 @@ RACY_WINDOW_NS = 2_000_000_000
 # because each check is a stat and some Python under the GIL (about 25 us) in a server serving
 # streams: on 10,000 sessions, 5 s meant about 0.1 s of it per second of reading; 30 s, 17 ms.
 FULL_REVALIDATION_S = 30.0
+# How often the store keeps the sweep going between looks (`SessionIndex.keep_up`).
+KEEP_UP_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +259,7 @@ class SessionIndex:
         self._sweep: list[str] = []
         self._sweep_pos = 0
         self._sweep_began_ns = 0
+        self._last_look_ns = -(1 << 62)  # when a reader last asked for a view (keep_up works only after)
         self.full_revalidations = 0  # looks that checked every directory at once (for tests)
         self.checked_dirs = 0  # directories stat-ed so far (for tests)
 
@@ -276,6 +279,7 @@ class SessionIndex:
 
     def view(self) -> IndexView:
         """The index as the disk has it now (or, without revalidation, as this process left it)."""
+        self._last_look_ns = self._clock()
         if self.revalidate or not self._loaded:
             self.refresh()
         else:
@@ -288,6 +292,26 @@ class SessionIndex:
     def __len__(self) -> int:
         view = self._view
         return len(view) if view is not None else sum(1 for s in self._dirs.values() if s.entry is not None)
+
+    @property
+    def sweeps(self) -> bool:
+        """Whether looks follow the change journal, with the rolling sweep for writers that do not append."""
+        return self.revalidate and self._journal_changes is not None and self._sweep_period_ns > 0
+
+    def keep_up(self) -> None:
+        """Between looks, do what the next look would: read the journal and check the sweep's slice.
+
+        Called every `KEEP_UP_INTERVAL_S` by the store. Without it, the first look after a pause
+        longer than the sweep's period checks every directory at once (10,000 stats, ~0.1 s of a
+        thread holding the GIL in turns, felt by the calls being served); kept up, each tick checks
+        a few hundred. Only while looks come (within two full periods of the last): an idle index
+        stats nothing.
+        """
+        if not (self.sweeps and self._loaded):
+            return
+        if self._clock() - self._last_look_ns > 4 * self._sweep_period_ns:
+            return
+        self.refresh()
 
     # ---- what the writer calls ---------------------------------------------------------------
 

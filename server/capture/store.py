@@ -28,7 +28,7 @@ import orjson
 from server.capture import journal
 from server.capture.delta import DELTA_SUFFIX
 from server.capture.delta_read import delta_header, read_with_deltas
-from server.capture.index import FULL_REVALIDATION_S, IndexView, RecordHeader, SessionIndex
+from server.capture.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, IndexView, RecordHeader, SessionIndex
 from server.capture.record import validate_record
 from server.capture.runs import LEGACY
 from server.capture.shared_prompts import SharedPrompts
@@ -116,6 +116,8 @@ class CaptureStore:
         # The first scan of what earlier runs recorded runs on a thread of its own (see `start`).
         self._index_scan: threading.Thread | None = None
         self._indexed = threading.Event()
+        self._stopping = threading.Event()  # ends the index keeper
+        self._keeper: threading.Thread | None = None
         # First writes into a session made before that scan finished: their check for a session
         # reused across runs waits for it (the runs already there are not known before).
         self._reuse_checks_lock = threading.Lock()
@@ -190,11 +192,22 @@ class CaptureStore:
                 journal.create(self.sessions_dir)  # readers follow it from now on
             except OSError as exc:
                 self._errors.warning("capture change journal not usable: %s", exc)
+        if self._index.sweeps:
+            self._keeper = threading.Thread(target=self._keep_index_up, name="capture-index-keeper", daemon=True)
+            self._keeper.start()
         if not index_in_background:
             self._index_existing()
             return
         self._index_scan = threading.Thread(target=self._index_existing, name="capture-index", daemon=True)
         self._index_scan.start()
+
+    def _keep_index_up(self) -> None:
+        """The index's rolling sweep advanced between reads, so no read pays for a pause (`keep_up`)."""
+        while not self._stopping.wait(KEEP_UP_INTERVAL_S):
+            try:
+                self._index.keep_up()
+            except Exception:  # a read will meet the same trouble and report it; this thread stays
+                log.debug("index keep-up failed", exc_info=True)
 
     def _index_existing(self) -> None:
         try:
@@ -220,6 +233,9 @@ class CaptureStore:
             if self._closed:
                 return
             self._closed = True
+        self._stopping.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout)
         self.writer.close(timeout, write_queued=not self._read_only)
         if self._index_scan is not None:  # its deferred warnings belong to this run's log
             self._index_scan.join(timeout)

@@ -278,6 +278,69 @@ def test_each_look_checks_a_slice_of_the_directories_in_proportion_to_the_time_p
     older.close()
 
 
+def test_kept_up_between_looks_a_look_after_a_pause_checks_only_a_slice_and_still_sees_every_change(tmp_path):
+    older = CaptureStore(tmp_path, change_journal=False)
+    older.start()
+    alternate([older], [call(f"s-{i:02d}") for i in range(40)])
+    sessions = tmp_path / "sessions"
+    journal_module.create(sessions)
+    now = [0]
+
+    def index_with_clock() -> SessionIndex:
+        return index_on(
+            tmp_path,
+            CountingReader(),
+            journal_changes=journal_module.JournalReader(sessions, store_module._SESSION_DIR_NAME.fullmatch).changes,
+            full_revalidation_s=4.0,  # a sweep every 2 s
+            clock=lambda: now[0],
+        )
+
+    kept, control = index_with_clock(), index_with_clock()
+    for index in (kept, control):
+        index.view()
+    alternate([older], [call("s-20")])  # a writer that does not append, during the pause
+    for _ in range(20):  # a 5 s pause, the store's keeper ticking every 0.25 s (for `kept` only)
+        now[0] += 250_000_000
+        checked = kept.checked_dirs
+        kept.keep_up()
+        assert kept.checked_dirs - checked <= 6  # a few directories a tick, never all at once
+    looks = {}
+    for name, index in (("kept", kept), ("control", control)):
+        checked = index.checked_dirs
+        looks[name] = (index.view().session_info("s-20")["record_count"], index.checked_dirs - checked)
+    assert looks["kept"][0] == looks["control"][0] == 2  # both see the change within the interval
+    assert looks["kept"][1] <= 6  # kept up: the look itself checks a slice
+    assert looks["control"][1] == 40  # the control: the look after the pause checks every directory
+    # Idle (no look for over two full intervals): the keeper stats nothing.
+    now[0] += 9_000_000_000
+    checked = kept.checked_dirs
+    kept.keep_up()
+    assert kept.checked_dirs == checked
+    older.close()
+
+
+def test_the_store_keeps_its_index_up_on_a_thread_of_its_own(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(store_module, "KEEP_UP_INTERVAL_S", 0.01)
+    monkeypatch.setattr(SessionIndex, "keep_up", lambda self: calls.append(1))
+    store = CaptureStore(tmp_path)
+    store.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(calls) >= 3
+    finally:
+        store.close()
+    assert store._keeper is not None and not store._keeper.is_alive()  # stopped with the store
+    alone = CaptureStore(tmp_path / "alone", shared_index=False)  # one process's own index: nothing to keep up
+    alone.start()
+    try:
+        assert alone._keeper is None
+    finally:
+        alone.close()
+
+
 @pytest.mark.parametrize("trouble", ["removed", "rotated", "garbled"])
 def test_a_journal_that_cannot_say_what_changed_makes_the_reader_revalidate_everything(tmp_path, trouble):
     reader = CaptureStore(tmp_path, full_revalidation_s=NEVER)
