@@ -10,11 +10,16 @@ through `GET /v1/sessions` in a loop until stopped, counting what it did.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -170,6 +175,30 @@ class Readers:
                 self.pages += page_through_sessions(self.base_url)
             except (httpx.HTTPError, *READ_ERRORS):
                 self.errors += 1
+
+
+# A process that only spins, under the lowest CPU priority, as the rebuild worker runs: what any
+# background work costs the streams on this host, whatever it does.
+_SPINNER = """
+import os
+if hasattr(os, "SCHED_IDLE"):
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+else:
+    os.nice(19)
+while True:
+    pass
+"""
+
+
+@contextlib.contextmanager
+def idle_spinner() -> Iterator[None]:
+    """A CPU spinner at the lowest priority (SCHED_IDLE) for the duration; stopped by its pid."""
+    spinner = subprocess.Popen([sys.executable, "-c", _SPINNER])
+    try:
+        yield
+    finally:
+        os.kill(spinner.pid, signal.SIGKILL)
+        spinner.wait(10)
 
 
 def tree_cpu_s(pid: int) -> float:

@@ -1105,10 +1105,20 @@ class Bench:
             results: dict[str, list[dict[str, Any]]] = {}
             readers_seen: dict[str, dict[str, Any]] = {}
             for r in range(1 if self.quick else 3):
-                order = [("quiet", worker), ("reading", worker), ("reading-thread", thread), ("quiet-thread", thread)]
+                order = [
+                    ("quiet", worker),
+                    ("reading", worker),
+                    ("spinner", worker),
+                    ("reading-thread", thread),
+                    ("quiet-thread", thread),
+                ]
                 for name, server in order if r % 2 == 0 else list(reversed(order)):
                     if name.startswith("quiet"):
                         results.setdefault(name, []).append(self.run_one({**spec, "port": server.port}, server))
+                        continue
+                    if name == "spinner":
+                        with reads.idle_spinner():
+                            results.setdefault(name, []).append(self.run_one({**spec, "port": server.port}, server))
                         continue
                     with reads.Readers(server.url) as readers:
                         time.sleep(0.5)  # a rebuild is under way when the streams start
@@ -1147,6 +1157,19 @@ class Bench:
                     "p99 rise <= 20 ms" if busy == "reading" else "(control)",
                     verdict(rise <= 0.02, errors(pooled[quiet], pooled[busy])) if busy == "reading" else "",
                 )
+            # The floor: what any process busy at the lowest priority beside the streams costs them on
+            # this host, with no read at all (a loop doing nothing but spin, under SCHED_IDLE).
+            q, b = pooled["quiet"]["marker"], pooled["spinner"]["marker"]
+            self.row(
+                "reads",
+                f"{streams} paced streams, time to first token, quiet vs beside an idle-class CPU spinner (no reads)",
+                fmt_lat(q),
+                fmt_lat(b),
+                f"p99 {(pct(b, 0.99) - pct(q, 0.99)) * 1000:+.1f} ms, p50 {(median(b) - median(q)) * 1000:+.1f} ms; "
+                "p99 by round: " + "/".join(f"{x * 1000:.0f}" for x in round_p99["spinner"]) + " ms",
+                "(control: the host's floor)",
+                "",
+            )
 
             # Memory: one rebuild, then eight at once, on each server (process tree RSS).
             memory = {}
