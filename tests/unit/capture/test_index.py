@@ -242,20 +242,31 @@ def test_the_rolling_sweep_finds_writers_that_do_not_append_within_the_interval(
         older.close()
 
 
-def test_each_look_checks_a_slice_of_the_directories_in_proportion_to_the_time_passed(tmp_path):
+def forty_sessions_by_an_older_writer(tmp_path) -> CaptureStore:
+    """40 sessions written without the journal (as an older server), then a journal for readers."""
     older = CaptureStore(tmp_path, change_journal=False)
     older.start()
     alternate([older], [call(f"s-{i:02d}") for i in range(40)])
+    journal_module.create(tmp_path / "sessions")
+    return older
+
+
+def sweeping_index(tmp_path, now: list[int]) -> SessionIndex:
+    """An index that follows the journal, with a sweep every 2 s on the clock `now[0]` (ns)."""
     sessions = tmp_path / "sessions"
-    journal_module.create(sessions)
-    now = [0]
-    index = index_on(
+    return index_on(
         tmp_path,
         CountingReader(),
         journal_changes=journal_module.JournalReader(sessions, store_module._SESSION_DIR_NAME.fullmatch).changes,
-        full_revalidation_s=4.0,  # a sweep every 2 s
+        full_revalidation_s=4.0,
         clock=lambda: now[0],
     )
+
+
+def test_each_look_checks_a_slice_of_the_directories_in_proportion_to_the_time_passed(tmp_path):
+    older = forty_sessions_by_an_older_writer(tmp_path)
+    now = [0]
+    index = sweeping_index(tmp_path, now)
     assert len(index.view()) == 40 and index.checked_dirs == 40  # the first look checks everything
     now[0] += 2_000_000_000  # a sweep period later: a sweep begins
     index.view()
@@ -279,23 +290,9 @@ def test_each_look_checks_a_slice_of_the_directories_in_proportion_to_the_time_p
 
 
 def test_kept_up_between_looks_a_look_after_a_pause_checks_only_a_slice_and_still_sees_every_change(tmp_path):
-    older = CaptureStore(tmp_path, change_journal=False)
-    older.start()
-    alternate([older], [call(f"s-{i:02d}") for i in range(40)])
-    sessions = tmp_path / "sessions"
-    journal_module.create(sessions)
+    older = forty_sessions_by_an_older_writer(tmp_path)
     now = [0]
-
-    def index_with_clock() -> SessionIndex:
-        return index_on(
-            tmp_path,
-            CountingReader(),
-            journal_changes=journal_module.JournalReader(sessions, store_module._SESSION_DIR_NAME.fullmatch).changes,
-            full_revalidation_s=4.0,  # a sweep every 2 s
-            clock=lambda: now[0],
-        )
-
-    kept, control = index_with_clock(), index_with_clock()
+    kept, control = sweeping_index(tmp_path, now), sweeping_index(tmp_path, now)
     for index in (kept, control):
         index.view()
     alternate([older], [call("s-20")])  # a writer that does not append, during the pause
