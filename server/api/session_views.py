@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown, worker_failed
-from server.capture.index import IndexView
+from server.capture.index_view import IndexView
 from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
 from server.capture.record import SCHEMA_VERSION
 from server.capture.store import CaptureStore, UnknownSession

@@ -12,7 +12,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from server.api.cursor import limit_param
-from server.capture.index import IndexView
+from server.capture.index_view import IndexView
 from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
 from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import RolloutError

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from server.capture.index import IndexView
+from server.capture.index_view import IndexView
 from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import reconstruct_tree
 from server.capture.runs import LATEST, RunChoice, children_in

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from server.capture.contiguity import first_difference
 
 if TYPE_CHECKING:
-    from server.capture.index import IndexView
+    from server.capture.index_view import IndexView
 
 # The `run` parameter's words; anything else names a run id.
 LATEST = "latest"

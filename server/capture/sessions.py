@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from server.capture.index import IndexView
+from server.capture.index_view import IndexView
 from server.capture.rollout import reconstruct_tree
 from server.capture.runs import ALL, LATEST, RunChoice, children_in, choose, narrow, run_of, runs_of
 from server.capture.store import CaptureStore, UnknownSession

@@ -28,7 +28,8 @@ import orjson
 from server.capture import journal
 from server.capture.delta import DELTA_SUFFIX
 from server.capture.delta_read import delta_header, read_with_deltas
-from server.capture.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, IndexView, RecordHeader, SessionIndex
+from server.capture.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, SessionIndex
+from server.capture.index_view import IndexView, RecordHeader
 from server.capture.record import validate_record
 from server.capture.runs import LEGACY
 from server.capture.shared_prompts import SharedPrompts

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from server.capture.index import IndexView, SessionEntry
+from server.capture.index_view import IndexView, SessionEntry
 from server.capture.rollout import RolloutError, reconstruct_session
 from server.capture.runs import children_in, latest_conversation, runs_of
 from server.capture.store import CaptureStore, UnknownSession

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from server.capture.contiguity import compare_calls
-from server.capture.index import IndexView
+from server.capture.index_view import IndexView
 from server.capture.store import CaptureStore, read_session_records
 from server.capture.summary import (
     SessionFacts,

@@ -10,7 +10,8 @@ import pytest
 
 from server.capture import journal as journal_module
 from server.capture import store as store_module
-from server.capture.index import IndexView, RecordHeader, SessionEntry, SessionIndex, summarise
+from server.capture.index import SessionIndex
+from server.capture.index_view import IndexView, RecordHeader, SessionEntry, summarise
 from server.capture.store import CaptureStore, session_dir_name
 from tests.unit.capture.test_store import call
 
@@ -416,7 +417,7 @@ def test_an_updated_view_equals_one_built_from_scratch():
 def test_an_entry_keeps_its_json_for_each_parent_state():
     import orjson
 
-    from server.capture.index import SessionEntry
+    from server.capture.index_view import SessionEntry
 
     entry = SessionEntry("s", "p", 3, "2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z", ("run-a",))
     for missing in (False, True):
