@@ -147,7 +147,7 @@ class SessionIndex:
         Called every `KEEP_UP_INTERVAL_S` by the store. Without it, the first look after a pause
         longer than the sweep's period checks every directory at once (10,000 stats, ~0.1 s of a
         thread holding the GIL in turns, felt by the calls being served); kept up, each tick checks
-        a few hundred. Only while looks come (within two full periods of the last): an idle index
+        about 170 of them. Only while looks come (within two full periods of the last): an idle index
         stats nothing.
         """
         if not (self.sweeps and self._loaded):
