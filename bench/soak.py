@@ -1104,7 +1104,10 @@ def run(opts: Options, args: argparse.Namespace) -> int:
 
         soak = Soak(opts, mock_url, server_url, server)
         # Before any load: the fd and connection baseline. A leak that fills the upstream pool during
-        # the warm-up would otherwise hide in the post-warm-up baseline.
+        # the warm-up would otherwise hide in the post-warm-up baseline. One read of an unknown
+        # session first: it starts the rollout worker process, whose pipes (about 11 fds) the server
+        # opens once, at its first whole-session read, and keeps.
+        httpx.get(server_url + "/v1/sessions/soak-before-any-load/completions", timeout=60.0, trust_env=False)
         soak.wait_idle()
         fresh = resources(server.ps)
         t0 = time.monotonic()
