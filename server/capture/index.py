@@ -15,8 +15,9 @@ append-only file), a look reads the journal's new lines and rescans only the dir
 instead of stat-ing every directory. For writers that do not append (an older server, a copy), a
 rolling sweep still checks every directory as above, a slice per look, once per half of
 `full_revalidation_s`, so their changes appear within about that long and no single look pays for
-all directories (between looks the store's keeper thread carries the sweep on: `keep_up`). When the journal cannot say what changed (missing, rotated, truncated, garbled),
-the look checks every directory at once.
+all directories; between looks the store's keeper thread carries the sweep on (`keep_up`). When
+the journal cannot say what changed (missing, rotated, truncated, garbled), the look checks every
+directory at once. The types the index answers with are in `index_view`.
 """
 
 from __future__ import annotations
