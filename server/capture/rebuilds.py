@@ -68,6 +68,8 @@ class SpooledBody:
     """
 
     def __init__(self, path: str) -> None:
+        """Blocking (a stat, and removing files whose grace has passed): call it in a thread."""
+        _remove_retired()
         self.path = path
         self.stat = os.stat(path)
         self.size = self.stat.st_size
@@ -75,10 +77,6 @@ class SpooledBody:
 
     def __len__(self) -> int:
         return self.size
-
-    def read_all(self) -> bytes:
-        with open(self.path, "rb") as body:
-            return body.read()
 
 
 SPOOL_PREFIX = "switchyard-model-rollouts-"  # then the server's pid: a killed server's spool is found
@@ -115,11 +113,11 @@ _retired_lock = threading.Lock()
 
 
 def _retire(path: str) -> None:
-    """A spooled file no body refers to any more: removed after the grace, at a later retirement or
-    spooling (or with its directory when the builder closes)."""
+    """A spooled file no body refers to any more: removed once the grace has passed, when a later
+    body is spooled (or with its directory when the builder closes). Only noted here: this runs
+    wherever the last reference drops, often on the event loop, which must not wait for disk."""
     with _retired_lock:
         _retired.append((time.monotonic() + RETIRE_GRACE_S, path))
-    _remove_retired()
 
 
 def _remove_retired() -> None:
@@ -277,6 +275,11 @@ class RolloutBuilder:
                 weakref.finalize(self, shutil.rmtree, self._spool_dir, True)
             return self._spool_dir
 
+    async def _spool_ready(self) -> str:
+        """The spool directory; made (and dead servers' spools removed) in a thread, off the event loop."""
+        made = self._spool_dir
+        return made if made is not None else await asyncio.to_thread(self._spool)
+
     def _executor(self) -> Executor:
         with self._pool_lock:
             if self._pool is None:
@@ -340,7 +343,7 @@ class RolloutBuilder:
         self.rebuilds += 1
         built = await self.run(
             build_rollout,
-            self._spool(),
+            await self._spool_ready(),
             self.inline_bytes,
             self.sessions_dir,
             session_id,
@@ -359,7 +362,7 @@ class RolloutBuilder:
         count of skipped files when it has no readable record (raises UnknownSession,
         RebuildUnavailable). Built where rollouts are, not cached: a live session changes."""
         built = await self.run(
-            build_completions, self._spool(), self.inline_bytes, self.sessions_dir, session_id, lost_records
+            build_completions, await self._spool_ready(), self.inline_bytes, self.sessions_dir, session_id, lost_records
         )
         return built if isinstance(built, int) else await _opened(built)
 
@@ -397,7 +400,6 @@ async def _opened(built: bytes | str) -> SessionBody:
     """What the worker built: bytes as they are, a spooled file's path as a SpooledBody."""
     if isinstance(built, bytes):
         return built
-    _remove_retired()
     return await asyncio.to_thread(SpooledBody, built)
 
 

@@ -7,6 +7,7 @@ import gc
 import os
 import threading
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -186,11 +187,11 @@ def test_a_spooled_rollout_is_a_file_removed_a_grace_after_nothing_refers_to_it(
 
     body = asyncio.run(fetch())
     assert isinstance(body, rebuilds.SpooledBody) and len(body) == len(expected)
-    assert body.read_all() == expected
+    assert Path(body.path).read_bytes() == expected
     assert asyncio.run(fetch()) is body  # the cache shares one file
     path = body.path
     builder._cache.clear()  # evicted; the only reference left is ours
-    assert body.read_all() == expected
+    assert Path(body.path).read_bytes() == expected
     del body
     gc.collect()
     # Dropped, the name stays for the grace: an HTTP server asked to send it may not have opened it yet.
@@ -221,7 +222,7 @@ def test_the_worker_runs_under_the_idle_scheduling_policy_and_spools_what_it_bui
     try:
         policy = builder._executor().submit(os.sched_getscheduler, 0).result(60)
         body = asyncio.run(builder.rollout(store.index_view(), "ses-a"))
-        assert body.read_all() == rollout_json(
+        assert Path(body.path).read_bytes() == rollout_json(
             str(store.sessions_dir), "ses-a", tree_of(store.index_view(), "ses-a"), True
         )
     finally:
