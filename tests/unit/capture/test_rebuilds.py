@@ -176,8 +176,6 @@ def test_a_lost_record_marked_after_caching_is_never_hidden_by_the_cache(store):
 
 
 def test_a_spooled_rollout_is_a_file_removed_a_grace_after_nothing_refers_to_it(store, monkeypatch):
-    import server.capture.rebuilds as rebuilds
-
     _two_turns(store)
     builder = RolloutBuilder(store.sessions_dir, workers=0, inline_bytes=0)
     expected = rollout_json(str(store.sessions_dir), "ses-a", tree_of(store.index_view(), "ses-a"), True)
@@ -235,8 +233,6 @@ def test_a_killed_servers_spool_is_removed_by_the_next_one_and_a_live_ones_is_ke
     import subprocess
     import sys
     import tempfile
-
-    import server.capture.rebuilds as rebuilds
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
