@@ -3,7 +3,9 @@
 The disk is the truth; memory is only a cache of it. Several processes (the workers of one server,
 or a server and an offline reader) can write and read one capture directory, so before answering,
 the index checks each session directory's modification time and rescans only the ones that changed.
-What a record file contributes (its session, parent and time) is read once per process and kept.
+What a record file contributes (its session, parent and time) is read once per process and added
+to its directory's tally (`SessionTally`); a directory quiet for `TALLY_KEPT_S` keeps only its
+entry, so memory grows with the sessions, not the calls.
 
 A directory whose mtime is within `racy_window_ns` of when it was last scanned is rescanned on every
 look, however its mtime reads: file times come from a coarse clock, so a file added in the same tick
@@ -30,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from server.capture.index_view import IndexView, RecordHeader, SessionEntry, summarise
+from server.capture.index_view import IndexView, RecordHeader, SessionEntry, SessionTally
 
 # A directory modified this recently is rescanned every time. Covers the filesystem clock's tick
 # and modest clock differences between a network filesystem's server and this host.
@@ -42,6 +44,11 @@ RACY_WINDOW_NS = 2_000_000_000
 FULL_REVALIDATION_S = 30.0
 # How often the store keeps the sweep going between looks (`SessionIndex.keep_up`).
 KEEP_UP_INTERVAL_S = 0.25
+# A directory whose last record is older than this keeps only its entry: the index lets go of its
+# tally (every file name, about 120 bytes a record), and counts its files again if it ever changes.
+# Memory then grows with the sessions, not the calls; an agent that comes back to a session after
+# this long pays one read of each of its record headers (about 5 ms for 200 records).
+TALLY_KEPT_S = 60.0
 
 
 @contextlib.contextmanager
@@ -87,6 +94,7 @@ class SessionIndex:
         racy_window_ns: int = RACY_WINDOW_NS,
         journal_changes: Callable[[], set[str] | None] | None = None,
         full_revalidation_s: float = FULL_REVALIDATION_S,
+        tally_kept_s: float = TALLY_KEPT_S,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.sessions_dir = os.fspath(sessions_dir)
@@ -98,6 +106,7 @@ class SessionIndex:
         self._racy_window_ns = racy_window_ns
         self._journal_changes = journal_changes
         self._clock = clock
+        self._tally_kept_ns = int(tally_kept_s * 1e9)
         # The rolling sweep (with a journal): the directories listed when it began, how far it got.
         self._sweep_period_ns = int(full_revalidation_s * 1e9) // 2
         self._sweep: list[str] = []
@@ -113,8 +122,8 @@ class SessionIndex:
         self._top: _DirState | None = None  # the sessions/ directory itself (entry unused)
         self._top_names: list[str] = []
         self._dirs: dict[str, _DirState] = {}
-        # Per session directory: record file name -> header (None: unreadable). Read once per file.
-        self._headers: dict[str, dict[str, RecordHeader | None]] = {}
+        # Per session directory: its files added up (each read once), while it is recent or written to.
+        self._tallies: dict[str, SessionTally] = {}
         self._dirty: set[str] = set()  # directories this process wrote to since the last look
         self._last_refresh_began_ns = -1  # monotonic
         self._view: IndexView | None = None
@@ -162,19 +171,26 @@ class SessionIndex:
     def note_written(self, dir_name: str, file_name: str, header: RecordHeader) -> None:
         """A record this process just wrote: its header is known, so no rescan needs to parse it."""
         with self._lock:
-            self._headers.setdefault(dir_name, {})[file_name] = header
+            tally = self._tallies.get(dir_name)
+            if tally is None:
+                tally = self._tallies[dir_name] = SessionTally()
+            tally.add(file_name, header)
             self._dirty.add(dir_name)
 
     def known_runs(self, dir_name: str) -> set[str | None]:
         """The runs of the records this process knows in a session directory (from its scans and its
         own writes); reads nothing, so the writer may ask on every new session."""
         with self._lock:
-            return {h.server_run for h in self._headers.get(dir_name, {}).values() if h is not None}
+            tally, state = self._tallies.get(dir_name), self._dirs.get(dir_name)
+            runs = tally.runs() if tally is not None else set()
+            if state is not None and state.entry is not None:
+                runs.update(state.entry.runs)
+            return runs
 
     def forget(self, dir_name: str) -> None:
         """A session directory this process just removed."""
         with self._lock:
-            self._headers.pop(dir_name, None)
+            self._tallies.pop(dir_name, None)
             self._dirty.discard(dir_name)
             if self._dirs.pop(dir_name, None) is not None:
                 self._view = None
@@ -210,9 +226,9 @@ class SessionIndex:
                 changed = self._revalidate(names, old, dirty, fresh, top_fd, started_ns) or changed
             with self._lock:
                 self._dirs = fresh
-                for gone in set(self._headers) - set(fresh):
+                for gone in set(self._tallies) - set(fresh):
                     if gone not in self._dirty:
-                        del self._headers[gone]
+                        del self._tallies[gone]
                 if changed:
                     self._view = None
                 self._loaded = True
@@ -267,7 +283,7 @@ class SessionIndex:
                     continue
                 self._dirs.pop(name, None)
                 if name not in self._dirty:
-                    self._headers.pop(name, None)
+                    self._tallies.pop(name, None)
             if by_session and self._view is not None:
                 self._view = self._view.updated(by_session)
 
@@ -298,11 +314,12 @@ class SessionIndex:
             state = old.get(name)
             if state is not None and name not in dirty and self._still_valid(state, st.st_mtime_ns):
                 fresh[name] = state
-                continue
-            entry = self._scan_dir(name, path)
-            fresh[name] = _DirState(st.st_mtime_ns, started_ns, entry)
-            if state is None or state.entry != entry:
-                changed = True
+            else:
+                entry = self._scan_dir(name, path)
+                fresh[name] = _DirState(st.st_mtime_ns, started_ns, entry)
+                changed = changed or state is None or state.entry != entry
+            if self.revalidate and started_ns - st.st_mtime_ns > self._tally_kept_ns:
+                self._let_tally_go(name)
         return changed
 
     def _still_valid(self, state: _DirState, mtime_ns: int) -> bool:
@@ -325,27 +342,39 @@ class SessionIndex:
         return names
 
     def _scan_dir(self, dir_name: str, path: str) -> SessionEntry | None:
-        files = self._list_files(path)
+        """Add up a session directory's files, reading only those its tally has not counted yet."""
+        with self._lock:  # before listing: every name known now is a file already in place
+            tally = self._tallies.get(dir_name)
+            known = set(tally.names) if tally is not None else set()
+        files = {os.path.basename(file_path): file_path for file_path in self._list_files(path)}
+        recount = not known.issubset(files)  # a counted file is gone: count the directory again
+        read = [
+            (name, self._read_header(file_path, dir_name))
+            for name, file_path in files.items()
+            if recount or name not in known
+        ]
+        skipped = sum(1 for _, header in read if header is None)
         with self._lock:
-            known = dict(self._headers.get(dir_name, {}))
-        headers: dict[str, RecordHeader | None] = {}
-        skipped = 0
-        for file_path in files:
-            file_name = os.path.basename(file_path)
-            if file_name in known:
-                headers[file_name] = known[file_name]
-                continue
-            header = self._read_header(file_path, dir_name)
-            if header is None:
-                skipped += 1
-            headers[file_name] = header
-        with self._lock:
-            # Keep headers the writer noted meanwhile (their files were not listed yet).
-            current = self._headers.get(dir_name, {})
-            self._headers[dir_name] = {**{k: v for k, v in current.items() if k not in known}, **headers}
+            current = self._tallies.get(dir_name)
+            if recount or current is None:
+                new = SessionTally()
+                if current is not None and not current.names.issubset(known | files.keys()):
+                    self._dirty.add(dir_name)  # a file written after the listing: the next look reads it
+                current = self._tallies[dir_name] = new
+            for name, header in read:
+                current.add(name, header)  # a name the writer noted meanwhile counts once
+            entry = current.entry()
         if skipped:
             self._on_skipped(skipped)
-        return summarise([h for h in headers.values() if h is not None])
+        return entry
+
+    def _let_tally_go(self, dir_name: str) -> None:
+        """A quiet directory keeps only its entry; a later change counts its files again."""
+        if dir_name not in self._tallies:  # most checks: already let go (a dict lookup needs no lock)
+            return
+        with self._lock:
+            if dir_name not in self._dirty:
+                self._tallies.pop(dir_name, None)
 
     def _apply_own_writes(self) -> None:
         """Without revalidation: fold this process's own writes into the cache, reading nothing."""
@@ -353,9 +382,9 @@ class SessionIndex:
             if not self._dirty:
                 return
             for name in self._dirty:
-                headers = [h for h in self._headers.get(name, {}).values() if h is not None]
+                tally = self._tallies.get(name)
                 state = self._dirs.get(name)
-                entry = summarise(headers)
+                entry = tally.entry() if tally is not None else None
                 if state is None:
                     self._dirs[name] = _DirState(-1, 0, entry)
                 else:

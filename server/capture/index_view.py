@@ -6,10 +6,8 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +29,6 @@ class SessionEntry:
     first_captured_at: str
     last_captured_at: str
     runs: tuple[str | None, ...] = (None,)  # the server runs that wrote it, in order of their first record
-    # as_dict serialised, by parent_missing: an entry never changes (the index replaces it), so a
-    # page of the session list joins these instead of serialising a thousand dicts each time.
-    _json: list[bytes | None] = field(default_factory=lambda: [None, None], init=False, compare=False, repr=False)
-
-    def as_json(self, parent_missing: bool = False) -> bytes:
-        body = self._json[parent_missing]
-        if body is None:
-            body = self._json[parent_missing] = orjson.dumps(self.as_dict(parent_missing))
-        return body
 
     def as_dict(self, parent_missing: bool = False) -> dict[str, Any]:
         return {
@@ -56,28 +45,81 @@ class SessionEntry:
         }
 
 
-def summarise(headers: list[RecordHeader]) -> SessionEntry | None:
-    """A session's entry from its readable records; the parent of the earliest record that names one wins.
+class SessionTally:
+    """A session directory's records added up one file at a time: its entry, without keeping headers.
 
-    Ties on `captured_at` are broken by uuid, so every process derives the same parent.
+    A file counts once, by name (a record's file is named by its uuid, and its header never
+    changes). A file that could not be read is remembered, so a rescan does not read it again, and
+    counts once a header for it comes (the writer wrote it anew). The parent is that of the earliest
+    record naming one, and runs are ordered by their first record; ties on `captured_at` are broken
+    by uuid, so every process derives the same entry whatever order it read the files in.
     """
-    if not headers:
-        return None
-    with_parent = [(h.captured_at, h.uuid, h.parent_session_id) for h in headers if h.parent_session_id]
-    times = [h.captured_at for h in headers]
-    first_of_run: dict[str | None, tuple[str, str]] = {}
-    for h in headers:
-        key = (h.captured_at, h.uuid)
-        if h.server_run not in first_of_run or key < first_of_run[h.server_run]:
-            first_of_run[h.server_run] = key
-    return SessionEntry(
-        session_id=headers[0].session_id,
-        parent_session_id=min(with_parent)[2] if with_parent else None,
-        record_count=len(headers),
-        first_captured_at=min(times),
-        last_captured_at=max(times),
-        runs=tuple(sorted(first_of_run, key=first_of_run.__getitem__)),
-    )
+
+    __slots__ = ("names", "unreadable", "count", "session_id", "first", "last", "parent_key", "run_keys")
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.unreadable: set[str] | None = None
+        self.count = 0
+        self.session_id = ""
+        self.first = self.last = ""
+        self.parent_key: tuple[str, str, str] | None = None  # (captured_at, uuid, parent)
+        self.run_keys: tuple[tuple[str, str, str | None], ...] = ()  # (captured_at, uuid, run), one a run
+
+    def add(self, file_name: str, header: RecordHeader | None) -> None:
+        if file_name in self.names:
+            if header is None or not self.unreadable or file_name not in self.unreadable:
+                return
+            self.unreadable.discard(file_name)
+        else:
+            self.names.add(file_name)
+            if header is None:
+                if self.unreadable is None:
+                    self.unreadable = set()
+                self.unreadable.add(file_name)
+                return
+        at = header.captured_at
+        if not self.count:
+            self.session_id, self.first, self.last = header.session_id, at, at
+        elif at < self.first:
+            self.first = at
+        elif at > self.last:
+            self.last = at
+        self.count += 1
+        if header.parent_session_id is not None:
+            key = (at, header.uuid, header.parent_session_id)
+            if self.parent_key is None or key < self.parent_key:
+                self.parent_key = key
+        run_key = (at, header.uuid, header.server_run)
+        for i, known in enumerate(self.run_keys):
+            if known[2] == header.server_run:
+                if run_key < known:
+                    self.run_keys = tuple(sorted(self.run_keys[:i] + (run_key,) + self.run_keys[i + 1 :]))
+                return
+        self.run_keys = tuple(sorted(self.run_keys + (run_key,)))
+
+    def runs(self) -> set[str | None]:
+        return {run for _, _, run in self.run_keys}
+
+    def entry(self) -> SessionEntry | None:
+        if not self.count:
+            return None
+        return SessionEntry(
+            session_id=self.session_id,
+            parent_session_id=self.parent_key[2] if self.parent_key is not None else None,
+            record_count=self.count,
+            first_captured_at=self.first,
+            last_captured_at=self.last,
+            runs=tuple(run for _, _, run in self.run_keys),
+        )
+
+
+def summarise(headers: list[RecordHeader]) -> SessionEntry | None:
+    """A session's entry from its readable records (each counted as a file of its own)."""
+    tally = SessionTally()
+    for i, header in enumerate(headers):
+        tally.add(str(i), header)
+    return tally.entry()
 
 
 class IndexView:

@@ -99,9 +99,6 @@ class CaptureStore:
         self.capture_dir = Path(capture_dir)
         # The id of this server run, written into every record it builds (docs/capture.md#server-runs).
         self.server_run = server_run
-        # Session directories this process has written into since it started: the first write into
-        # each is checked against the runs the index already knows there (no disk read).
-        self._sessions_written: set[str] = set()
         # Opt-in compact encoding: `<uuid>.json.gz` (gzip, level 1). Both kinds are always read, so
         # the setting can change between runs on one directory; readers of the former layout
         # (plain `.json`) see only the uncompressed records.
@@ -311,14 +308,14 @@ class CaptureStore:
         """Tell the index about a record this process wrote, so no rescan has to parse it again."""
         dir_name = session_dir_name(record["session_id"])
         header = _header(record)
-        if dir_name not in self._sessions_written:
-            self._sessions_written.add(dir_name)
+        known = self._index.known_runs(dir_name)
+        if header.server_run not in known:  # this run's first record in the session
             with self._reuse_checks_lock:
                 check_now = self._indexed.is_set()
                 if not check_now:
                     self._pending_reuse_checks.append((record["session_id"], header.server_run, dir_name))
             if check_now:
-                self._warn_if_reused(record["session_id"], header.server_run, self._index.known_runs(dir_name))
+                self._warn_if_reused(record["session_id"], header.server_run, known)
         self._index.note_written(dir_name, name, header)
 
     def _warn_if_reused(self, session_id: str, run: str | None, known: set[str | None]) -> None:

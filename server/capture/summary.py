@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
-
 from server.capture.index_view import IndexView, SessionEntry
 from server.capture.rollout import RolloutError, reconstruct_session
 from server.capture.runs import children_in, latest_conversation, runs_of
@@ -343,13 +341,13 @@ class ListQuery:
 
 def list_page(
     store: CaptureStore, cache: SummaryCache, query: ListQuery, *, limit: int, after: str | None
-) -> tuple[list[dict | orjson.Fragment], str | None]:
+) -> tuple[list[dict], str | None]:
     """One page of sessions in id order after `after`, and the id to pass as `after` for the next
     page (None when no more follow).
 
     Filters on the index (parent, kind, id, time) cost nothing per session; filters on the summary
     (model, route, status) read a session's records once, then come from the cache. Without
-    summaries the rows are each entry's JSON, kept on the entry, ready to be joined.
+    summaries the rows are made from the entries alone.
     """
     view = store.index_view()  # one snapshot for the whole page (each fresh view revalidates the disk)
     entries = view.iter_entries(parent=query.parent, roots_only=query.kind == "root", after=after)
@@ -375,9 +373,7 @@ def list_page(
             break
     next_after = picked[limit - 1][0].session_id if len(picked) > limit and limit > 0 else None
     picked = picked[:limit]
-    if not (query.summary or query.needs_summary()):
-        return [orjson.Fragment(entry.as_json(missing)) for entry, missing, _ in picked], next_after
-    rows: list[dict | orjson.Fragment] = []
+    rows: list[dict] = []
     for entry, missing, summary in picked:
         row = entry.as_dict(missing)
         if summary is None and query.summary:

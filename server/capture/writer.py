@@ -41,6 +41,10 @@ CALL, RECORD, _FLUSH, _STOP = "call", "record", "flush", "stop"
 # Most records the writer takes from the queue before it answers their callers (and, under
 # `always`, syncs them as one group).
 _MAX_BATCH = 256
+# The directories the writer remembers having made, so a record's write asks the kernel for none;
+# past this many it forgets them all (one per session, so memory would grow with the sessions), and
+# the next write into each pays one mkdir that finds it there (~10 us).
+MADE_DIRS_KEPT = 4096
 # While capture is degraded, how often the idle writer checks whether the disk works again.
 _PROBE_INTERVAL_S = 1.0
 _PROBE_BYTES = 64 * 1024
@@ -424,7 +428,7 @@ class RecordWriter:
                 raise
             if encoded is not None:
                 encoded.commit(str(final))
-            self._on_new_record(record, final.name)  # idempotent: a record written again updates its entry
+            self._on_new_record(record, final.name)  # a record written again (same uuid) counts once
         return str(final), str(directory)
 
     def make_session_dir(self, directory: Path) -> None:
@@ -444,6 +448,8 @@ class RecordWriter:
         except FileExistsError:
             if not path.is_dir():
                 raise
+        if len(self.made_dirs) >= MADE_DIRS_KEPT:
+            self.made_dirs.clear()
         self.made_dirs.add(key)
 
 

@@ -11,7 +11,7 @@ import pytest
 from server.capture import journal as journal_module
 from server.capture import store as store_module
 from server.capture.index import SessionIndex
-from server.capture.index_view import IndexView, RecordHeader, SessionEntry, summarise
+from server.capture.index_view import IndexView, RecordHeader, SessionEntry, SessionTally, summarise
 from server.capture.store import CaptureStore, session_dir_name
 from tests.unit.capture.test_store import call
 
@@ -134,7 +134,7 @@ def test_each_record_file_is_read_once_per_process(tmp_path):
     alternate([writer], session_calls())
     age_directories(tmp_path)
     reader = CountingReader()
-    index = index_on(tmp_path, reader)
+    index = index_on(tmp_path, reader, tally_kept_s=NEVER)  # quiet directories keep their tallies
     assert len(index.view()) == 3
     assert reader.reads == 6
     index.view()
@@ -181,6 +181,78 @@ def test_the_earliest_record_naming_a_parent_decides_it_whatever_the_read_order(
     assert entry is not None
     assert entry.parent_session_id == "parent-a"  # same time: the smaller uuid wins, in every process
     assert entry.record_count == 3 and entry.first_captured_at == "2026-01-01T00:00:00+00:00"
+
+
+def header(uuid: str, at: str, parent: str | None = None, run: str | None = "run-a") -> RecordHeader:
+    return RecordHeader("s", parent, f"2026-01-01T00:00:{at}+00:00", uuid, run)
+
+
+def test_a_tally_counts_each_file_once_and_an_unreadable_one_once_it_is_written():
+    tally = SessionTally()
+    tally.add("a.json", header("a", "05"))
+    tally.add("a.json", header("a", "05"))  # seen by a scan and by the writer's note
+    tally.add("b.json", None)  # unreadable
+    tally.add("b.json", None)
+    assert tally.entry() == SessionEntry(
+        "s", None, 1, "2026-01-01T00:00:05+00:00", "2026-01-01T00:00:05+00:00", ("run-a",)
+    )
+    tally.add("b.json", header("b", "09", parent="p", run="run-b"))  # written anew
+    tally.add("c.json", header("c", "01", run="run-b"))
+    assert tally.entry() == SessionEntry(
+        "s", "p", 3, "2026-01-01T00:00:01+00:00", "2026-01-01T00:00:09+00:00", ("run-b", "run-a")
+    )
+
+
+def test_a_tally_gives_the_entry_of_its_headers_in_any_order_with_repeats():
+    rng = random.Random(3)
+    headers = [
+        header(f"u{i:02d}", f"{rng.randint(0, 9):02d}", rng.choice([None, "p1", "p2"]), rng.choice(["r1", "r2", None]))
+        for i in range(40)
+    ]
+    readable = [(h.captured_at, h.uuid, h) for h in headers]
+    with_parent = sorted(key for key in readable if key[2].parent_session_id)
+    first_of_run: dict = {}
+    for key in sorted(readable):
+        first_of_run.setdefault(key[2].server_run, key)
+    expected = SessionEntry(
+        "s",
+        with_parent[0][2].parent_session_id,
+        40,
+        min(h.captured_at for h in headers),
+        max(h.captured_at for h in headers),
+        tuple(sorted(first_of_run, key=lambda run: first_of_run[run][:2])),
+    )
+    for _ in range(20):
+        tally = SessionTally()
+        for h in rng.sample(headers, len(headers)) + rng.sample(headers, 10):
+            tally.add(h.uuid + ".json", h)
+        assert tally.entry() == expected
+
+
+def test_a_quiet_directory_keeps_only_its_entry_and_is_counted_anew_when_it_changes(tmp_path):
+    writer = CaptureStore(tmp_path)
+    writer.start()
+    alternate([writer], [call("root") for _ in range(5)] + [call("other")])
+    age_directories(tmp_path, seconds=120)
+    reader = CountingReader()
+    index = index_on(tmp_path, reader, tally_kept_s=60)
+    assert index.view().session_info("root")["record_count"] == 5
+    assert reader.reads == 6 and not index._tallies  # no file names kept for quiet sessions
+    alternate([writer], [call("root")])  # another process (no note to this index) adds a record
+    assert index.view().session_info("root")["record_count"] == 6
+    assert reader.reads == 12  # the changed directory is counted anew, the quiet one is not read
+    assert index.known_runs(session_dir_name("other")) == {None}  # from its entry: no tally needed
+    # A record this index is told of (as the writer tells it) on a quiet session: the note and the
+    # files read again add up to each record once.
+    age_directories(tmp_path, seconds=120)
+    index.view()
+    assert not index._tallies
+    alternate([writer], [call("root")])
+    directory = tmp_path / "sessions" / session_dir_name("root")
+    newest = max(directory.iterdir(), key=lambda path: path.stat().st_mtime_ns)
+    index.note_written(directory.name, newest.name, store_module._read_header(str(newest), directory.name))
+    assert index.view().session_info("root")["record_count"] == 7
+    writer.close()
 
 
 # ---- the change journal ----------------------------------------------------------------------
@@ -412,16 +484,3 @@ def test_an_updated_view_equals_one_built_from_scratch():
         assert view.list_sessions(roots_only=True, limit=1000) == scratch.list_sessions(roots_only=True, limit=1000)
         for parent in names[:8]:
             assert view.children(parent) == scratch.children(parent)
-
-
-def test_an_entry_keeps_its_json_for_each_parent_state():
-    import orjson
-
-    from server.capture.index_view import SessionEntry
-
-    entry = SessionEntry("s", "p", 3, "2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z", ("run-a",))
-    for missing in (False, True):
-        assert orjson.loads(entry.as_json(missing)) == entry.as_dict(missing)
-        assert entry.as_json(missing) is entry.as_json(missing)  # made once
-    assert entry.as_json(False) != entry.as_json(True)
-    assert entry == SessionEntry("s", "p", 3, "2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z", ("run-a",))

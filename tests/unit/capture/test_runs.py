@@ -12,12 +12,14 @@ from starlette.testclient import TestClient
 from server.api.sessions import session_routes
 from server.capture import runs
 from server.capture import store as store_module
+from server.capture.index import TALLY_KEPT_S
 from server.capture.rebuilds import RolloutBuilder
 from server.capture.runs import RunChoice, UnknownRun
 from server.capture.sessions import build_rollout, build_tree
 from server.capture.store import CaptureStore, session_dir_name
 from server.cli.sessions import main as sessions_main
 from tests.unit.api.test_sessions import add, assert_openai_error, call, chat_response
+from tests.unit.capture.test_index import age_directories
 
 SESSION = "gym-rollout-7"
 
@@ -180,6 +182,16 @@ def test_a_new_run_writing_into_an_earlier_runs_session_warns_once(tmp_path, cap
     assert len(warnings) == 1
     message = warnings[0].getMessage()
     assert repr(SESSION) in message and "run-a" in message and "run-b" in message
+
+
+def test_a_session_quiet_long_enough_to_be_let_go_by_the_index_still_warns_once(tmp_path, caplog):
+    """The index keeps only the entry of a quiet session (no tally): its runs still say who wrote it."""
+    directory = tmp_path / "captures"
+    caplog.set_level(logging.WARNING, logger="switchyard_model.capture")
+    _run(directory, "run-a")
+    age_directories(directory, seconds=2 * TALLY_KEPT_S)
+    _run(directory, "run-b")
+    assert len(_reuse_warnings(caplog)) == 1
 
 
 def test_the_same_run_writing_on_after_a_restart_of_its_store_does_not_warn(tmp_path, caplog):

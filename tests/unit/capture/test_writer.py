@@ -175,3 +175,15 @@ def test_write_call_gives_up_after_its_timeout_and_the_call_goes_on(make_store, 
     assert store.stats()["timed_out"] == 1
     gate.release.set()
     assert store.flush(10) and len(files(store.capture_dir, "slow-disk")) == 1  # written late, not lost
+
+
+def test_the_directories_the_writer_remembers_stay_bounded_and_it_writes_on_after_forgetting(make_store, monkeypatch):
+    monkeypatch.setattr(writer_module, "MADE_DIRS_KEPT", 4)
+    store = make_store()
+    for _ in range(2):
+        for i in range(10):
+            assert store.submit_call(**call(f"s{i}"))
+        assert store.flush(10)
+        assert len(store.writer.made_dirs) <= 4
+    for i in range(10):
+        assert len(files(store.capture_dir, f"s{i}")) == 2
