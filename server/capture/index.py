@@ -44,11 +44,11 @@ RACY_WINDOW_NS = 2_000_000_000
 FULL_REVALIDATION_S = 30.0
 # How often the store keeps the sweep going between looks (`SessionIndex.keep_up`).
 KEEP_UP_INTERVAL_S = 0.25
-# A directory whose last record is older than this keeps only its entry: the index lets go of its
-# tally (every file name, about 120 bytes a record), and counts its files again if it ever changes.
-# Memory then grows with the sessions, not the calls; an agent that comes back to a session after
-# this long pays one read of each of its record headers (about 5 ms for 200 records).
-TALLY_KEPT_S = 60.0
+# A session with no record added for this long keeps only its entry: the index lets go of its tally
+# (every file name, about 120 bytes a record), and counts its files again if it ever changes. Memory
+# then grows with the sessions, not the calls; a session written to again after this long costs the
+# next look one read of each of its record headers (about 5 ms for 200 records, off the event loop).
+TALLY_KEPT_S = 15.0
 
 
 @contextlib.contextmanager
@@ -113,6 +113,7 @@ class SessionIndex:
         self._sweep_pos = 0
         self._sweep_began_ns = 0
         self._last_look_ns = -(1 << 62)  # when a reader last asked for a view (keep_up works only after)
+        self._next_let_go_ns = 0  # when keep_up next looks for quiet tallies
         self.full_revalidations = 0  # looks that checked every directory at once (for tests)
         self.checked_dirs = 0  # directories stat-ed so far (for tests)
 
@@ -158,8 +159,20 @@ class SessionIndex:
         longer than the sweep's period checks every directory at once (10,000 stats, ~0.1 s of a
         thread holding the GIL in turns, felt by the calls being served); kept up, each tick checks
         about 170 of them. Only while looks come (within two full periods of the last): an idle index
-        stats nothing.
+        stats nothing. Looks or not, it lets go of the tallies of sessions quiet for `tally_kept_s`,
+        so a server nobody reads from does not keep a name for every record it wrote.
         """
+        now = self._clock()
+        # Not while a refresh runs: a scan adds to the tally it started from.
+        if self.revalidate and now >= self._next_let_go_ns and self._refresh_lock.acquire(blocking=False):
+            try:
+                self._next_let_go_ns = now + self._tally_kept_ns // 4
+                with self._lock:
+                    kept = self._tally_kept_ns
+                    for name in [name for name, tally in self._tallies.items() if now - tally.touched_ns > kept]:
+                        del self._tallies[name]  # if written since the last look, it is dirty: counted anew
+            finally:
+                self._refresh_lock.release()
         if not (self.sweeps and self._loaded):
             return
         if self._clock() - self._last_look_ns > 4 * self._sweep_period_ns:
@@ -175,6 +188,7 @@ class SessionIndex:
             if tally is None:
                 tally = self._tallies[dir_name] = SessionTally()
             tally.add(file_name, header)
+            tally.touched_ns = self._clock()
             self._dirty.add(dir_name)
 
     def known_runs(self, dir_name: str) -> set[str | None]:
@@ -319,7 +333,7 @@ class SessionIndex:
                 fresh[name] = _DirState(st.st_mtime_ns, started_ns, entry)
                 changed = changed or state is None or state.entry != entry
             if self.revalidate and started_ns - st.st_mtime_ns > self._tally_kept_ns:
-                self._let_tally_go(name)
+                self._let_tally_go(name)  # no file added for long: at once (a restart reads old sessions)
         return changed
 
     def _still_valid(self, state: _DirState, mtime_ns: int) -> bool:
@@ -357,12 +371,14 @@ class SessionIndex:
         with self._lock:
             current = self._tallies.get(dir_name)
             if recount or current is None:
-                new = SessionTally()
+                new = SessionTally(self._clock())
                 if current is not None and not current.names.issubset(known | files.keys()):
                     self._dirty.add(dir_name)  # a file written after the listing: the next look reads it
                 current = self._tallies[dir_name] = new
             for name, header in read:
                 current.add(name, header)  # a name the writer noted meanwhile counts once
+            if read:
+                current.touched_ns = self._clock()
             entry = current.entry()
         if skipped:
             self._on_skipped(skipped)

@@ -55,9 +55,10 @@ class SessionTally:
     by uuid, so every process derives the same entry whatever order it read the files in.
     """
 
-    __slots__ = ("names", "unreadable", "count", "session_id", "first", "last", "parent_key", "run_keys")
+    __slots__ = ("names", "unreadable", "count", "session_id", "first", "last", "parent_key", "run_keys", "touched_ns")
 
-    def __init__(self) -> None:
+    def __init__(self, touched_ns: int = 0) -> None:
+        self.touched_ns = touched_ns  # when a file was last added (the index's clock)
         self.names: set[str] = set()
         self.unreadable: set[str] | None = None
         self.count = 0

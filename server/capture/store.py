@@ -190,7 +190,7 @@ class CaptureStore:
                 journal.create(self.sessions_dir)  # readers follow it from now on
             except OSError as exc:
                 self._errors.warning("capture change journal not usable: %s", exc)
-        if self._index.sweeps:
+        if self._index.revalidate:
             self._keeper = threading.Thread(target=self._keep_index_up, name="capture-index-keeper", daemon=True)
             self._keeper.start()
         if not index_in_background:
@@ -200,7 +200,7 @@ class CaptureStore:
         self._index_scan.start()
 
     def _keep_index_up(self) -> None:
-        """The index's rolling sweep advanced between reads, so no read pays for a pause (`keep_up`)."""
+        """The index kept up between reads: its rolling sweep advanced, quiet tallies let go (`keep_up`)."""
         while not self._stopping.wait(KEEP_UP_INTERVAL_S):
             try:
                 self._index.keep_up()

@@ -255,6 +255,31 @@ def test_a_quiet_directory_keeps_only_its_entry_and_is_counted_anew_when_it_chan
     writer.close()
 
 
+def test_a_server_nobody_reads_from_lets_the_tallies_of_quiet_sessions_go(tmp_path):
+    """Its writer notes every record; without keep_up letting quiet tallies go, a name per record stays."""
+    writer = CaptureStore(tmp_path, shared_index=False)  # writes the files; this test plays its notes
+    writer.start()
+    now = [0]
+    reader = CountingReader()
+    index = index_on(tmp_path, reader, tally_kept_s=15, clock=lambda: now[0])
+    sessions = tmp_path / "sessions"
+    for i in range(3):
+        alternate([writer], [call(f"s{i}") for _ in range(4)])
+    for directory in filter(os.path.isdir, sessions.iterdir()):
+        for path in directory.iterdir():
+            index.note_written(directory.name, path.name, store_module._read_header(str(path), directory.name))
+    assert sum(len(tally.names) for tally in index._tallies.values()) == 12
+    now[0] += 10 * 10**9
+    index.keep_up()
+    assert len(index._tallies) == 3  # written 10 s ago: kept
+    now[0] += 6 * 10**9
+    index.keep_up()
+    assert not index._tallies  # quiet for 16 s: let go, though no reader ever looked
+    assert [index.view().session_info(f"s{i}")["record_count"] for i in range(3)] == [4, 4, 4]
+    assert reader.reads == 12  # the first look counts them from their files
+    writer.close()
+
+
 # ---- the change journal ----------------------------------------------------------------------
 
 NEVER = 1e9  # seconds: no periodic full revalidation within a test
