@@ -8,6 +8,7 @@ import random
 import orjson
 import pytest
 
+from server.capture import delta as delta_encoder
 from server.capture import delta_read as delta_module
 from server.capture import store as store_module
 from server.capture.delta import DELTA_SUFFIX
@@ -270,6 +271,22 @@ def test_a_restarted_writer_starts_each_session_afresh_and_mixed_directories_rea
     reader = CaptureStore.open_read_only(tmp_path)
     assert orjson.dumps(reader.read_completions("s")) == orjson.dumps(reference.read_completions("s"))
     reference.close()
+
+
+def test_a_session_past_the_remembered_ones_is_stored_whole_and_reads_back_exactly(tmp_path, monkeypatch):
+    monkeypatch.setattr(delta_encoder, "SESSIONS_REMEMBERED", 2)
+    store = CaptureStore(tmp_path, encoding="delta")
+    store.start()
+    calls = {name: conversation(name, turns=3) for name in ("a", "b", "c")}
+    write_all(store, calls["a"][:2] + calls["b"][:2] + calls["c"][:2] + calls["a"][2:])
+    assert delta_files(store, "a")[f"a-003{DELTA_SUFFIX}"]["base"] is None  # "a" was forgotten
+    assert delta_files(store, "c")[f"c-002{DELTA_SUFFIX}"]["base"] == "c-001"
+    reference = CaptureStore(tmp_path / "ref", encoding="full")
+    reference.start()
+    write_all(reference, calls["a"])
+    assert orjson.dumps(store.read_completions("a")) == orjson.dumps(reference.read_completions("a"))
+    reference.close()
+    store.close()
 
 
 def test_a_long_chain_reads_without_recursion(tmp_path):
