@@ -52,9 +52,10 @@ _BODY_FIELDS = frozenset(
 )
 # How many recent records of a session the writer keeps as candidate bases (a side call, such as a
 # title request, must not cost the conversation its base), and of how many sessions, the most
-# recently written: about 4 KiB a session, so the bound is memory (16,384 was up to 70 MiB, reached
-# in a 3-minute soak). 4,096 is four times the concurrent streams the server is measured with; a
-# session written again after 4,096 others were has its next record stored whole.
+# recently written: about 4 KiB a session of four records (digests, offsets, its files' paths), so
+# 16,384 sessions could hold some 70 MiB, and a few minutes of short sessions reach that. 4,096 is four
+# times the concurrent streams the server is measured with; a session written again after 4,096
+# others were has its next record stored whole.
 BASES_PER_SESSION = 4
 SESSIONS_REMEMBERED = 4096
 
