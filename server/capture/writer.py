@@ -74,6 +74,7 @@ class RecordWriter:
             raise ValueError(f"encoding must be one of {ENCODINGS}, not {encoding!r}")
         self.capture_dir = capture_dir
         self.sessions_dir = sessions_dir
+        self._sessions_path = os.fspath(sessions_dir)
         self.compress = compress
         # Only this thread writes, so only it knows each session's recent records: the delta bases.
         self.delta = DeltaEncoder() if encoding == "delta" else None
@@ -395,17 +396,19 @@ class RecordWriter:
             if self.compress:
                 data = gzip.compress(data, compresslevel=1, mtime=0)
             suffix = ".json.gz" if self.compress else ".json"
-        dir_name = self._dir_name(record["session_id"])
-        directory = self.sessions_dir / dir_name
+        # Strings, not Paths: a Path per record interns its parts (a name per record kept in the
+        # interpreter's table of interned strings) and costs more to build than the call's write.
+        directory = os.path.join(self._sessions_path, self._dir_name(record["session_id"]))
         name = record["uuid"]
         with self.io_lock:
             if self.delta is not None:
                 # Under the lock a delete of the session cannot come between choosing a base and writing.
                 encoded = self.delta.encode(record)
                 data, suffix = encoded.data, DELTA_SUFFIX
-            final = directory / f"{name}{suffix}"
+            file_name = f"{name}{suffix}"
+            final = os.path.join(directory, file_name)
             # Hidden and not *.json: readers never pick up a half-written file.
-            tmp = directory / f".{name}.{self._pid}.tmp"
+            tmp = os.path.join(directory, f".{name}.{self._pid}.tmp")
             self.make_session_dir(directory)
             try:
                 fd = os.open(tmp, _OPEN_NEW, 0o600)
@@ -427,26 +430,26 @@ class RecordWriter:
                     pass
                 raise
             if encoded is not None:
-                encoded.commit(str(final))
-            self._on_new_record(record, final.name)  # a record written again (same uuid) counts once
-        return str(final), str(directory)
+                encoded.commit(final)
+            self._on_new_record(record, file_name)  # a record written again (same uuid) counts once
+        return final, directory
 
-    def make_session_dir(self, directory: Path) -> None:
-        if str(directory) not in self.made_dirs:
+    def make_session_dir(self, directory: str) -> None:
+        if directory not in self.made_dirs:
             self.make_dir(self.capture_dir, parents=True)
             self.make_dir(self.sessions_dir)
             self.make_dir(directory)
 
-    def make_dir(self, path: Path, *, parents: bool = False) -> None:
-        key = str(path)
+    def make_dir(self, path: str | Path, *, parents: bool = False) -> None:
+        key = os.fspath(path)
         if key in self.made_dirs:
             return
-        if parents:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        if parents and os.path.dirname(key):
+            os.makedirs(os.path.dirname(key), exist_ok=True)
         try:
-            os.mkdir(path, 0o700)
+            os.mkdir(key, 0o700)
         except FileExistsError:
-            if not path.is_dir():
+            if not os.path.isdir(key):
                 raise
         if len(self.made_dirs) >= MADE_DIRS_KEPT:
             self.made_dirs.clear()
