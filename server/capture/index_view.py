@@ -1,5 +1,6 @@
-"""What the session index answers with: each record file's header, each session's entry, and an
-immutable snapshot of them all sorted by id (`IndexView`). `index` keeps them in line with the disk."""
+"""What the session index answers with: each record file's header, each session's tally of its files
+and its entry, and an immutable snapshot of the entries sorted by id (`IndexView`). `index` keeps them
+in line with the disk."""
 
 from __future__ import annotations
 
@@ -92,12 +93,10 @@ class SessionTally:
             if self.parent_key is None or key < self.parent_key:
                 self.parent_key = key
         run_key = (at, header.uuid, header.server_run)
-        for i, known in enumerate(self.run_keys):
-            if known[2] == header.server_run:
-                if run_key < known:
-                    self.run_keys = tuple(sorted(self.run_keys[:i] + (run_key,) + self.run_keys[i + 1 :]))
-                return
-        self.run_keys = tuple(sorted(self.run_keys + (run_key,)))
+        earliest = next((key for key in self.run_keys if key[2] == header.server_run), None)
+        if earliest is None or run_key < earliest:
+            others = tuple(key for key in self.run_keys if key is not earliest)
+            self.run_keys = tuple(sorted((*others, run_key)))
 
     def runs(self) -> set[str | None]:
         return {run for _, _, run in self.run_keys}
@@ -113,14 +112,6 @@ class SessionTally:
             last_captured_at=self.last,
             runs=tuple(run for _, _, run in self.run_keys),
         )
-
-
-def summarise(headers: list[RecordHeader]) -> SessionEntry | None:
-    """A session's entry from its readable records (each counted as a file of its own)."""
-    tally = SessionTally()
-    for i, header in enumerate(headers):
-        tally.add(str(i), header)
-    return tally.entry()
 
 
 class IndexView:

@@ -11,7 +11,7 @@ import pytest
 from server.capture import journal as journal_module
 from server.capture import store as store_module
 from server.capture.index import SessionIndex
-from server.capture.index_view import IndexView, RecordHeader, SessionEntry, SessionTally, summarise
+from server.capture.index_view import IndexView, RecordHeader, SessionEntry, SessionTally
 from server.capture.store import CaptureStore, session_dir_name
 from tests.unit.capture.test_store import call
 
@@ -177,7 +177,10 @@ def test_the_earliest_record_naming_a_parent_decides_it_whatever_the_read_order(
         RecordHeader("s", "parent-a", "2026-01-01T00:00:01+00:00", "uuid-a"),
         RecordHeader("s", None, "2026-01-01T00:00:00+00:00", "uuid-0"),
     ]
-    entry = summarise([headers[order[0]], headers[order[1]], headers[2]])
+    tally = SessionTally()
+    for header in (headers[order[0]], headers[order[1]], headers[2]):
+        tally.add(header.uuid, header)
+    entry = tally.entry()
     assert entry is not None
     assert entry.parent_session_id == "parent-a"  # same time: the smaller uuid wins, in every process
     assert entry.record_count == 3 and entry.first_captured_at == "2026-01-01T00:00:00+00:00"
