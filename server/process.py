@@ -1,4 +1,4 @@
-"""What a server process sets for itself: dying with its parent (Linux), a collector and an allocator tuned for serving."""
+"""What a server process sets for itself: dying with its parent (Linux), and a collector tuned for serving."""
 
 from __future__ import annotations
 
@@ -56,25 +56,3 @@ def calm_the_collector() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(_YOUNG_COLLECTION_EVERY, _OLDER_COLLECTION_EVERY, _OLDER_COLLECTION_EVERY)
-
-
-# glibc's mallopt parameter: the size from which malloc maps a block of its own instead of carving
-# it from the heap; 128 KiB is glibc's own starting value.
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD = 128 * 1024
-
-
-def steady_the_allocator() -> bool:
-    """Keep large buffers out of the C heap, so a long-running server's RSS follows what it holds.
-
-    glibc maps a block of 128 KiB or more on its own and unmaps it when it is freed, but each such
-    free raises that threshold (up to 32 MiB), so later large buffers (request and answer bodies,
-    the session index's maps, copied when sessions change) are carved from the heap, which gives
-    freed space back only from its top: a small block allocated after them pins it all. Fixing the
-    threshold where glibc starts keeps them mapped. In the soak: RSS +16.7 against +21.7 MiB over
-    the same load (docs/benchmarks.md). False where the C library has no such setting (not glibc).
-    """
-    try:
-        return ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
-    except (OSError, AttributeError):
-        return False

@@ -138,10 +138,9 @@ def run_serve(args: argparse.Namespace) -> int:
             return run_workers(settings, sock, workers, workers_ready)
 
         def ready(state: AppState) -> None:
-            from server.process import calm_the_collector, steady_the_allocator
+            from server.process import calm_the_collector
 
             calm_the_collector()
-            steady_the_allocator()
             announce(state.proxy.mode, state.proxy.root_url, state.route)
 
         app = create_app(settings, on_ready=ready)

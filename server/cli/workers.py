@@ -27,7 +27,7 @@ import orjson
 from server.capture.runs import new_run_id
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, Settings, resolve_deployment
-from server.process import calm_the_collector, die_with_parent, steady_the_allocator
+from server.process import calm_the_collector, die_with_parent
 
 log = logging.getLogger("switchyard_model.workers")
 
@@ -78,7 +78,6 @@ def worker_app() -> Any:
 
     def ready(state) -> None:
         calm_the_collector()
-        steady_the_allocator()
         if ready_dir:
             note = {"pid": os.getpid(), "switchyard": state.proxy.root_url, "route": state.route}
             path = Path(ready_dir) / str(os.getpid())
