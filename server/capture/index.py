@@ -128,6 +128,10 @@ class SessionIndex:
         self._dirty: set[str] = set()  # directories this process wrote to since the last look
         self._last_refresh_began_ns = -1  # monotonic
         self._view: IndexView | None = None
+        # Changes refreshes found since the last look, applied to the view only when someone looks:
+        # each application copies the view's maps (a megabyte or so at 10,000 sessions), and the
+        # keeper refreshes four times a second.
+        self._unviewed: dict[str, SessionEntry | None] = {}
 
     # ---- what readers call -------------------------------------------------------------------
 
@@ -141,11 +145,16 @@ class SessionIndex:
         with self._lock:
             if self._view is None:
                 self._view = IndexView([state.entry for state in self._dirs.values() if state.entry is not None])
+            elif self._unviewed:
+                self._view = self._view.updated(self._unviewed)
+            self._unviewed = {}
             return self._view
 
     def __len__(self) -> int:
-        view = self._view
-        return len(view) if view is not None else sum(1 for s in self._dirs.values() if s.entry is not None)
+        with self._lock:
+            if self._view is not None and not self._unviewed:
+                return len(self._view)
+            return sum(1 for s in self._dirs.values() if s.entry is not None)
 
     @property
     def sweeps(self) -> bool:
@@ -299,7 +308,7 @@ class SessionIndex:
                 if name not in self._dirty:
                     self._tallies.pop(name, None)
             if by_session and self._view is not None:
-                self._view = self._view.updated(by_session)
+                self._unviewed.update(by_session)
 
     def _revalidate(
         self,

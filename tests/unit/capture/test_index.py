@@ -417,6 +417,31 @@ def test_kept_up_between_looks_a_look_after_a_pause_checks_only_a_slice_and_stil
     older.close()
 
 
+def test_the_keeper_finds_changes_but_only_a_look_copies_the_view(tmp_path, monkeypatch):
+    """Applying changes copies the view's maps (O(sessions)): once a look, not once a keeper tick."""
+    older = forty_sessions_by_an_older_writer(tmp_path)
+    now = [0]
+    index = sweeping_index(tmp_path, now)
+    index.view()
+    copies = []
+    real_updated = IndexView.updated
+    monkeypatch.setattr(
+        IndexView, "updated", lambda view, changes: copies.append(dict(changes)) or real_updated(view, changes)
+    )
+    for i in range(20):  # ticks while another writer adds records
+        alternate([older], [call(f"s-{i:02d}")])
+        now[0] += 250_000_000
+        index.keep_up()
+    for _ in range(16):  # 4 s more: the sweep has checked every directory since its change
+        now[0] += 250_000_000
+        index.keep_up()
+    assert copies == []
+    view = index.view()
+    assert len(copies) == 1 and len(copies[0]) == 20  # every change the ticks found, in one copy
+    assert [view.session_info(f"s-{i:02d}")["record_count"] for i in (0, 19, 20)] == [2, 2, 1]
+    older.close()
+
+
 def test_the_store_keeps_its_index_up_on_a_thread_of_its_own(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(store_module, "KEEP_UP_INTERVAL_S", 0.01)
