@@ -190,25 +190,37 @@ class SessionIndex:
 
     # ---- what the writer calls ---------------------------------------------------------------
 
-    def note_written(self, dir_name: str, file_name: str, header: RecordHeader) -> None:
-        """A record this process just wrote: its header is known, so no rescan needs to parse it."""
+    def note_written(self, dir_name: str, file_name: str, header: RecordHeader) -> set[str | None] | None:
+        """A record this process just wrote: its header is known, so no rescan needs to parse it.
+
+        Returns the runs known in the directory before it when it is the first record of its run
+        there that this process knows of (so the writer can warn of a reused session), else None.
+        """
         with self._lock:
             tally = self._tallies.get(dir_name)
             if tally is None:
                 tally = self._tallies[dir_name] = SessionTally()
+            earlier = None
+            if header.server_run not in tally.runs():  # the usual case answers here
+                known = self._known_runs(dir_name)
+                earlier = known if header.server_run not in known else None
             tally.add(file_name, header)
             tally.touched_ns = self._clock()
             self._dirty.add(dir_name)
+            return earlier
 
     def known_runs(self, dir_name: str) -> set[str | None]:
         """The runs of the records this process knows in a session directory (from its scans and its
-        own writes); reads nothing, so the writer may ask on every new session."""
+        own writes); reads nothing."""
         with self._lock:
-            tally, state = self._tallies.get(dir_name), self._dirs.get(dir_name)
-            runs = tally.runs() if tally is not None else set()
-            if state is not None and state.entry is not None:
-                runs.update(state.entry.runs)
-            return runs
+            return self._known_runs(dir_name)
+
+    def _known_runs(self, dir_name: str) -> set[str | None]:
+        tally, state = self._tallies.get(dir_name), self._dirs.get(dir_name)
+        runs = tally.runs() if tally is not None else set()
+        if state is not None and state.entry is not None:
+            runs.update(state.entry.runs)
+        return runs
 
     def forget(self, dir_name: str) -> None:
         """A session directory this process just removed."""

@@ -308,15 +308,14 @@ class CaptureStore:
         """Tell the index about a record this process wrote, so no rescan has to parse it again."""
         dir_name = session_dir_name(record["session_id"])
         header = _header(record)
-        known = self._index.known_runs(dir_name)
-        if header.server_run not in known:  # this run's first record in the session
+        earlier = self._index.note_written(dir_name, name, header)
+        if earlier is not None:  # this run's first record in the session
             with self._reuse_checks_lock:
                 check_now = self._indexed.is_set()
                 if not check_now:
                     self._pending_reuse_checks.append((record["session_id"], header.server_run, dir_name))
             if check_now:
-                self._warn_if_reused(record["session_id"], header.server_run, known)
-        self._index.note_written(dir_name, name, header)
+                self._warn_if_reused(record["session_id"], header.server_run, earlier)
 
     def _warn_if_reused(self, session_id: str, run: str | None, known: set[str | None]) -> None:
         """Once per session and run: say so when this run writes into a session an earlier run wrote."""
