@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +19,14 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 
 
+@functools.cache
+def scratch_dir() -> Path:
+    """One temporary folder for this test run's process logs and state, removed when the run ends."""
+    path = Path(tempfile.mkdtemp(prefix="switchyard-tests-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -26,7 +37,7 @@ class Proc:
     """A child process with its output in a file (so tests can read what it logged)."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
-        self.log_path = Path(tempfile.mkstemp(prefix="proc-", suffix=".log")[1])
+        self.log_path = Path(tempfile.mkstemp(prefix="proc-", suffix=".log", dir=scratch_dir())[1])
         self._log = open(self.log_path, "wb")
         full_env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1", **(env or {})}
         self.popen = subprocess.Popen(
@@ -102,7 +113,7 @@ def start_server(
     port = port or free_port()
     if "--no-capture" in args and "--capture-dir" not in args:
         # Capture off still keeps the stored responses' database in the capture directory: not in the checkout.
-        args = (*args, "--capture-dir", tempfile.mkdtemp(prefix="switchyard-model-state-"))
+        args = (*args, "--capture-dir", tempfile.mkdtemp(prefix="state-", dir=scratch_dir()))
     argv = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *args]
     proc = Proc(argv, env=env)
     url = f"http://127.0.0.1:{port}"
