@@ -1,11 +1,63 @@
-"""Reading a capture directory from a test the way every reader should: through the store's loader
-(records may be delta files that only make sense with their bases), counting what could not be read."""
+"""Captured calls for tests: a call to submit to the store, written and flushed, and read back the way
+every reader should (through the store's loader: records may be delta files that only make sense
+with their bases), counting what could not be read."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from server.capture.store import CaptureStore
+
+
+def chat_response(prompt=(1, 2, 3), generation=(7, 8), content="hi", tool_calls=None) -> dict[str, Any]:
+    """A vLLM-style chat completion with its token fields: prompt ids, generated ids, a logprob each."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-test",
+        "model": "Qwen/Qwen3-0.6B",
+        "prompt_token_ids": list(prompt),
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+                "token_ids": list(generation),
+                "logprobs": {"content": [{"token": "t", "logprob": -0.5} for _ in generation]},
+            }
+        ],
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(generation),
+            "total_tokens": len(prompt) + len(generation),
+        },
+    }
+
+
+def captured_call(session_id, parent=None, messages=None, response=None, **overrides) -> dict[str, Any]:
+    """The arguments of `CaptureStore.submit_call` (and `build_record`) for one chat call of a session."""
+    return {
+        "session_id": session_id,
+        "parent_session_id": parent,
+        "rollout_id": None,
+        "request_id": None,
+        "chat_request": {"messages": messages or [{"role": "user", "content": "hello"}]},
+        "chat_response": response or chat_response(),
+        "route": "policy-model",
+        "api": "chat",
+        "stream": False,
+        "latency_ms": 1.0,
+        **overrides,
+    }
+
+
+def submit_all(store: CaptureStore, *calls: dict[str, Any]) -> None:
+    """Each call submitted, then every record in its file."""
+    for kwargs in calls:
+        assert store.submit_call(**kwargs)
+    assert store.flush(10)
 
 
 def records_in(capture_dir: Path) -> tuple[list[dict], int]:

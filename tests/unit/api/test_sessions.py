@@ -14,50 +14,9 @@ from server.api.sessions import session_routes
 from server.capture import rebuilds
 from server.capture.rollout import RolloutError
 from server.capture.store import CaptureStore
-
-
-def chat_response(prompt, generation, content="hi", tool_calls=None):
-    message = {"role": "assistant", "content": content}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    return {
-        "id": "chatcmpl-test",
-        "model": "Qwen/Qwen3-0.6B",
-        "prompt_token_ids": list(prompt),
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": "tool_calls" if tool_calls else "stop",
-                "token_ids": list(generation),
-                "logprobs": {"content": [{"token": "t", "logprob": -0.5} for _ in generation]},
-            }
-        ],
-        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(generation), "total_tokens": 0},
-    }
-
-
-def call(session_id, parent=None, messages=None, response=None, **overrides):
-    kwargs = dict(
-        session_id=session_id,
-        parent_session_id=parent,
-        rollout_id=None,
-        request_id=None,
-        chat_request={"messages": messages or [{"role": "user", "content": "hello"}]},
-        chat_response=response or chat_response([1, 2, 3], [7, 8]),
-        route="policy-model",
-        api="chat",
-        stream=False,
-        latency_ms=1.0,
-    )
-    kwargs.update(overrides)
-    return kwargs
-
-
-def add(store, *calls):
-    for kwargs in calls:
-        assert store.submit_call(**kwargs)
-    assert store.flush(10)
+from tests.support.captures import captured_call as call
+from tests.support.captures import chat_response
+from tests.support.captures import submit_all as add
 
 
 @pytest.fixture

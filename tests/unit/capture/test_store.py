@@ -16,45 +16,9 @@ from server.capture import store as store_module
 from server.capture import writer as writer_module
 from server.capture.record import build_record
 from server.capture.store import CaptureStore, InvalidSessionId, UnknownSession, session_dir_name
-
-
-def chat_response(prompt=(1, 2, 3), generation=(7, 8)):
-    return {
-        "id": "chatcmpl-test",
-        "model": "Qwen/Qwen3-0.6B",
-        "prompt_token_ids": list(prompt),
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "hi"},
-                "finish_reason": "stop",
-                "token_ids": list(generation),
-                "logprobs": {"content": [{"token": "t", "logprob": -0.1} for _ in generation]},
-            }
-        ],
-        "usage": {
-            "prompt_tokens": len(prompt),
-            "completion_tokens": len(generation),
-            "total_tokens": len(prompt) + len(generation),
-        },
-    }
-
-
-def call(session_id, parent=None, **overrides):
-    kwargs = dict(
-        session_id=session_id,
-        parent_session_id=parent,
-        rollout_id=None,
-        request_id=None,
-        chat_request={"messages": [{"role": "user", "content": "hello"}]},
-        chat_response=chat_response(),
-        route="policy-model",
-        api="chat",
-        stream=False,
-        latency_ms=3.0,
-    )
-    kwargs.update(overrides)
-    return kwargs
+from tests.support.captures import captured_call as call
+from tests.support.captures import chat_response
+from tests.support.captures import submit_all as write
 
 
 def record(session_id, parent=None, **overrides):
@@ -67,12 +31,6 @@ def store(tmp_path):
     capture.start()
     yield capture
     capture.close()
-
-
-def write(store, *calls):
-    for kwargs in calls:
-        assert store.submit_call(**kwargs)
-    assert store.flush(10)
 
 
 def session_path(store, session_id):

@@ -15,44 +15,11 @@ from server.capture import sessions as capture_sessions
 from server.capture.rollout import RolloutError
 from server.capture.store import CaptureStore
 from server.cli.sessions import add_sessions_parser, main, run_sessions
+from tests.support.captures import captured_call as call
+from tests.support.captures import chat_response
 from tests.support.procs import Proc, free_port
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def chat_response(prompt, generation, content="ok"):
-    return {
-        "id": "chatcmpl-test",
-        "model": "Qwen/Qwen3-0.6B",
-        "prompt_token_ids": list(prompt),
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": "stop",
-                "token_ids": list(generation),
-                "logprobs": {"content": [{"token": "t", "logprob": -0.25} for _ in generation]},
-            }
-        ],
-        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(generation), "total_tokens": 0},
-    }
-
-
-def call(session_id, parent=None, messages=None, response=None, **overrides):
-    kwargs = dict(
-        session_id=session_id,
-        parent_session_id=parent,
-        rollout_id=None,
-        request_id=None,
-        chat_request={"messages": messages or [{"role": "user", "content": "hello"}]},
-        chat_response=response or chat_response([1, 2], [3]),
-        route="policy-model",
-        api="chat",
-        stream=False,
-        latency_ms=1.0,
-    )
-    kwargs.update(overrides)
-    return kwargs
 
 
 @pytest.fixture
