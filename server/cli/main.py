@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from server.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from server.dev.mock_upstream import command as mock_upstream
 
 # Imports stay light here, and heavy ones happen inside main(): a Ctrl-C while they load is then
 # caught by main() like any other, rather than ending in a traceback from the import machinery.
@@ -171,22 +172,7 @@ def _add_mock(sub) -> None:
         "vLLM-compatible /v1/chat/completions with token ids, logprobs and scripted behaviours "
         "(see docs/mock-upstream.md).",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
-    p.add_argument("--model-name", default="mock-model", help="the model id it reports")
-    p.add_argument("--max-model-len", type=int, default=32768, help="the context length it reports and enforces")
-    p.add_argument(
-        "--template",
-        choices=["keep-reasoning", "drop-reasoning"],
-        default="keep-reasoning",
-        help="drop-reasoning: past assistant turns render without their reasoning (Qwen3-like)",
-    )
-    p.add_argument(
-        "--token-in",
-        choices=["honor", "ignore"],
-        default="honor",
-        help="honor or ignore prompt ids sent in the request",
-    )
+    mock_upstream.add_arguments(p, port=8001)
 
 
 def _add_demo(sub) -> None:
@@ -235,16 +221,7 @@ def _run_command(argv: list[str] | None) -> int:
     if args.command == "serve":
         return run_serve(args)
     if args.command == "mock-upstream":
-        from server.dev.mock_upstream.app import run
-
-        run(
-            host=args.host,
-            port=args.port,
-            model_name=args.model_name,
-            max_model_len=args.max_model_len,
-            template=args.template,
-            token_in=args.token_in,
-        )
+        mock_upstream.serve(args)
         return EXIT_OK
     if args.command == "demo":
         from server.dev.demo import run_demo
