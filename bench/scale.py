@@ -14,6 +14,7 @@ Usage: python bench/scale.py [--quick] [--json PATH]
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import time
@@ -209,9 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         local = per_rollout_server(mock, log_dir, runs)
         log("per-rollout server measured")
         workers = workers_throughput(mock, gen, log_dir, rounds, duration)
+    except BaseException:
+        log(f"failed; process logs kept in {log_dir}")
+        raise
     finally:
         gen.stop()
         mock.proc.stop()
+    shutil.rmtree(log_dir, ignore_errors=True)  # as bench/run.py: logs (and ~90 MB of captures) kept only on failure
     rows = report(local, workers)
     width = max(len(r[0]) for r in rows)
     for figure, value, note in rows:
