@@ -10,6 +10,7 @@ Everything here is pure and never raises on odd upstream output.
 from __future__ import annotations
 
 import math
+from itertools import repeat
 from typing import Any, TypeGuard
 
 import orjson
@@ -109,7 +110,7 @@ def generation_tokens(choice: dict[str, Any]) -> tuple[Any, list[Any] | None]:
     tokens (None if any entry has none); the log probs are each entry's `logprob`.
     """
     entries = logprob_entries(choice)
-    log_probs = None if entries is None else [e.get("logprob") if isinstance(e, dict) else None for e in entries]
+    log_probs = None if entries is None else _logprobs_of(entries)
     generation_ids = choice.get("token_ids")
     if generation_ids is None and entries is not None:
         parsed = [token_id_of(entry) for entry in entries]
@@ -124,13 +125,24 @@ def generation_token_texts(choice: dict[str, Any]) -> list[str] | None:
     content = logprob_entries(choice)
     if not content:
         return None
-    texts: list[str] = []
-    for entry in content:
-        text = entry.get("token") if isinstance(entry, dict) else None
-        if not isinstance(text, str) or text.startswith(_TOKEN_ID_PREFIX):
+    # A generation of thousands of tokens is read on every captured call, so the usual case runs in
+    # C: a non-dict entry or a missing text raises in the comprehension, a text that is not a string
+    # in the join, and only a join holding the prefix somewhere has each text checked for it.
+    try:
+        texts = [entry["token"] for entry in content]
+        if _TOKEN_ID_PREFIX in "".join(texts) and any(map(str.startswith, texts, repeat(_TOKEN_ID_PREFIX))):
             return None
-        texts.append(text)
+    except (KeyError, TypeError):
+        return None
     return texts
+
+
+def _logprobs_of(entries: list[Any]) -> list[Any]:
+    """Each logprob entry's `logprob` (None for an entry without one): one C comprehension in the usual case."""
+    try:
+        return [entry["logprob"] for entry in entries]
+    except (KeyError, TypeError):
+        return [entry.get("logprob") if isinstance(entry, dict) else None for entry in entries]
 
 
 def triple_problem(prompt_ids: object, generation_ids: object, log_probs: object) -> str | None:

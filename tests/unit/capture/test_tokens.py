@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from server.capture.record import build_record
 from server.capture.rollout.items import message_items
 from server.capture.tokens import (
+    generation_token_texts,
     generation_tokens,
     is_finite_numbers,
     is_token_ids,
@@ -145,6 +146,53 @@ def test_generation_tokens_as_returned():
     # One entry without an id: no ids at all rather than a shifted list.
     assert generation_tokens({"logprobs": {"content": [*entries, {"token": "x", "logprob": -1}]}})[0] is None
     assert generation_tokens({"logprobs": None}) == (None, None)
+
+
+# Entries as an upstream may send them: mostly well formed, sometimes not a dict, without a text or a
+# logprob, with a text that is not a string, or spelled as an id (`token_id:<n>`) or holding the prefix.
+_TEXTS = st.one_of(
+    st.text(max_size=6),
+    st.sampled_from(["token_id:", "token_id:7", "xtoken_id:", "token_", "id:"]),
+    st.none(),
+    st.integers(),
+)
+_ENTRY = st.one_of(
+    st.fixed_dictionaries({"token": _TEXTS, "logprob": st.floats(allow_nan=False)}),
+    st.fixed_dictionaries({"logprob": st.floats(allow_nan=False)}),
+    st.fixed_dictionaries({"token": _TEXTS}),
+    st.none(),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+def _texts_entry_by_entry(content):
+    """The plain reading the fast one must agree with: every entry a dict with a string text, none an id."""
+    if not content:
+        return None
+    texts = []
+    for entry in content:
+        text = entry.get("token") if isinstance(entry, dict) else None
+        if not isinstance(text, str) or text.startswith("token_id:"):
+            return None
+        texts.append(text)
+    return texts
+
+
+@given(st.lists(_ENTRY, max_size=12))
+def test_token_texts_and_logprobs_read_as_entry_by_entry(content):
+    choice = {"token_ids": [1] * len(content), "logprobs": {"content": content}}
+    assert generation_token_texts(choice) == _texts_entry_by_entry(content)
+    expected = [e.get("logprob") if isinstance(e, dict) else None for e in content]
+    assert generation_tokens(choice)[1] == expected
+
+
+def test_token_texts_that_only_hold_the_id_prefix_inside_or_across_texts_are_kept():
+    # The prefix found in the joined texts is only a hint: each text is then checked for it.
+    content = [{"token": "tok", "logprob": -1.0}, {"token": "en_id:", "logprob": -1.0}, {"token": "a token_id:"}]
+    assert generation_token_texts({"logprobs": {"content": content}}) == ["tok", "en_id:", "a token_id:"]
+    content.append({"token": "token_id:9", "logprob": -1.0})
+    assert generation_token_texts({"logprobs": {"content": content}}) is None
 
 
 # ---- the triple from a chat answer ----------------------------------------------------------------
