@@ -1,9 +1,11 @@
-"""Atomic, private file writes: a reader sees the old file or the whole new one, never a torn one."""
+"""Private files: atomic writes (a reader sees the old file or the whole new one, never a torn one), and
+temporary folders named after their process, so a killed server's are found and removed."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,3 +40,36 @@ def write_atomic(path: Path | str, data: bytes, *, mode: int = 0o600, fsync: boo
     """Replace `path` with `data` atomically (see `atomic_writer`)."""
     with atomic_writer(path, mode=mode, fsync=fsync) as handle:
         handle.write(data)
+
+
+def process_temp_dir(prefix: str) -> str:
+    """A new private folder `<prefix><pid>-<random>` in the temp directory, for this process's files.
+
+    The folders of the same prefix whose process is gone (a server killed with SIGKILL never removes
+    its own) are removed first: what they hold may be large, or secret.
+    """
+    remove_orphaned_temp_dirs(prefix)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")  # mode 0700
+
+
+def remove_orphaned_temp_dirs(prefix: str) -> None:
+    """Remove the `process_temp_dir` folders of `prefix` whose process no longer runs."""
+    root = tempfile.gettempdir()
+    try:
+        names = [name for name in os.listdir(root) if name.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process
+        return True
+    return True

@@ -46,6 +46,7 @@ from server.capture.rollout import reconstruct_tree
 from server.capture.runs import LATEST, RunChoice, children_in
 from server.capture.sessions import pick, tree_records
 from server.capture.store import UnknownSession, read_session_records
+from server.files import process_temp_dir
 
 log = logging.getLogger("switchyard_model.capture")
 
@@ -79,30 +80,7 @@ class SpooledBody:
         return self.size
 
 
-SPOOL_PREFIX = "switchyard-model-rollouts-"  # then the server's pid: a killed server's spool is found
-
-
-def _remove_orphaned_spools() -> None:
-    """Spool directories of servers that died without closing (SIGKILL): their pid is gone."""
-    root = tempfile.gettempdir()
-    try:
-        names = [name for name in os.listdir(root) if name.startswith(SPOOL_PREFIX)]
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(SPOOL_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # someone else's process
-        return True
-    return True
+SPOOL_PREFIX = "switchyard-model-rollouts-"  # a `process_temp_dir`: a killed server's spool is found
 
 
 # Long past the moment an HTTP server sending a spooled file opens it; once open, removing the name
@@ -269,8 +247,7 @@ class RolloutBuilder:
     def _spool(self) -> str:
         with self._pool_lock:
             if self._spool_dir is None:
-                _remove_orphaned_spools()
-                self._spool_dir = tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
+                self._spool_dir = process_temp_dir(SPOOL_PREFIX)
                 # Removed at exit also for a builder nobody closes (the session routes' fallback).
                 weakref.finalize(self, shutil.rmtree, self._spool_dir, True)
             return self._spool_dir

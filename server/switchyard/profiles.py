@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from server.config import PROFILES_DIR, ConfigError
+from server.files import process_temp_dir
 from server.switchyard.interpolation import substitute
 from server.switchyard.redaction import REDACTED, is_secret_name, redact_assignments, scrub
 
@@ -96,9 +96,13 @@ def switchyard_error(
     return rendered.scrub(message)
 
 
+PRIVATE_DIR_PREFIX = "switchyard-model-deployment-"
+
+
 def write_private(rendered: RenderedDeployment) -> Path:
     """Write the resolved deployment where only this user can read it (it may hold secrets)."""
-    directory = Path(tempfile.mkdtemp(prefix="switchyard-model-"))  # mkdtemp is 0700
+    # A folder named after this process: a SIGKILLed server cannot remove its copy, the next one does.
+    directory = Path(process_temp_dir(PRIVATE_DIR_PREFIX))
     target = directory / rendered.source.name
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
+import tempfile
 import tomllib
 
 import pytest
@@ -35,6 +39,24 @@ def test_private_rendering_is_0600_in_a_0700_dir_and_removed(tmp_path):
     finally:
         profiles.remove_private(private)
     assert not private.exists() and not private.parent.exists()
+
+
+def test_a_killed_servers_private_rendering_is_removed_by_the_next_one_and_a_live_ones_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f"{profiles.PRIVATE_DIR_PREFIX}{int(dead.stdout)}-abc"
+    living = tmp_path / f"{profiles.PRIVATE_DIR_PREFIX}{os.getppid()}-def"  # our parent: alive
+    for directory in (orphan, living):
+        directory.mkdir()
+        (directory / "d.toml").write_text(f'key = "{SECRET}"\n')
+    path = tmp_path / "d.toml"
+    path.write_text('a = "${V}"\n')
+    private = profiles.write_private(profiles.render(path, {"V": SECRET}))
+    try:
+        assert not orphan.exists() and living.exists()
+        assert private.parent.name.startswith(f"{profiles.PRIVATE_DIR_PREFIX}{os.getpid()}-")
+    finally:
+        profiles.remove_private(private)
 
 
 # ---- shipped profiles ---------------------------------------------------------------------
