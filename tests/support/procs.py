@@ -27,6 +27,17 @@ def scratch_dir() -> Path:
     return path
 
 
+def dead_and_living_dirs(root: Path, prefix: str) -> tuple[Path, Path]:
+    """Two folders named as `server.files.process_temp_dir` names them, each holding a file: one after
+    a pid whose process has exited, one after a running process (this test's parent)."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan, living = root / f"{prefix}{int(dead.stdout)}-abc", root / f"{prefix}{os.getppid()}-def"
+    for directory in (orphan, living):
+        directory.mkdir()
+        (directory / "left-behind").write_bytes(b"{}")
+    return orphan, living
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

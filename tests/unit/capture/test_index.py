@@ -13,7 +13,7 @@ from server.capture import store as store_module
 from server.capture.index import SessionIndex
 from server.capture.index_view import IndexView, RecordHeader, SessionEntry, SessionTally
 from server.capture.store import CaptureStore, session_dir_name
-from tests.unit.capture.test_store import call
+from tests.support.captures import captured_call as call
 
 
 def alternate(writers: list[CaptureStore], calls: list[dict]) -> None:

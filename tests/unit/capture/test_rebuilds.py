@@ -15,7 +15,10 @@ import pytest
 from server.capture import rebuilds
 from server.capture.rebuilds import RolloutBuilder, rollout_json, tree_of
 from server.capture.store import CaptureStore, UnknownSession
-from tests.unit.api.test_sessions import add, call, chat_response
+from tests.support.captures import captured_call as call
+from tests.support.captures import chat_response
+from tests.support.captures import submit_all as add
+from tests.support.procs import dead_and_living_dirs
 
 
 @pytest.fixture
@@ -230,17 +233,10 @@ def test_the_worker_runs_under_the_idle_scheduling_policy_and_spools_what_it_bui
 
 
 def test_a_killed_servers_spool_is_removed_by_the_next_one_and_a_live_ones_is_kept(store, tmp_path, monkeypatch):
-    import subprocess
-    import sys
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    orphan = tmp_path / f"{rebuilds.SPOOL_PREFIX}{int(dead.stdout)}-abc"
-    living = tmp_path / f"{rebuilds.SPOOL_PREFIX}{os.getppid()}-def"  # our parent: alive
-    for directory in (orphan, living):
-        directory.mkdir()
-        (directory / "body-1.json").write_bytes(b"{}")
+    orphan, living = dead_and_living_dirs(tmp_path, rebuilds.SPOOL_PREFIX)
     builder = RolloutBuilder(store.sessions_dir, workers=0)
     own = builder._spool()
     assert not orphan.exists() and living.exists()

@@ -18,7 +18,10 @@ from server.capture.runs import RunChoice, UnknownRun
 from server.capture.sessions import build_rollout, build_tree
 from server.capture.store import CaptureStore, session_dir_name
 from server.cli.sessions import main as sessions_main
-from tests.unit.api.test_sessions import add, assert_openai_error, call, chat_response
+from tests.support.captures import captured_call as call
+from tests.support.captures import chat_response
+from tests.support.captures import submit_all as add
+from tests.unit.api.test_sessions import assert_openai_error
 from tests.unit.capture.test_index import age_directories
 
 SESSION = "gym-rollout-7"

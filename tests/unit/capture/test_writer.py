@@ -14,7 +14,7 @@ from server.capture.durable import GroupSync
 from server.capture.marks import MARK_NAME
 from server.capture.record import build_record
 from server.capture.store import CaptureStore
-from tests.unit.capture.test_store import call
+from tests.support.captures import captured_call as call
 
 
 def session_dir(root, session_id):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 import tempfile
 import tomllib
 
@@ -14,6 +12,7 @@ import pytest
 from server.config import PROFILES_DIR, ConfigError, load_settings, resolve_deployment
 from server.switchyard import discovery, interpolation, profiles
 from tests.support.deployments import PROFILE_ENV, SECRET
+from tests.support.procs import dead_and_living_dirs
 
 
 def test_render_records_values_and_hides_secret_ones(tmp_path):
@@ -43,12 +42,7 @@ def test_private_rendering_is_0600_in_a_0700_dir_and_removed(tmp_path):
 
 def test_a_killed_servers_private_rendering_is_removed_by_the_next_one_and_a_live_ones_is_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    orphan = tmp_path / f"{profiles.PRIVATE_DIR_PREFIX}{int(dead.stdout)}-abc"
-    living = tmp_path / f"{profiles.PRIVATE_DIR_PREFIX}{os.getppid()}-def"  # our parent: alive
-    for directory in (orphan, living):
-        directory.mkdir()
-        (directory / "d.toml").write_text(f'key = "{SECRET}"\n')
+    orphan, living = dead_and_living_dirs(tmp_path, profiles.PRIVATE_DIR_PREFIX)
     path = tmp_path / "d.toml"
     path.write_text('a = "${V}"\n')
     private = profiles.write_private(profiles.render(path, {"V": SECRET}))
