@@ -48,11 +48,11 @@ def process_temp_dir(prefix: str) -> str:
     The folders of the same prefix whose process is gone (a server killed with SIGKILL never removes
     its own) are removed first: what they hold may be large, or secret.
     """
-    remove_orphaned_temp_dirs(prefix)
+    _remove_orphaned_temp_dirs(prefix)
     return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")  # mode 0700
 
 
-def remove_orphaned_temp_dirs(prefix: str) -> None:
+def _remove_orphaned_temp_dirs(prefix: str) -> None:
     """Remove the `process_temp_dir` folders of `prefix` whose process no longer runs."""
     root = tempfile.gettempdir()
     try:
