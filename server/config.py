@@ -70,6 +70,9 @@ class Settings(BaseModel):
     # Launch a separately installed Switchyard instead of hosting it in-process, e.g.
     # "switchyard-server --config {deployment} --port {port}".
     switchyard_command: str | None = None
+    # Worker threads of the Switchyard this server runs (its Tokio runtime); None: up to 4 when hosted
+    # in this process, its own default (one per core) when launched. See `server.switchyard.proxy`.
+    switchyard_threads: int | None = Field(default=None, ge=1)
     proxy_startup_timeout_s: float = Field(default=240.0, gt=0)
     # Delays before restarting a launched Switchyard that died (the last one repeats).
     proxy_restart_backoff_s: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0, 5.0, 10.0, 30.0], min_length=1)

@@ -115,7 +115,7 @@ class _SwitchyardThread:
     """Runs a launched Switchyard's start, supervision (restarts) and close on an event loop of its own."""
 
     def __init__(self, settings: Settings) -> None:
-        from server.switchyard.proxy import LaunchedProxy
+        from server.switchyard.proxy import LaunchedProxy, switchyard_threads
 
         command = settings.switchyard_command or (
             f"{shlex.quote(sys.executable)} -m server.switchyard.host --config {{deployment}} --port {{port}}"
@@ -126,6 +126,8 @@ class _SwitchyardThread:
             settings.proxy_port,
             settings.proxy_startup_timeout_s,
             tuple(settings.proxy_restart_backoff_s),
+            # One Switchyard for every worker: its own default (a thread per core) unless told.
+            switchyard_threads(settings.switchyard_threads, hosted=False),
         )
         self._loop = asyncio.new_event_loop()
         # Its child is tied to this thread's life (PR_SET_PDEATHSIG): it runs until close().

@@ -14,7 +14,7 @@ import threading
 
 from server.config import ConfigError, resolve_deployment
 from server.switchyard import profiles
-from server.switchyard.proxy import ensure_no_proxy_for_loopback
+from server.switchyard.proxy import ensure_no_proxy_for_loopback, switchyard_threads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ensure_no_proxy_for_loopback()
     try:
+        switchyard_threads(None, hosted=False)  # a bad TOKIO_WORKER_THREADS: one line, not a panic
         source = resolve_deployment(args.config)
         rendered = profiles.write_private(profiles.render(source))
     except ConfigError as exc:

@@ -25,6 +25,14 @@ log = logging.getLogger("switchyard_model.proxy")
 
 _LOOPBACK = "127.0.0.1,localhost,::1"
 
+# Switchyard's Tokio runtime reads its worker count from this variable, once, when the process's
+# first native server starts (the runtime is shared and outlives it); unset, one worker per core.
+TOKIO_THREADS_ENV = "TOKIO_WORKER_THREADS"
+# Hosted in this process, Switchyard serves one event loop's calls and keeps pace with it on a few
+# threads (its CPU per call is 0.5-3x the loop's: docs/benchmarks.md). A worker per core of a big
+# node, in every server of a server-per-rollout fleet, only adds threads, memory and work stealing.
+HOSTED_THREADS_MAX = 4
+
 
 def ensure_no_proxy_for_loopback() -> None:
     """Switchyard honours HTTP_PROXY even for 127.0.0.1 upstreams; keep loopback traffic direct."""
@@ -33,6 +41,56 @@ def ensure_no_proxy_for_loopback() -> None:
         missing = [h for h in _LOOPBACK.split(",") if h not in current.split(",")]
         if missing:
             os.environ[var] = ",".join([p for p in [current, *missing] if p])
+
+
+def switchyard_threads(setting: int | None, *, hosted: bool, cpus: int | None = None) -> int | None:
+    """The worker threads to ask of Switchyard's runtime; None leaves its default (one per core).
+
+    `switchyard_threads` wins, then a `TOKIO_WORKER_THREADS` the user set (checked here: Switchyard
+    itself panics on a bad one), then the hosted default.
+    """
+    if setting is not None:
+        return setting
+    value = os.environ.get(TOKIO_THREADS_ENV)
+    if value is not None:
+        try:
+            threads = int(value)
+        except ValueError:
+            threads = 0
+        if threads < 1:
+            raise ConfigError(
+                f"{TOKIO_THREADS_ENV}={value!r} is not a positive integer (Switchyard's worker threads); "
+                "unset it or set switchyard_threads"
+            )
+        return threads  # passed on as written here, so Switchyard reads a plain number
+    if not hosted:
+        return None
+    return min(HOSTED_THREADS_MAX, cpus or available_cpus())
+
+
+def available_cpus() -> int:
+    """The cores this process may run on (its affinity), as Tokio counts them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str | None):
+    """`name` set to `value` (None: left as it is) for the duration, then put back."""
+    if value is None:
+        yield
+        return
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
 
 def free_port() -> int:
@@ -51,6 +109,7 @@ class SwitchyardProxy:
         self.deployment_path: Path | None = None  # the deployment as the user named it
         self._rendered_path: Path | None = None  # the private, interpolated copy Switchyard reads
         self.rendered: profiles.RenderedDeployment | None = None
+        self.threads: int | None = None  # the worker threads asked of a Switchyard we run (None: its default)
 
     def _render_deployment(self) -> Path:
         """Interpolate `${VAR}` in the deployment and write it privately (0600) for Switchyard."""
@@ -95,10 +154,11 @@ class HostedProxy(SwitchyardProxy):
 
     mode = "launch-hosted"
 
-    def __init__(self, deployment: Path, port: int | None) -> None:
+    def __init__(self, deployment: Path, port: int | None, threads: int | None = None) -> None:
         super().__init__()
         self.deployment_path = deployment
         self.port = port or 0
+        self.threads = threads
         self._server: Any = None  # switchyard_rust.server.Server, imported only when hosting
 
     async def start(self) -> None:
@@ -112,7 +172,8 @@ class HostedProxy(SwitchyardProxy):
         ensure_no_proxy_for_loopback()
         config_path = self._render_deployment()
         try:
-            with _keep_python_signal_handlers():
+            threads = None if self.threads is None else str(self.threads)
+            with _keep_python_signal_handlers(), _environment(TOKIO_THREADS_ENV, threads):
                 self._server = Server(str(config_path), port=self.port)
         except RuntimeError as exc:  # ServerConfigError is a RuntimeError too
             # Switchyard quotes TOML lines (which may hold secrets) and names the private copy.
@@ -171,9 +232,11 @@ class LaunchedProxy(SwitchyardProxy):
         port: int | None,
         startup_timeout_s: float,
         restart_backoff_s: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+        threads: int | None = None,
     ) -> None:
         super().__init__()
         self.restart_backoff_s = tuple(restart_backoff_s)
+        self.threads = threads
         self.command = command
         self.deployment_path = deployment
         self.port = port or free_port()
@@ -217,8 +280,10 @@ class LaunchedProxy(SwitchyardProxy):
         assert self._rendered_path is not None, "start() renders the deployment first"
         argv = self._argv(self._rendered_path)
         try:
+            env = None if self.threads is None else {**os.environ, TOKIO_THREADS_ENV: str(self.threads)}
             self.process = subprocess.Popen(
                 argv,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=self._stderr_file,
@@ -329,8 +394,18 @@ def build_proxy(settings: Settings) -> SwitchyardProxy:
             settings.proxy_port,
             settings.proxy_startup_timeout_s,
             tuple(settings.proxy_restart_backoff_s),
+            switchyard_threads(settings.switchyard_threads, hosted=False),
         )
-    return HostedProxy(deployment, settings.proxy_port)
+    return HostedProxy(deployment, settings.proxy_port, switchyard_threads(settings.switchyard_threads, hosted=True))
 
 
-__all__ = ["AttachedProxy", "ConfigError", "HostedProxy", "LaunchedProxy", "SwitchyardProxy", "build_proxy", "root_url"]
+__all__ = [
+    "AttachedProxy",
+    "ConfigError",
+    "HostedProxy",
+    "LaunchedProxy",
+    "SwitchyardProxy",
+    "build_proxy",
+    "root_url",
+    "switchyard_threads",
+]

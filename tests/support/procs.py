@@ -142,3 +142,9 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
             return value
         time.sleep(interval)
     return predicate()
+
+
+def tokio_workers(pid: int) -> int:
+    """Threads of Switchyard's Tokio runtime in a process."""
+    tasks = f"/proc/{pid}/task"
+    return sum(Path(f"{tasks}/{tid}/comm").read_text().startswith("tokio-rt-worker") for tid in os.listdir(tasks))

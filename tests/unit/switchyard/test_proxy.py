@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 from pathlib import Path
@@ -11,10 +12,17 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.config import load_settings
-from server.switchyard.proxy import AttachedProxy, HostedProxy, LaunchedProxy, build_proxy
+from server.config import ConfigError, load_settings
+from server.switchyard.proxy import (
+    TOKIO_THREADS_ENV,
+    AttachedProxy,
+    HostedProxy,
+    LaunchedProxy,
+    build_proxy,
+    switchyard_threads,
+)
 from server.urls import root_url
-from tests.support.procs import free_port
+from tests.support.procs import free_port, tokio_workers
 
 GOOD = """schema_version = 1
 [llm_clients.up]
@@ -153,8 +161,6 @@ def test_launched_process_starts_serves_and_is_terminated(deployment):
         await proxy.close()
         assert proxy.is_running() is False
         with pytest.raises(ProcessLookupError):
-            import os
-
             os.kill(pid, 0)
 
     run(scenario())
@@ -196,3 +202,96 @@ def test_build_proxy_picks_the_mode(deployment):
         load_settings(overrides={"deployment": str(deployment), "switchyard_command": "x"}, environ={})
     )
     assert isinstance(launched, LaunchedProxy)
+
+
+def test_switchyard_threads_setting_then_the_users_variable_then_the_hosted_cap(monkeypatch):
+    monkeypatch.delenv(TOKIO_THREADS_ENV, raising=False)
+    assert switchyard_threads(None, hosted=True, cpus=64) == 4  # not one per core of a big node
+    assert switchyard_threads(None, hosted=True, cpus=2) == 2
+    assert switchyard_threads(None, hosted=True, cpus=1) == 1
+    assert switchyard_threads(None, hosted=False, cpus=64) is None  # launched: Switchyard's own default
+    assert switchyard_threads(6, hosted=True, cpus=2) == 6
+    monkeypatch.setenv(TOKIO_THREADS_ENV, "3")
+    assert switchyard_threads(None, hosted=True, cpus=64) == 3
+    assert switchyard_threads(None, hosted=False) == 3
+    assert switchyard_threads(5, hosted=True) == 5
+    monkeypatch.setenv(TOKIO_THREADS_ENV, " 2 ")
+    assert switchyard_threads(None, hosted=False) == 2  # handed on as "2", which Switchyard can read
+    for bad in ("", "0", "two", "-1", "1.5", "²"):
+        monkeypatch.setenv(TOKIO_THREADS_ENV, bad)
+        # Switchyard itself would panic at startup; here it is one line naming the variable.
+        with pytest.raises(ConfigError, match=TOKIO_THREADS_ENV):
+            switchyard_threads(None, hosted=True)
+        assert switchyard_threads(2, hosted=True) == 2  # the setting is what Switchyard gets then
+
+
+def test_hosted_proxy_asks_for_its_threads_and_puts_the_environment_back(deployment, monkeypatch):
+    import switchyard_rust.server as native
+
+    seen = []
+
+    class FakeServer:
+        base_url = "http://127.0.0.1:9"
+
+        def __init__(self, *args, **kwargs):
+            seen.append(os.environ.get(TOKIO_THREADS_ENV))
+
+        def close(self, timeout_secs):
+            pass
+
+    monkeypatch.setattr(native, "Server", FakeServer)
+    monkeypatch.setenv(TOKIO_THREADS_ENV, "7")
+
+    async def scenario(threads):
+        proxy = HostedProxy(deployment, None, threads)
+        await proxy.start()
+        await proxy.close()
+
+    run(scenario(3))
+    run(scenario(None))
+    assert seen == ["3", "7"]
+    assert os.environ[TOKIO_THREADS_ENV] == "7"
+    monkeypatch.delenv(TOKIO_THREADS_ENV)
+    run(scenario(2))
+    assert seen[-1] == "2" and TOKIO_THREADS_ENV not in os.environ
+
+
+def test_launched_switchyard_runs_the_threads_asked_for(deployment, monkeypatch):
+    monkeypatch.delenv(TOKIO_THREADS_ENV, raising=False)
+    command = f"{sys.executable} -m server.switchyard.host --config {{deployment}} --port {{port}}"
+
+    async def workers_of(threads):
+        proxy = LaunchedProxy(command, deployment, None, startup_timeout_s=30, threads=threads)
+        await proxy.start()
+        try:
+            return tokio_workers(proxy.process.pid)
+        finally:
+            await proxy.close()
+
+    # Tokio's default is one per core: 1 and 3 both differ from it on a machine of 2 cores or more.
+    assert run(workers_of(1)) == 1
+    assert run(workers_of(3)) == 3
+
+
+def test_build_proxy_passes_the_threads(deployment, monkeypatch):
+    monkeypatch.delenv(TOKIO_THREADS_ENV, raising=False)
+    hosted = build_proxy(load_settings(overrides={"deployment": str(deployment)}, environ={}))
+    assert hosted.threads == min(4, len(os.sched_getaffinity(0)))
+    launched = build_proxy(
+        load_settings(overrides={"deployment": str(deployment), "switchyard_command": "x"}, environ={})
+    )
+    assert launched.threads is None
+    launched = build_proxy(
+        load_settings(
+            overrides={"deployment": str(deployment), "switchyard_command": "x", "switchyard_threads": 2}, environ={}
+        )
+    )
+    assert launched.threads == 2
+
+
+def test_the_standalone_host_refuses_a_bad_tokio_worker_threads_in_one_line(deployment, monkeypatch, capsys):
+    from server.switchyard.host import main
+
+    monkeypatch.setenv(TOKIO_THREADS_ENV, "")
+    assert main(["--config", str(deployment)]) == 2
+    assert "TOKIO_WORKER_THREADS='' is not a positive integer" in capsys.readouterr().err
