@@ -36,6 +36,18 @@ def role_cpu(pid: int) -> dict[str, float]:
     return totals
 
 
+def measured_run(gen: LoadGen, server: Server, mock: Mock, spec: dict) -> dict[str, float]:
+    """One series of `spec` against `server`: calls/s, and CPU seconds per call of the chain and of each server thread role."""
+    watched = [server.proc, mock.proc, gen.proc]
+    cpu0, roles0 = [p.cpu_s() for p in watched], role_cpu(server.proc.pid)
+    out = gen.run({**spec, "port": server.port})
+    cpu1, roles1 = [p.cpu_s() for p in watched], role_cpu(server.proc.pid)
+    calls = max(1, out["ok"])
+    row = {"calls_s": out["throughput"], "chain": (sum(cpu1) - sum(cpu0)) / calls}
+    row.update({role: (roles1[role] - roles0.get(role, 0.0)) / calls for role in roles1})
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/ab_capture.py", description=__doc__.splitlines()[0])
     parser.add_argument("builds", nargs="+", help="NAME=CHECKOUT[:YAML flow mapping of settings]")
@@ -64,24 +76,16 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for name in list(servers) if r % 2 == 0 else list(reversed(servers)):
                 server = servers[name]
-                watched = [server.proc, mock.proc, gen.proc]
-                cpu0, roles0 = [p.cpu_s() for p in watched], role_cpu(server.proc.pid)
-                out = gen.run(
-                    {
-                        "port": server.port,
-                        "templates": templates,
-                        "concurrency": 64,
-                        "duration": args.seconds,
-                        "warmup": 0.7,
-                        "timeout": 60,
-                        "vars": {"run": f"{name}-{r}"},
-                    }
-                )
-                cpu1, roles1 = [p.cpu_s() for p in watched], role_cpu(server.proc.pid)
-                n = max(1, out["ok"])
-                row = {"calls_s": out["throughput"], "chain": (sum(cpu1) - sum(cpu0)) * 1000 / n}
-                row.update({role: (roles1[role] - roles0.get(role, 0.0)) * 1000 / n for role in roles1})
-                rows[name].append(row)
+                spec = {
+                    "templates": templates,
+                    "concurrency": 64,
+                    "duration": args.seconds,
+                    "warmup": 0.7,
+                    "timeout": 60,
+                    "vars": {"run": f"{name}-{r}"},
+                }
+                row = measured_run(gen, server, mock, spec)
+                rows[name].append({key: value if key == "calls_s" else value * 1000 for key, value in row.items()})
                 if server.capture_dir is not None:
                     server.wait_capture_idle()  # the next series starts with the writer idle
 

@@ -22,7 +22,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.ab_capture import role_cpu  # noqa: E402
+from bench.ab_capture import measured_run  # noqa: E402
 from bench.chain import LoadGen, Mock, Server, make_log_dir  # noqa: E402
 from bench.run import CHAT, SMALL, capture_bodies, chat_body, template  # noqa: E402
 
@@ -56,27 +56,17 @@ def main(argv: list[str] | None = None) -> int:
             for n in counts if r % 2 == 0 else list(reversed(counts)):
                 server = servers[n]
                 for load, templates in loads.items():
-                    watched = [server.proc, mock.proc, gen.proc]
-                    cpu0, roles0 = [p.cpu_s() for p in watched], role_cpu(server.proc.pid)
-                    out = gen.run(
-                        {
-                            "port": server.port,
-                            "templates": templates,
-                            "concurrency": 64,
-                            "duration": args.seconds,
-                            "warmup": 0.5,
-                            "timeout": 60,
-                            "vars": {"run": f"{n}-{load}-{r}"},
-                        }
-                    )
-                    cpu1, roles1 = [p.cpu_s() for p in watched], role_cpu(server.proc.pid)
-                    calls = max(1, out["ok"])
+                    spec = {
+                        "templates": templates,
+                        "concurrency": 64,
+                        "duration": args.seconds,
+                        "warmup": 0.5,
+                        "timeout": 60,
+                        "vars": {"run": f"{n}-{load}-{r}"},
+                    }
+                    row = measured_run(gen, server, mock, spec)
                     rows[(n, load)].append(
-                        {
-                            "calls_s": out["throughput"],
-                            "chain": (sum(cpu1) - sum(cpu0)) * 1e6 / calls,
-                            RUST: (roles1.get(RUST, 0.0) - roles0.get(RUST, 0.0)) * 1e6 / calls,
-                        }
+                        {"calls_s": row["calls_s"], "chain": row["chain"] * 1e6, RUST: row.get(RUST, 0.0) * 1e6}
                     )
                     server.wait_capture_idle()
 
