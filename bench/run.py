@@ -42,6 +42,7 @@ from bench.chain import (  # noqa: E402
     make_log_dir,
     make_ram_dir,
 )
+from server.switchyard.proxy import switchyard_threads  # noqa: E402
 
 SECTIONS = (
     "ceiling",
@@ -1651,6 +1652,8 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "kernel": platform.release(),
         "load_avg_at_start": [round(x, 2) for x in psutil.getloadavg()],
+        # Every server here hosts its Switchyard with this many worker threads (the default on this host).
+        "switchyard_threads": switchyard_threads(None, hosted=True),
     }
 
 
@@ -1846,7 +1849,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"switchyard-model benchmark ({'quick' if bench.quick else 'full'}), {data['started_at']}, "
         f"{data['machine']['cpus']} CPUs ({data['machine']['cpu']}), load avg at start "
-        f"{data['machine']['load_avg_at_start']}, commit {data['machine']['commit']}, {data['total_seconds']} s"
+        f"{data['machine']['load_avg_at_start']}, commit {data['machine']['commit']}, {data['total_seconds']} s, "
+        f"hosted Switchyard's threads {data['machine']['switchyard_threads']}"
     )
     background = data.get("background_cores", {})
     if background:
