@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,8 +30,12 @@ from typing import IO, Any
 import orjson
 
 from server.config import ENV_VARS, load_settings
+from server.files import process_temp_dir
 from server.process import PARENT_PID_ENV
 
+# The child's settings (which may hold keys), port file and log: a `process_temp_dir`, so a parent
+# killed outright (its block never ends) leaves a folder the next LocalServer of any process removes.
+WORKDIR_PREFIX = "switchyard-local-"
 DEFAULT_STARTUP_TIMEOUT_S = 240.0  # imports alone took 60 s on a loaded shared filesystem
 DEFAULT_STOP_TIMEOUT_S = 40.0  # the child's own graceful shutdown waits up to 30 s for open calls
 DEFAULT_MAX_CONCURRENT_STARTS = 64
@@ -125,7 +128,7 @@ class LocalServer:
                 raise
 
     def _spawn(self) -> None:
-        self._workdir = Path(tempfile.mkdtemp(prefix="switchyard-local-"))
+        self._workdir = Path(process_temp_dir(WORKDIR_PREFIX))
         config = self._workdir / "settings.json"
         config.write_bytes(orjson.dumps(self.settings.model_dump(mode="json", exclude_unset=True)))
         os.chmod(config, 0o600)

@@ -15,7 +15,6 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ import orjson
 from server.capture.runs import new_run_id
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, Settings, resolve_deployment
+from server.files import process_temp_dir
 from server.process import calm_the_collector, die_with_parent
 
 log = logging.getLogger("switchyard_model.workers")
@@ -34,6 +34,7 @@ log = logging.getLogger("switchyard_model.workers")
 SETTINGS_ENV = "SWITCHYARD_MODEL_WORKER_SETTINGS"  # the server's settings as given, as JSON
 SWITCHYARD_ENV = "SWITCHYARD_MODEL_WORKER_SWITCHYARD"  # the root URL of the Switchyard the parent runs
 READY_DIR_ENV = "SWITCHYARD_MODEL_WORKER_READY_DIR"  # each ready worker writes <pid> here
+READY_DIR_PREFIX = "switchyard-model-workers-"  # a `process_temp_dir`: a killed supervisor's is swept
 RUN_ENV = "SWITCHYARD_MODEL_WORKER_SERVER_RUN"  # the one server run id all workers' records carry
 # Which worker answered: on every response, so a client or a test can see how calls were spread.
 WORKER_HEADER = b"x-switchyard-model-worker"
@@ -184,7 +185,7 @@ def run_workers(settings: Settings, sock: Any, workers: int, on_ready: Callable[
         if switchyard is not None:
             switchyard.close()
         return EXIT_USAGE
-    ready_dir = tempfile.mkdtemp(prefix="switchyard-model-workers-")
+    ready_dir = process_temp_dir(READY_DIR_PREFIX)
     os.environ[SETTINGS_ENV] = settings.model_dump_json()
     os.environ[SWITCHYARD_ENV] = root_url or ""
     os.environ[READY_DIR_ENV] = ready_dir

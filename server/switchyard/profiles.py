@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -111,8 +112,6 @@ def write_private(rendered: RenderedDeployment) -> Path:
 
 
 def remove_private(path: Path) -> None:
-    try:
-        path.unlink()
-        path.parent.rmdir()
-    except OSError:
-        pass
+    """Remove the private copy with its folder (and what was kept beside it: a launched Switchyard's stderr)."""
+    if path.parent.name.startswith(PRIVATE_DIR_PREFIX):  # only ever a folder `write_private` made
+        shutil.rmtree(path.parent, ignore_errors=True)

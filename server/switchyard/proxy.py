@@ -10,7 +10,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -266,8 +265,9 @@ class LaunchedProxy(SwitchyardProxy):
 
     async def start(self) -> None:
         ensure_no_proxy_for_loopback()
-        self._render_deployment()
-        self._stderr_file = tempfile.NamedTemporaryFile(prefix="switchyard-stderr-", suffix=".log", delete=False)
+        rendered = self._render_deployment()
+        # Beside the private deployment copy: removed with it, or by the next server if this one is killed.
+        self._stderr_file = open(rendered.parent / "switchyard-stderr.log", "w+b")  # noqa: SIM115 - closed in close()
         self.root_url = f"http://127.0.0.1:{self.port}"
         try:
             await self._spawn_until_ready()
@@ -344,14 +344,10 @@ class LaunchedProxy(SwitchyardProxy):
                 pass
         process, self.process = self.process, None
         await _terminate(process)
-        self._forget_rendered()
         if self._stderr_file is not None:
             self._stderr_file.close()
-            try:
-                os.unlink(self._stderr_file.name)
-            except OSError:
-                pass
             self._stderr_file = None
+        self._forget_rendered()
 
     def is_running(self) -> bool | None:
         return self.process is not None and self.process.poll() is None

@@ -134,6 +134,7 @@ def test_the_server_never_outlives_a_killed_parent(tmp_path, mock_upstream, scri
         [sys.executable, "-c", script, str(tmp_path / "capture"), mock_upstream + "/v1"],
         stdout=subprocess.PIPE,
         start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # what the killed parent cannot remove stays in here
     )
     child_pid = int(parent.stdout.readline())
     try:

@@ -62,6 +62,7 @@ def test_installed_server_lists_the_shipped_profiles(installed):
 
 
 def test_installed_demo_runs_the_whole_chain(installed):
-    result = _run(installed, "demo", timeout=240)
+    # Its captures beside the wheel's venv, not in /tmp, where the demo keeps them for the user to read.
+    result = _run(installed, "demo", "--capture-dir", str(installed.parent.parent / "demo-captures"), timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "rollout" in result.stdout.lower(), result.stdout[-3000:]

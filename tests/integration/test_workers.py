@@ -8,8 +8,10 @@ session to either worker; the `x-switchyard-model-worker` header says which. The
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -19,6 +21,9 @@ import pytest
 import yaml
 
 from server.capture.store import CaptureStore
+from server.cli.workers import READY_DIR_PREFIX
+from server.files import process_temp_dir
+from server.switchyard import profiles
 from tests.support import scripted_agent
 from tests.support.procs import Proc
 
@@ -27,14 +32,14 @@ pytestmark = pytest.mark.integration
 WORKER = scripted_agent.WORKER_HEADER
 
 
-def start_workers(tmp_path, mock_upstream, workers: int = 2, **settings) -> tuple[Proc, str]:
+def start_workers(tmp_path, mock_upstream, workers: int = 2, env=None, **settings) -> tuple[Proc, str]:
     port_file = tmp_path / "port"
     config = tmp_path / "settings.yaml"
     config.write_text(yaml.safe_dump(settings))
     proc = Proc(
         [sys.executable, "-m", "server.cli", "serve", "--deployment", "demo", "--port", "0", "--config", str(config)]
         + ["--port-file", str(port_file), "--workers", str(workers), "--capture-dir", str(tmp_path / "capture")],
-        env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
+        env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1", **(env or {})},
     )
     deadline = time.monotonic() + 180
     while not port_file.exists():
@@ -142,8 +147,10 @@ def test_every_worker_answers_like_the_offline_reader(tmp_path, mock_upstream):
     assert alive == [], f"left running after the server stopped: {alive}"
 
 
-def test_a_killed_supervisor_takes_its_workers_and_switchyard_with_it(tmp_path, mock_upstream):
-    proc, url = start_workers(tmp_path, mock_upstream)
+def test_a_killed_supervisor_takes_its_workers_and_switchyard_with_it(tmp_path, mock_upstream, monkeypatch):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc, url = start_workers(tmp_path, mock_upstream, env={"TMPDIR": str(temp)})
     children = psutil.Process(proc.pid).children(recursive=True)
     assert len(children) >= 3  # two workers and the Switchyard process (and the resource tracker)
     os.kill(proc.pid, 9)
@@ -151,6 +158,15 @@ def test_a_killed_supervisor_takes_its_workers_and_switchyard_with_it(tmp_path, 
     _, alive = psutil.wait_procs(children, timeout=60)
     assert alive == [], f"outlived their parent: {[p.cmdline() for p in alive]}"
     proc.stop()
+    # What it could not remove (the workers' ready folder; Switchyard's deployment copy and stderr)
+    # is named after its pid, so the next server to make such a folder removes it.
+    left = sorted(path.name for path in temp.iterdir())
+    prefixes = (READY_DIR_PREFIX, profiles.PRIVATE_DIR_PREFIX)
+    assert left and all(name.startswith(tuple(f"{p}{proc.pid}-" for p in prefixes)) for name in left), left
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    for prefix in prefixes:
+        shutil.rmtree(process_temp_dir(prefix))
+    assert list(temp.iterdir()) == []
 
 
 # Writes one record through a store in this process, journaling or not (as a server before the journal).

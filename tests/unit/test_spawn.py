@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
 
@@ -10,6 +12,7 @@ import pytest
 from server import spawn
 from server.config import ConfigError
 from server.spawn import LocalServer
+from tests.support.procs import dead_and_living_dirs
 
 
 def test_bad_settings_fail_before_any_process_starts(tmp_path, monkeypatch):
@@ -83,3 +86,19 @@ def test_collect_never_raises(tmp_path):
     not_a_directory.write_text("x")
     result = LocalServer(capture_dir=not_a_directory, deployment="demo").collect()
     assert result["rollouts"] == []
+
+
+def test_a_killed_parents_working_folder_is_removed_by_the_next_server_and_a_live_ones_is_kept(tmp_path, monkeypatch):
+    """The folder holds the child's settings (keys, perhaps); a parent killed outright never removes it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    orphan, living = dead_and_living_dirs(tmp_path, spawn.WORKDIR_PREFIX)
+    monkeypatch.setattr(spawn.subprocess, "Popen", lambda *a, **k: None)  # the folder is all this test needs
+    server = LocalServer(capture_dir=tmp_path / "capture", deployment="demo", switchyard_api_key="sk-test")
+    server._spawn()
+    try:
+        assert not orphan.exists() and living.exists()
+        assert server._workdir.name.startswith(f"{spawn.WORKDIR_PREFIX}{os.getpid()}-")
+        assert (server._workdir / "settings.json").stat().st_mode & 0o077 == 0
+    finally:
+        server.stop()
+    assert not any(path.name.startswith(f"{spawn.WORKDIR_PREFIX}{os.getpid()}-") for path in tmp_path.iterdir())

@@ -153,13 +153,16 @@ def test_launched_process_starts_serves_and_is_terminated(deployment):
         proxy = LaunchedProxy(command, deployment, None, startup_timeout_s=30)
         await proxy.start()
         pid = proxy.process.pid
+        private = proxy._rendered_path.parent  # the deployment copy and Switchyard's stderr, both private
         try:
+            assert (private / "switchyard-stderr.log").exists()
             async with httpx.AsyncClient(trust_env=False) as client:
                 assert (await client.get(proxy.root_url + "/health")).status_code == 200
         finally:
             await proxy.close()
         await proxy.close()
         assert proxy.is_running() is False
+        assert not private.exists()
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
