@@ -50,7 +50,15 @@ class Proc:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.log_path = Path(tempfile.mkstemp(prefix="proc-", suffix=".log", dir=scratch_dir())[1])
         self._log = open(self.log_path, "wb")
-        full_env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1", **(env or {})}
+        # TMPDIR: what a child killed on purpose cannot remove (its rollout spool, its private
+        # deployment copy) goes into this run's scratch folder, not /tmp.
+        full_env = {
+            **os.environ,
+            "NO_PROXY": "127.0.0.1,localhost",
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(scratch_dir()),
+            **(env or {}),
+        }
         self.popen = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=str(cwd or REPO), start_new_session=True
         )
