@@ -64,10 +64,10 @@ def switchyard_threads(setting: int | None, *, hosted: bool, cpus: int | None = 
         return threads  # passed on as written here, so Switchyard reads a plain number
     if not hosted:
         return None
-    return min(HOSTED_THREADS_MAX, cpus or available_cpus())
+    return min(HOSTED_THREADS_MAX, cpus or _available_cpus())
 
 
-def available_cpus() -> int:
+def _available_cpus() -> int:
     """The cores this process may run on (its affinity), as Tokio counts them."""
     try:
         return len(os.sched_getaffinity(0))
