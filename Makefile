@@ -3,17 +3,26 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
 NODE_STAMP := tests/clients/node_modules/.installed-stamp
 
 .PHONY: demo serve test lint test-fast bench soak venv node chromium clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+# The demo needs only the server and the openai SDK that drives it: no Ray, browser or test tools.
+$(DEMO_STAMP): pyproject.toml setup.py | $(PY)
+	$(PY) -m pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+# The tests need everything (their extras include the demo's).
+$(STAMP): pyproject.toml setup.py | $(PY)
 	$(PY) -m pip install --quiet -e '.[test,tito]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
 # Real agent clients (opencode, Codex CLI) for the end-to-end tests.
 node: $(NODE_STAMP)
@@ -30,10 +39,10 @@ chromium:
 	elif [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium; \
 	else echo "chromium is missing: run as root: apt-get update && apt-get install -y chromium" >&2; exit 1; fi
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/switchyard-model demo
 
-serve: $(STAMP)
+serve: $(DEMO_STAMP)
 	$(VENV)/bin/switchyard-model demo --serve
 
 # Lint and format check first (fast), then the whole suite.

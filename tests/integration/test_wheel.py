@@ -19,11 +19,15 @@ pytestmark = pytest.mark.integration
 def installed(tmp_path_factory) -> Path:
     """A fresh venv with the wheel (and its `demo` extra) installed; returns its bin/ folder."""
     root = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(root / "dist"), str(REPO)],
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(root / "dist"), str(REPO)],
         check=True,
         cwd=root,
+        capture_output=True,
+        text=True,
     )
+    # Every folder the wheel ships is declared, data folders too: setuptools warns of none it would drop.
+    assert "would be ignored" not in build.stdout + build.stderr, build.stderr[-3000:]
     (wheel,) = (root / "dist").glob("switchyard_model-*.whl")
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
     bin_dir = root / "venv" / "bin"
@@ -59,6 +63,25 @@ def test_installed_server_lists_the_shipped_profiles(installed):
         check=True,
     ).stdout.split()
     assert all(str(REPO) not in line and "site-packages" in line for line in where), where
+
+
+def test_the_demo_extra_installs_no_test_tooling(installed):
+    # `make demo` installs the demo extra alone: a first run does not wait for Ray, a browser driver,
+    # the harness frameworks or the type checker.
+    listed = subprocess.run(
+        [str(installed / "python"), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True
+    ).stdout.lower()
+    names = {line.split("==")[0] for line in listed.split()}
+    assert "openai" in names and "switchyard-model" in names, names
+    assert not names & {"ray", "playwright", "inspect-ai", "inspect_ai", "mypy", "pytest"}, names
+
+
+def test_make_demo_installs_only_the_demo_extra(tmp_path):
+    planned = subprocess.run(
+        ["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    installs = [line for line in planned.splitlines() if "pip install" in line and "-e" in line]
+    assert installs == [f"{tmp_path / 'venv'}/bin/python -m pip install --quiet -e '.[demo]'"], planned
 
 
 def test_installed_demo_runs_the_whole_chain(installed):
