@@ -302,12 +302,12 @@ def _disk_workload(
             # turn, 29k tokens at the end.
             conversation(long_id, long_turns, 100, 40)
     server.wait_capture_idle()
-    session = disk.session_disk(directory, session_id)
+    session = session_disk(directory, session_id)
     return {
-        "single": disk.single_calls_disk(directory, single_ids),
+        "single": single_calls_disk(directory, single_ids),
         "single_ids": single_ids,
-        "low_entropy": disk.single_calls_disk(directory, low_ids),
+        "low_entropy": single_calls_disk(directory, low_ids),
         "session": session,
         "last": {"file_bytes": session["last_file_bytes"], "ratio": session["last_ratio"]},
-        **({"long": disk.session_disk(directory, long_id), "long_session_id": long_id} if long_turns else {}),
+        **({"long": session_disk(directory, long_id), "long_session_id": long_id} if long_turns else {}),
     }

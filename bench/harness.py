@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -315,7 +315,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-def print_table(rows: list[tuple[str, ...]]) -> None:
+def print_table(rows: Sequence[tuple[str, ...]]) -> None:
     header = ("section", "figure", "direct", "via server", "result", "target", "verdict")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |"
