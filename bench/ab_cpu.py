@@ -16,7 +16,6 @@ call, so each is captured (its record in its file before the answer).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -27,23 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import yaml  # noqa: E402
 
 import bench.chain as chain  # noqa: E402
-from bench.chain import LoadGen, Mock, Server, make_log_dir  # noqa: E402
-from bench.run import CHAT, RESPONSES, SMALL, chat_body, responses_body, template  # noqa: E402
+from bench.calls import CHAT, RESPONSES, SMALL, chat_body, responses_body, template  # noqa: E402
+from bench.chain import LoadGen, Mock, Server, make_log_dir, thread_cpu_by_role  # noqa: E402
 
 BODIES = {"chat": (CHAT, chat_body(SMALL)), "responses": (RESPONSES, responses_body(SMALL))}
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds (user + system) of each thread of `pid`."""
-    tick = os.sysconf("SC_CLK_TCK")
-    found = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        found[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
-    return found
+    return {tid: cpu for tid, (_role, cpu) in thread_cpu_by_role(pid).items()}
 
 
 def main(argv: list[str] | None = None) -> int:

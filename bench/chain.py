@@ -104,7 +104,9 @@ class Proc:
     def rss(self) -> int:
         return self.ps.memory_info().rss
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 20.0) -> tuple[int | None, float]:
+        """SIGTERM, wait up to `timeout`, then SIGKILL. Returns (exit code, seconds it took)."""
+        started = time.monotonic()
         if self.popen.poll() is None:
             try:
                 os.kill(self.pid, signal.SIGTERM)
@@ -115,6 +117,27 @@ class Proc:
             except ProcessLookupError:
                 pass
         self._log.close()
+        return self.popen.returncode, time.monotonic() - started
+
+
+def thread_cpu_by_role(pid: int) -> dict[int, tuple[str, float]]:
+    """tid -> (role, CPU seconds) of every thread of the server process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if int(tid) == pid:
+            role = "event loop"
+        elif comm.startswith("tokio"):
+            role = "Rust workers"
+        else:
+            role = "other threads"
+        out[int(tid)] = (role, (int(fields[11]) + int(fields[12])) / tick)
+    return out
 
 
 class Mock:

@@ -7,7 +7,7 @@ which the injection server's /metrics confirms; the mock's /tokenize count shows
 call (each session's messages are its own, so none is answered from the client's cache). The
 server's CPU is also given for its event loop and for its Rust threads (the hosted Switchyard,
 which relays the ~1,500 injected ids; granian's I/O workers are Rust threads too, alike on both
-sides); `bench/injection_parts.py` measures each part of the added cost alone.
+sides) (docs/benchmarks.md gives the parts of the added cost).
 
 A third server injects through the `nemo_rl` transport (`required_prefix_token_ids`: the history
 only; the mock, like NeMo-RL's worker, renders its template and splices the tail), which needs no
@@ -27,7 +27,8 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.chain import Server
+from bench.chain import Server, thread_cpu_by_role
+from bench.harness import Bench
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 SYSTEM = "You are a coding agent. " + " ".join(["Follow the repository's conventions."] * 100)
@@ -92,12 +93,11 @@ def _tokenizes(bench: Any) -> int:
 
 def _rust_threads_cpu_s(server: Server) -> float:
     """CPU of the server's Rust threads: the hosted Switchyard (and granian's I/O workers)."""
-    from bench.threads import thread_cpu_by_role  # here, not at the top: bench.threads imports bench.run
 
     return sum(seconds for role, seconds in thread_cpu_by_role(server.proc.pid).values() if role == "Rust workers")
 
 
-def run(bench: Any) -> None:
+def injection(bench: Bench) -> None:
     bench.log("injection on vs capture only: sequential agent sessions")
     sides: dict[str, Server] = {
         "capture": bench.cap,

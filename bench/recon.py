@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from bench.harness import Bench
+from bench.stats import verdict
 from server.capture.record import build_record
 from server.capture.rollout import reconstruct_session, reconstruct_tree
 
@@ -284,3 +286,40 @@ if __name__ == "__main__":
     print(bench_independent_scaling())
     print(bench_long_session())
     print(bench_many_sessions())
+
+
+# The bench section
+
+
+def reconstruction(bench: Bench) -> None:
+    bench.log("reconstruction: synthetic sessions, in-process")
+    long = bench_long_session(calls=200, context=65536)
+    many = bench_many_sessions(sessions=100 if bench.quick else 1000, calls=20)
+    bench.data["reconstruction"] = {"long": long, "many": many}
+    for label, r in (
+        (f"1 session x {long['calls']} calls, contexts to {long['last_prompt_tokens'] // 1024}k", long),
+        (f"{many['sessions']} sessions x {many['calls']} calls (trees of 20)", many),
+    ):
+        tps = r["tokens_per_s"]
+        bench.row(
+            "reconstruction",
+            label,
+            f"{r['tokens'] / 1e6:.1f} M tokens",
+            f"{r['seconds']:.2f} s",
+            f"{tps / 1e6:.1f} M tokens/s (CPU {r['tokens'] / r['cpu_seconds'] / 1e6:.1f})",
+            ">= 5 M tokens/s",
+            verdict(tps >= 5e6, ""),
+        )
+    scaling = bench_independent_scaling(rounds=2 if bench.quick else 5)
+    bench.data["reconstruction"]["independent"] = scaling
+    new, old = scaling["indexed"], scaling["scan"]
+    spread = f" (per round {min(new['ratios']):.1f}-{max(new['ratios']):.1f})" if len(new["ratios"]) > 1 else ""
+    bench.row(
+        "reconstruction",
+        f"{scaling['large']} vs {scaling['small']} independent calls: time ratio (fastest of {scaling['rounds']})",
+        f"{new['small_s'] * 1000:.0f} / {new['large_s'] * 1000:.0f} ms",
+        f"{new['ratio']:.1f}x{spread}",
+        f"former scan of every later record: {old['ratio']:.1f}x ({old['large_s']:.2f} s)",
+        "<= 10x",
+        verdict(new["ratio"] <= 10, ""),
+    )

@@ -18,23 +18,21 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
+from bench.calls import CHAT, CHAT_TOKEN_MARK, RESPONSES, RESPONSES_TOKEN_MARK, chat_body, responses_body, template
 from bench.chain import Server
-
-if TYPE_CHECKING:
-    from bench.run import Bench
+from bench.harness import Bench
+from bench.stats import cpu_ratio, errors, fmt_ratio, median, pool, ratio_verdict, summary, verdict
 
 SHORT_TOKENS = 32
 LONG_TOKENS = 200
 PACE_MS = 50
 
 
-def run_section(bench: Bench) -> None:
-    from bench.run import median
-
+def stream_load(bench: Bench) -> None:
     def streams_server(name: str, capture_dir: Path) -> Server:
         return Server(
             name, bench.mock, bench.log_dir, capture_dir=capture_dir, settings={"upstream_max_connections": 2048}
@@ -49,8 +47,8 @@ def run_section(bench: Bench) -> None:
         bench.gen.run(_warm_spec(server.port))
         if ram is not None:
             bench.gen.run(_warm_spec(ram.port))
-        _c64(bench, server, ram, median)
-        _scale(bench, server, median)
+        _c64(bench, server, ram)
+        _scale(bench, server)
     finally:
         server.proc.stop()
         if ram is not None:
@@ -58,8 +56,6 @@ def run_section(bench: Bench) -> None:
 
 
 def _warm_spec(port: int) -> dict[str, Any]:
-    from bench.run import CHAT, chat_body, template
-
     body = chat_body(f"warm up [[mock:tokens {SHORT_TOKENS}]]", stream=True)
     return {
         "port": port,
@@ -70,23 +66,7 @@ def _warm_spec(port: int) -> dict[str, Any]:
     }
 
 
-def _c64(bench: Bench, server: Server, ram: Server | None, median) -> None:
-    from bench.run import (
-        CHAT,
-        CHAT_TOKEN_MARK,
-        RESPONSES,
-        RESPONSES_TOKEN_MARK,
-        chat_body,
-        cpu_ratio,
-        errors,
-        fmt_ratio,
-        pool,
-        ratio_verdict,
-        responses_body,
-        summary,
-        template,
-    )
-
+def _c64(bench: Bench, server: Server, ram: Server | None) -> None:
     rounds, warm, dur = (1, 0.3, 1.5) if bench.quick else (3, 0.5, 3.0)
     content = f"Explain the plan step by step. [[mock:tokens {SHORT_TOKENS}]]"
     corr = [("x-session-id", "bench-s64-{run}-{conn}-{seq}")]
@@ -186,9 +166,7 @@ class _PeakRss:
         self._thread.join(2)
 
 
-def _scale(bench: Bench, server: Server, median) -> None:
-    from bench.run import CHAT, CHAT_TOKEN_MARK, chat_body, fmt_ratio, template, verdict
-
+def _scale(bench: Bench, server: Server) -> None:
     n = 256 if bench.quick else 1024
     rounds = 1 if bench.quick else 2
     # Paced, so the streams really are open together (unpaced, each is written in one go and over

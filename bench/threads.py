@@ -14,7 +14,6 @@ creation out (docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -22,8 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.chain import LoadGen, Mock, Server, make_log_dir  # noqa: E402
-from bench.run import (  # noqa: E402
+from bench.calls import (  # noqa: E402
     CHAT,
     CHAT_TOKEN_MARK,
     RESPONSES,
@@ -32,28 +30,9 @@ from bench.run import (  # noqa: E402
     responses_body,
     template,
 )
+from bench.chain import LoadGen, Mock, Server, make_log_dir, thread_cpu_by_role  # noqa: E402
 
 STREAM = "Explain the plan step by step. [[mock:tokens 32]]"
-
-
-def thread_cpu_by_role(pid: int) -> dict[int, tuple[str, float]]:
-    """tid -> (role, CPU seconds) of every thread of the server process."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        if int(tid) == pid:
-            role = "event loop"
-        elif comm.startswith("tokio"):
-            role = "Rust workers"
-        else:
-            role = "other threads"
-        out[int(tid)] = (role, (int(fields[11]) + int(fields[12])) / tick)
-    return out
 
 
 def loads(server: Server) -> list[tuple[str, int, dict]]:

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
+from bench.chain import Proc, make_log_dir  # noqa: E402
 from tests.integration.test_viewer import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from tests.support.procs import Proc  # noqa: E402
 from tests.support.viewer_data import Writer  # noqa: E402
 
 TARGETS = {"list": 1.0, "session": 2.0}
@@ -79,12 +79,14 @@ def main() -> int:
     size = sum(p.stat().st_size for p in (capture_dir / "sessions").rglob("*.json"))
     print(f"capture dir {capture_dir}: {size / 1e6:.1f} MB")
 
-    proc = Proc([sys.executable, "-m", "server.cli", "sessions", "view", "--capture-dir", str(capture_dir)])
+    log_dir = make_log_dir()
+    argv = [sys.executable, "-m", "server.cli", "sessions", "view", "--capture-dir", str(capture_dir)]
+    proc = Proc("sessions-view", argv, log_dir)
     started = time.perf_counter()
     try:
-        while not (match := re.search(r"(http://127\.0\.0\.1:\d+/ui/)", proc.output())):
+        while not (match := re.search(r"(http://127\.0\.0\.1:\d+/ui/)", proc.tail(100_000))):
             if proc.popen.poll() is not None:
-                raise RuntimeError(proc.output())
+                raise RuntimeError(proc.tail(100_000))
             time.sleep(0.05)
         url = match.group(1)
         print(f"sessions view ready in {time.perf_counter() - started:.2f} s (index of the whole directory)")
@@ -119,6 +121,7 @@ def main() -> int:
             results[name]["api_warm_median_s"] = statistics.median(times)
     finally:
         proc.stop()
+        shutil.rmtree(log_dir, ignore_errors=True)
         if not args.keep:
             shutil.rmtree(capture_dir, ignore_errors=True)
 

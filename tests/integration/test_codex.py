@@ -115,7 +115,7 @@ def test_codex_runs_its_shell_tool_and_the_session_is_captured(chain, tmp_path):
     assert sessions[session_id]["parent_session_id"] is None
     assert sessions[session_id]["record_count"] == 2  # the tool call, then the answer
 
-    records = get_json(f"{chain.v1}/sessions/{session_id}/completions")["completions"]
+    records = chain.records(session_id)
     assert all(r["is_valid"] and r["api"] == "responses" and r["stream"] for r in records), records
     tool_calls = records[0]["messages"][-1]["tool_calls"]
     assert [c["function"]["name"] for c in tool_calls] == ["exec_command"]
@@ -192,7 +192,7 @@ def test_codex_spawns_a_sub_agent_through_a_namespaced_tool(chain, tmp_path):
     tree = get_json(f"{chain.v1}/sessions/{root_id}/tree")
     assert [c["session_id"] for c in tree["children"]] == [child_id]
 
-    root_records = get_json(f"{chain.v1}/sessions/{root_id}/completions")["completions"]
+    root_records = chain.records(root_id)
     first_call = root_records[0]["messages"][-1]["tool_calls"][0]["function"]
     assert first_call["name"] == "multi_agent_v1__spawn_agent"
     assert orjson.loads(first_call["arguments"]) == {"message": child_prompt}
@@ -261,7 +261,7 @@ def test_codex_edits_a_file_with_the_freeform_apply_patch_tool(chain, tmp_path):
     # Codex offered apply_patch as a `custom` tool with its Lark grammar; upstream it was a function
     # with one string argument, the grammar in its description.
     session_id = thread_id(run)
-    records = get_json(f"{chain.v1}/sessions/{session_id}/completions")["completions"]
+    records = chain.records(session_id)
     assert len(records) == 2 and all(r["is_valid"] for r in records), records
     tool = next(t for t in records[0]["tools"] if t["id"] == "apply_patch")
     assert "Lark grammar" in tool["description"] and "*** Begin Patch" in tool["description"]
@@ -291,7 +291,7 @@ def test_codex_on_a_reasoning_model_is_one_token_chain_with_injection(reasoning_
     assert (workdir / "marker.txt").read_text().strip() == "reasoned"
 
     session_id = thread_id(run)
-    records = get_json(f"{chain.v1}/sessions/{session_id}/completions")["completions"]
+    records = chain.records(session_id)
     assert len(records) == 2
     engine = {e["headers"].get("x-request-id"): e for e in chain.engine_calls()}
     assert token_breaks([engine[r["request_id"]] for r in records]) == ([] if injection else [1])

@@ -113,7 +113,7 @@ def test_custom_tool_call_survives_previous_response_id_and_is_captured(chain, s
 
     # Captured as the model saw it: a call to the one-argument function, then the tool result;
     # the history matched across the two calls, so the rollout is whole.
-    records = httpx.get(f"{chain.v1}/sessions/{session}/completions", trust_env=False).json()["completions"]
+    records = chain.records(session)
     assert len(records) == 2 and all(r["is_valid"] for r in records)
     assert records[0]["messages"][-1]["tool_calls"][0]["function"]["name"] == "apply_patch"
     assert [t["id"] for t in records[0]["tools"]] == ["apply_patch"]

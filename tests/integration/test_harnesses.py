@@ -82,14 +82,8 @@ def run_recipe(chain: Chain, name: str, task: str, tmp_path: Path, *, edit=None)
     return session_ids(chain) - before, done.stdout.strip().splitlines()[-1]
 
 
-def completions(chain: Chain, session_id: str) -> list[dict]:
-    reply = httpx.get(f"{chain.v1}/sessions/{session_id}/completions", trust_env=False, timeout=30)
-    assert reply.status_code == 200, reply.text
-    return reply.json()["completions"]
-
-
 def assert_whole_rollout(chain: Chain, session_id: str, calls: int) -> dict:
-    records = completions(chain, session_id)
+    records = chain.records(session_id)
     assert len(records) == calls, [r["messages"][-1] for r in records]
     assert all(r["is_valid"] for r in records), [r.get("invalid_reason") for r in records]
     reply = httpx.get(f"{chain.v1}/sessions/{session_id}/rollout", trust_env=False, timeout=30)
@@ -138,7 +132,7 @@ def test_inspect_ai_recipe_gives_each_sample_its_own_whole_session(chain, tmp_pa
     run = out.split()[0]
     assert new == {f"{run}-s1-e1", f"{run}-s2-e1"}
     for session in new:
-        records = completions(chain, session)
+        records = chain.records(session)
         assert records[-1]["messages"][-1]["content"].startswith("Done. The tool said: 5")
         assert_whole_rollout(chain, session, calls=2)
 
@@ -158,7 +152,7 @@ def test_inspect_ai_with_a_run_wide_header_is_one_broken_session(chain, tmp_path
     new, out = run_recipe(chain, "inspect-ai", ADD_TASK, tmp_path, edit=run_wide)
     run = out.split()[0]
     assert new == {run}
-    calls = completions(chain, run)
+    calls = chain.records(run)
     assert len(calls) >= 4  # both samples' tool loops
     rollout = httpx.get(f"{chain.v1}/sessions/{run}/rollout", trust_env=False, timeout=30).json()
     # One rollout for two samples: the other sample's calls are set aside (as retries or side calls),
@@ -179,7 +173,7 @@ def test_mini_swe_agent_recipe_is_one_whole_session_per_run(chain, tmp_path):
     assert len(new) == 1
     (session,) = new
     assert out.split() == [session, "Submitted"]
-    records = completions(chain, session)
+    records = chain.records(session)
     # The first command really ran: its output is in the second call's prompt.
     assert str(tmp_path) in str(records[1]["messages"])
     assert_whole_rollout(chain, session, calls=2)
@@ -205,7 +199,7 @@ def test_a_recipe_on_a_reasoning_model_is_one_token_chain_with_injection(reasoni
     (session,) = new
     assert "sunny, 21 C in Paris" in out
     assert token_breaks(chain.engine_calls()) == ([] if injection else [1])
-    records = completions(chain, session)
+    records = chain.records(session)
     reasons = [r["injection"]["fallback_reason"] if r.get("injection") else None for r in records]
     if injection:
         assert reasons == ["first_call", None]

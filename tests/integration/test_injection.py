@@ -199,10 +199,6 @@ def engine_calls(upstream: str, main_only: bool = True) -> list[dict]:
     return calls
 
 
-def records(chain: Chain, session: str) -> list[dict]:
-    return httpx.get(f"{chain.url}/v1/sessions/{session}/completions", trust_env=False).json()["completions"]
-
-
 def rollout(chain: Chain, session: str, run: str | None = None) -> dict:
     params = {"run": run} if run else None
     return httpx.get(f"{chain.url}/v1/sessions/{session}/rollout", params=params, trust_env=False).json()
@@ -211,7 +207,7 @@ def rollout(chain: Chain, session: str, run: str | None = None) -> dict:
 def assert_one_chain(chain: Chain, upstream: str, session: str, run: str | None = None) -> None:
     calls = engine_calls(upstream)
     assert len(calls) == 3 and token_breaks(calls) == []
-    main = [r for r in records(chain, session) if "title generator" not in json.dumps(r["messages"][0])]
+    main = [r for r in chain.records(session) if "title generator" not in json.dumps(r["messages"][0])]
     assert [r["prompt_token_ids"] for r in main] == [c["prompt_token_ids"] for c in calls]
     assert [r["injection"]["fallback_reason"] for r in main] == ["first_call", None, None]
     assert len({r["injection"]["chain"] for r in main}) == 1
@@ -263,7 +259,7 @@ def test_a_session_under_the_ng_rollout_prefix_is_injected_and_its_rollout_is_wh
             chat_session(lambda turn, chain=chain: chain, rollout_id, stream=False, via_prefix=True)
         if injects:
             assert_one_chain(chain, upstream, rollout_id)
-            assert {r["session_id"] for r in records(chain, rollout_id)} == {rollout_id}
+            assert {r["session_id"] for r in chain.records(rollout_id)} == {rollout_id}
         else:
             assert token_breaks(engine_calls(upstream)) == [1, 2]
             result = rollout(chain, rollout_id)
@@ -277,9 +273,9 @@ def test_a_side_call_neither_breaks_nor_joins_the_main_chain(injected, upstream)
     session = f"side-{uuid.uuid4().hex[:8]}"
     chat_session(lambda turn: injected, session, stream=False, side_call_after=0)
     assert_one_chain(injected, upstream, session)
-    side = [r for r in records(injected, session) if "title generator" in json.dumps(r["messages"][0])]
+    side = [r for r in injected.records(session) if "title generator" in json.dumps(r["messages"][0])]
     assert len(side) == 1 and side[0]["injection"]["fallback_reason"] == "no_matching_chain"
-    main_chain = records(injected, session)[0]["injection"]["chain"]
+    main_chain = injected.records(session)[0]["injection"]["chain"]
     assert side[0]["injection"]["chain"] != main_chain
     assert rollout(injected, session)["side_calls"] == [side[0]["uuid"]]
 
@@ -363,7 +359,7 @@ def test_concurrent_sessions_each_keep_a_chain_of_their_own(injected, plain, ups
     engine = {e["headers"].get("x-request-id"): e for e in engine_calls(upstream)}
     chain_ids = set()
     for session in sessions:
-        calls = records(chain, session)
+        calls = chain.records(session)
         assert len(calls) == 3
         assert token_breaks([engine[r["request_id"]] for r in calls]) == ([] if injection else [1, 2])
         if injection:
@@ -408,7 +404,7 @@ def test_an_engine_that_ignores_the_field_gets_fallbacks_and_the_rollout_reports
     chat_session(lambda turn: injected, session, stream=False)
     calls = engine_calls(upstream)
     assert len(calls) == 3 and token_breaks(calls) == [1, 2]  # every call answered, plainly
-    reasons = [r["injection"]["fallback_reason"] for r in records(injected, session)]
+    reasons = [r["injection"]["fallback_reason"] for r in injected.records(session)]
     assert reasons == ["first_call", "echo_mismatch", "echo_mismatch"]
     result = rollout(injected, session)
     assert result["mask_sample"] is True and "echo_mismatch" in result["partial_reason"]
@@ -429,7 +425,7 @@ def test_the_other_transports_cross_switchyard_and_keep_the_chain(upstream, tmp_
         field = "input_ids" if transport == "sglang" else "required_prefix_token_ids"
         sent = [c["body"].get(field) for c in engine_calls(upstream)]
         assert sent[0] is None and all(isinstance(ids, list) and ids for ids in sent[1:])
-        assert {r["injection"]["transport"] for r in records(chain, session)} == {transport}
+        assert {r["injection"]["transport"] for r in chain.records(session)} == {transport}
         # NeMo-RL's engine renders and splices: its chains are matched by their messages, never tokenized here.
         tokenizes = httpx.get(upstream + "/mock/stats", trust_env=False).json()["tokenize"]
         assert (tokenizes == 0) == (transport == "nemo_rl")

@@ -123,7 +123,7 @@ def test_opencode_task_sub_agent_runs_bash_and_both_sessions_are_token_exact(cha
     assert len(sessions) == 2, sessions
 
     # The title request shares the main session's ids: captured there, set aside by the rollout.
-    root_records = get_json(f"{chain.v1}/sessions/{root_id}/completions")["completions"]
+    root_records = chain.records(root_id)
     titles = [r["uuid"] for r in root_records if is_title_call(r)]
     assert len(titles) == 1, [r["messages"][0]["content"][:80] for r in root_records]
     assert len(root_records) == 3  # title, task call, final answer
@@ -179,7 +179,7 @@ def test_opencode_on_a_reasoning_model_keeps_one_token_chain_beside_its_title_ca
     assert (workdir / "marker.txt").read_text().strip() == "reasoned"
 
     root_id = run.events()[0]["sessionID"]
-    records = get_json(f"{chain.v1}/sessions/{root_id}/completions")["completions"]
+    records = chain.records(root_id)
     agent = [r for r in records if not is_title_call(r)]
     titles = [r for r in records if is_title_call(r)]
     assert len(agent) == 2 and len(titles) == 1

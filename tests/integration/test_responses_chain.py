@@ -150,7 +150,7 @@ def test_upstream_api_responses_passes_through_and_still_records(mock_upstream, 
         with sdk.responses.stream(model="x", input="streamed passthrough") as stream:
             final = stream.get_final_response()
         assert final.output_text
-        records = httpx.get(chain.url + "/v1/sessions/pt-1/completions", trust_env=False).json()["completions"]
+        records = chain.records("pt-1")
         assert [r["api"] for r in records] == ["responses", "responses"]
         assert records[0]["messages"][-1]["role"] == "assistant"
         assert records[0]["messages"][-1]["content"] == response.output_text

@@ -48,12 +48,6 @@ def sse_events(response: httpx.Response) -> list[dict]:
     return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
 
 
-def records(chain, session_id: str) -> list[dict]:
-    reply = httpx.get(f"{chain.v1}/sessions/{session_id}/completions", trust_env=False, timeout=30)
-    assert reply.status_code == 200, reply.text
-    return reply.json()["completions"]
-
-
 def upstream_messages(chain, marker: str) -> list[dict]:
     """The chat messages of the last upstream request whose text contains `marker`."""
     for request in reversed(chain.mock_requests()):
@@ -82,7 +76,7 @@ def test_stream_ids_agree_across_events_store_and_record(chain, sdk):
     assert events[-1]["type"] == "response.completed" and completed["store"] is True
     stored = sdk.responses.retrieve(response_id)
     assert stored.id == response_id and stored.output_text == completed["output"][0]["content"][0]["text"]
-    (record,) = records(chain, "ids-agree")
+    (record,) = chain.records("ids-agree")
     assert record["response_id"] == response_id
 
 
@@ -90,7 +84,7 @@ def test_non_stream_is_stored_with_store_true(chain, sdk):
     response = sdk.responses.create(model="x", input="store me", extra_headers={"x-session-id": "ids-ns"})
     assert response.store is True
     assert sdk.responses.retrieve(response.id).output_text == response.output_text
-    assert records(chain, "ids-ns")[0]["response_id"] == response.id
+    assert chain.records("ids-ns")[0]["response_id"] == response.id
 
 
 def test_store_false_is_not_stored(sdk):
@@ -173,8 +167,8 @@ def test_chained_session_reconstructs_as_one_rollout(chain, sdk):
         tools=[WEATHER],
     )
     sdk.responses.create(model="x", previous_response_id=second.id, input="thanks", tools=[WEATHER])
-    assert [r["response_id"] for r in records(chain, "chained-rollout")][:2] == [first.id, second.id]
-    assert len(records(chain, "chained-rollout")) == 3
+    assert [r["response_id"] for r in chain.records("chained-rollout")][:2] == [first.id, second.id]
+    assert len(chain.records("chained-rollout")) == 3
     rollout = httpx.get(f"{chain.v1}/sessions/chained-rollout/rollout", trust_env=False, timeout=30).json()
     assert rollout.get("partial_reason") is None and rollout.get("mask_sample") is False, rollout
     generated = [item for item in rollout["output"] if item.get("generation_token_ids")]
@@ -296,7 +290,7 @@ def test_conversations_through_the_sdk(chain, sdk):
     messages = upstream_messages(chain, "conv-third")
     assert [m["content"] for m in messages[:3]] == ["conv-first", "conv-second", "conv-third"]
     # The conversation is the session: its calls are recorded under its id.
-    assert records(chain, conv.id)[-1]["response_id"] == response.id
+    assert chain.records(conv.id)[-1]["response_id"] == response.id
     sdk.conversations.items.delete(item_id, conversation_id=conv.id)
     assert len(list(sdk.conversations.items.list(conv.id))) == 3
     assert sdk.conversations.delete(conv.id).deleted
@@ -399,7 +393,7 @@ def test_agents_sdk_with_a_conversation(chain, sdk):
     assert kinds == ["message", "function_call", "function_call_output", "message", "message", "message"]
     roles = [m["role"] for m in upstream_messages(chain, "agents-conv-two")]
     assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
-    assert {r["session_id"] for r in records(chain, conv.id)} == {conv.id} and len(records(chain, conv.id)) == 3
+    assert {r["session_id"] for r in chain.records(conv.id)} == {conv.id} and len(chain.records(conv.id)) == 3
 
 
 def test_stored_content_stays_out_of_the_logs(chain, sdk):
@@ -409,7 +403,7 @@ def test_stored_content_stays_out_of_the_logs(chain, sdk):
     sdk.responses.input_items.list(first.id)
     conv = sdk.conversations.create(items=[{"role": "user", "content": marker}])
     sdk.responses.create(model="x", input="go on", conversation=conv.id)
-    assert marker in json.dumps(records(chain, "no-leak"))  # it went through the server, and was captured
+    assert marker in json.dumps(chain.records("no-leak"))  # it went through the server, and was captured
     assert marker not in chain.proc.output()
 
 

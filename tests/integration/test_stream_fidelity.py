@@ -9,7 +9,6 @@ the client receives through the chain.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -45,15 +44,6 @@ def sse_chunks(text: str) -> list[dict]:
     return chunks
 
 
-def records(chain: Chain, session_id: str) -> list[dict]:
-    deadline = time.monotonic() + 10
-    while True:
-        reply = httpx.get(f"{chain.v1}/sessions/{session_id}/completions", trust_env=False, timeout=30)
-        if reply.status_code == 200 or time.monotonic() > deadline:
-            return reply.json()["completions"]
-        time.sleep(0.1)
-
-
 def test_the_openai_docs_first_stream_loop_works(chain):
     client = OpenAI(base_url=chain.v1, api_key="dummy")
     stream = client.chat.completions.create(
@@ -67,7 +57,7 @@ def test_the_openai_docs_first_stream_loop_works(chain):
         text += chunk.choices[0].delta.content or ""  # IndexError on a usage-only chunk
     assert text.startswith("OK. You said: Say this is a test")
     # The usage is still known to the server: it is in the record.
-    (record,) = records(chain, "docs-loop")
+    (record,) = chain.records("docs-loop", wait_s=10)
     assert record["usage"]["completion_tokens"] == len(record["generation_token_ids"])
 
 
@@ -90,7 +80,7 @@ def test_a_chat_stream_arrives_as_the_model_server_sent_it(chain, stream_options
     assert (got[-1]["choices"] == [] and "usage" in got[-1]) is asked_for_usage
     if session:
         # Whatever the client asked, the record has the usage (the server asks for it upstream itself).
-        (record,) = records(chain, session_id)
+        (record,) = chain.records(session_id, wait_s=10)
         assert record["usage"]["prompt_tokens"] == len(record["prompt_token_ids"])
 
 

@@ -53,6 +53,24 @@ def captured_call(session_id, parent=None, messages=None, response=None, **overr
     }
 
 
+def two_turns(session_id, parent=None, sampled=3) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A whole two-turn conversation as two captured calls: the second prompt extends the first prompt and
+    its generation. `sampled` is the first turn's generated token (a second run of a task samples anew)."""
+    first = captured_call(session_id, parent, request_id="req-1", response=chat_response([1, 2], [sampled]))
+    second = captured_call(
+        session_id,
+        parent,
+        request_id="req-2",
+        messages=[
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "more"},
+        ],
+        response=chat_response([1, 2, sampled, 4], [5]),
+    )
+    return first, second
+
+
 def submit_all(store: CaptureStore, *calls: dict[str, Any]) -> None:
     """Each call submitted, then every record in its file."""
     for kwargs in calls:

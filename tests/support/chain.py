@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 
@@ -26,6 +28,18 @@ class Chain:
 
     def mock_stats(self) -> dict:
         return httpx.get(self.upstream_url + "/mock/stats", trust_env=False).json()
+
+    def records(self, session_id: str, wait_s: float = 0.0) -> list[dict]:
+        """The session's captured records as `GET /v1/sessions/{id}/completions` lists them.
+
+        `wait_s`: how long to keep asking while the session is not there yet (its first record may
+        still be on its way to disk after a stream's last byte)."""
+        deadline = time.monotonic() + wait_s
+        url = f"{self.v1}/sessions/{quote(session_id, safe='')}/completions"
+        while (reply := httpx.get(url, trust_env=False, timeout=30)).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["completions"]
 
     def engine_calls(self) -> list[dict]:
         """The chat calls the mock served, in order, with the prompt and generated ids it used."""

@@ -16,7 +16,7 @@ from server.capture import rebuilds
 from server.capture.rebuilds import RolloutBuilder, rollout_json, tree_of
 from server.capture.store import CaptureStore, UnknownSession
 from tests.support.captures import captured_call as call
-from tests.support.captures import chat_response
+from tests.support.captures import chat_response, two_turns
 from tests.support.captures import submit_all as add
 from tests.support.procs import dead_and_living_dirs
 
@@ -27,30 +27,6 @@ def store(tmp_path):
     capture.start()
     yield capture
     capture.close()
-
-
-def _first_turn(store, session_id="ses-a", parent=None):
-    add(store, call(session_id, parent=parent, request_id="req-1", response=chat_response([1, 2], [3])))
-
-
-def _second_turn(store, session_id="ses-a", parent=None):
-    second = call(
-        session_id,
-        parent=parent,
-        request_id="req-2",
-        messages=[
-            {"role": "user", "content": "hello"},
-            {"role": "assistant", "content": "hi"},
-            {"role": "user", "content": "more"},
-        ],
-        response=chat_response([1, 2, 3, 4], [5]),
-    )
-    add(store, second)
-
-
-def _two_turns(store, session_id="ses-a", parent=None):
-    _first_turn(store, session_id, parent)
-    _second_turn(store, session_id, parent)
 
 
 def _counting(monkeypatch):
@@ -78,7 +54,7 @@ def _counting(monkeypatch):
 def test_cached_until_the_session_changes(store, monkeypatch):
     seen = _counting(monkeypatch)
     builder = RolloutBuilder(store.sessions_dir, workers=0)
-    _first_turn(store)
+    add(store, two_turns("ses-a")[0])
 
     async def fetch():
         return await builder.rollout(store.index_view(), "ses-a")
@@ -86,7 +62,7 @@ def test_cached_until_the_session_changes(store, monkeypatch):
     first = asyncio.run(fetch())
     again = asyncio.run(fetch())
     assert again == first and seen["runs"] == 1
-    _second_turn(store)  # a new record: the state changes, so the rollout is rebuilt
+    add(store, two_turns("ses-a")[1])  # a new record: the state changes, so the rollout is rebuilt
     third = asyncio.run(fetch())
     assert seen["runs"] == 2
     assert orjson.loads(third)["partial_reason"] is None
@@ -137,7 +113,7 @@ def test_a_cancelled_requester_does_not_cancel_a_shared_rebuild(store, monkeypat
 
 
 def test_tree_of_lists_descendants_and_refuses_unknown_sessions(store):
-    _two_turns(store, "root")
+    add(store, *two_turns("root"))
     add(store, call("child", parent="root", response=chat_response([7], [8])))
     add(store, call("grandchild", parent="child", response=chat_response([7], [8])))
     index = store.index_view()
@@ -148,7 +124,7 @@ def test_tree_of_lists_descendants_and_refuses_unknown_sessions(store):
 
 @pytest.mark.integration
 def test_a_worker_process_builds_the_same_bytes_as_this_process(store):
-    _two_turns(store, "root")
+    add(store, *two_turns("root"))
     add(store, call("child", parent="root", response=chat_response([7], [8])))
     index = store.index_view()
     builder = RolloutBuilder(store.sessions_dir, workers=1)
@@ -162,7 +138,7 @@ def test_a_worker_process_builds_the_same_bytes_as_this_process(store):
 
 def test_a_lost_record_marked_after_caching_is_never_hidden_by_the_cache(store):
     builder = RolloutBuilder(store.sessions_dir, workers=0)
-    _first_turn(store)
+    add(store, two_turns("ses-a")[0])
     lost = {"ses-a": 0}
 
     def rollout():
@@ -179,7 +155,7 @@ def test_a_lost_record_marked_after_caching_is_never_hidden_by_the_cache(store):
 
 
 def test_a_spooled_rollout_is_a_file_removed_a_grace_after_nothing_refers_to_it(store, monkeypatch):
-    _two_turns(store)
+    add(store, *two_turns("ses-a"))
     builder = RolloutBuilder(store.sessions_dir, workers=0, inline_bytes=0)
     expected = rollout_json(str(store.sessions_dir), "ses-a", tree_of(store.index_view(), "ses-a"), True)
 
@@ -207,7 +183,7 @@ def test_a_spooled_rollout_is_a_file_removed_a_grace_after_nothing_refers_to_it(
 
 
 def test_small_rollouts_stay_bytes(store):
-    _two_turns(store)
+    add(store, *two_turns("ses-a"))
     builder = RolloutBuilder(store.sessions_dir, workers=0)
     assert isinstance(asyncio.run(builder.rollout(store.index_view(), "ses-a")), bytes)
     builder.close()
@@ -218,7 +194,7 @@ def test_the_worker_runs_under_the_idle_scheduling_policy_and_spools_what_it_bui
     """SCHED_IDLE, not only a nice level: a serving thread that wakes takes the CPU from it at once."""
     if not hasattr(os, "SCHED_IDLE"):
         pytest.skip("no SCHED_IDLE on this platform")
-    _two_turns(store)
+    add(store, *two_turns("ses-a"))
     builder = RolloutBuilder(store.sessions_dir, workers=1, inline_bytes=0)
     try:
         policy = builder._executor().submit(os.sched_getscheduler, 0).result(60)

@@ -19,7 +19,7 @@ from server.capture.sessions import build_rollout, build_tree
 from server.capture.store import CaptureStore, session_dir_name
 from server.cli.sessions import main as sessions_main
 from tests.support.captures import captured_call as call
-from tests.support.captures import chat_response
+from tests.support.captures import chat_response, two_turns
 from tests.support.captures import submit_all as add
 from tests.unit.api.test_sessions import assert_openai_error
 from tests.unit.capture.test_index import age_directories
@@ -27,34 +27,14 @@ from tests.unit.capture.test_index import age_directories
 SESSION = "gym-rollout-7"
 
 
-def _conversation(store, session_id=SESSION, parent=None, sampled=3):
-    """A whole two-turn conversation: the second prompt extends the first prompt + generation.
-
-    `sampled` is the first turn's generated token: a second run of the same task samples anew.
-    """
-    add(store, call(session_id, parent=parent, request_id="req-1", response=chat_response([1, 2], [sampled])))
-    second = call(
-        session_id,
-        parent=parent,
-        request_id="req-2",
-        messages=[
-            {"role": "user", "content": "hello"},
-            {"role": "assistant", "content": "hi"},
-            {"role": "user", "content": "more"},
-        ],
-        response=chat_response([1, 2, sampled, 4], [5]),
-    )
-    add(store, second)
-
-
 def _run(capture_dir, run_id, *, session_id=SESSION, child=None, sampled=3, encoding="delta"):
     """One server run on `capture_dir`: the same task again (and a sub-agent's, if named)."""
     store = CaptureStore(capture_dir, server_run=run_id, encoding=encoding)
     store.start()
     try:
-        _conversation(store, session_id, sampled=sampled)
+        add(store, *two_turns(session_id, sampled=sampled))
         if child is not None:
-            _conversation(store, child, parent=session_id, sampled=sampled)
+            add(store, *two_turns(child, session_id, sampled=sampled))
     finally:
         store.close()
 
