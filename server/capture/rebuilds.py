@@ -382,7 +382,7 @@ async def _opened(built: bytes | str) -> SessionBody:
 
 # A rebuild is background work: where CPU is short, the calls being served should win it. Under
 # Linux's SCHED_IDLE policy a serving thread that wakes up takes the CPU from the worker at once; a
-# nice level only shrinks the worker's share (docs/benchmarks.md, "Reads beside paced streams").
+# nice level only shrinks the worker's share (docs/benchmarks.md, "Reads beside calls").
 # Where the policy is missing or refused, nice 10.
 WORKER_NICENESS = 10
 

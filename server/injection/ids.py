@@ -3,7 +3,7 @@
 An injected call handles the whole history's ids several times (the /tokenize answer, the chain's
 cut point, the ids sent, the engine's echo); at RL context lengths (tens of thousands of ids) a
 Python list comparison costs ~20 µs per 1,000 ids where the bytes compare in well under one
-(docs/benchmarks.md, "Token injection at longer contexts"). orjson writes a list of ints one way
+(docs/benchmarks.md, "Injection at long histories"). orjson writes a list of ints one way
 only (`[1,2,3]`), so two such lists are equal exactly when their JSON is.
 """
 
