@@ -4,16 +4,25 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 NODE_STAMP := tests/clients/node_modules/.installed-stamp
+# NeMo Gym, whose own code the Gym tests run against this server. Its wheel declares Python >= 3.13
+# but its capture code runs on 3.11, so it is installed without that check and without its
+# dependencies (the few its capture code imports are this project's: pydantic, orjson, openai).
+GYM_VERSION := 0.7.0
+GYM_STAMP := $(VENV)/.gym-$(GYM_VERSION)-stamp
 
 .PHONY: demo serve test lint test-fast bench soak venv node chromium clean
 
-venv: $(STAMP)
+venv: $(STAMP) $(GYM_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,tito]'
 	touch $(STAMP)
+
+$(GYM_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --ignore-requires-python --no-deps 'nemo-gym==$(GYM_VERSION)'
+	touch $(GYM_STAMP)
 
 # Real agent clients (opencode, Codex CLI) for the end-to-end tests.
 node: $(NODE_STAMP)
@@ -37,7 +46,7 @@ serve: $(STAMP)
 	$(VENV)/bin/switchyard-model demo --serve
 
 # Lint and format check first (fast), then the whole suite.
-test: $(STAMP) node chromium lint
+test: $(STAMP) $(GYM_STAMP) node chromium lint
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

@@ -11,14 +11,16 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from middleware.correlation import Correlation, current_correlation
+from server.capture.gym_tokens import GymTokenCapture, chat_with_gym_tokens, request_items
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.errors import OpenAIError
 from server.http import sse
@@ -50,6 +52,18 @@ class Call:
     wants_triple: bool = False  # the client asked for the token triple in its answer
     injection: Plan | None = None  # token injection's decision for this call (docs/injection.md)
     response_id: str | None = None  # a Responses call's id, which its record carries too
+
+
+@dataclass(slots=True)
+class _TrainingCall:
+    """A call on Gym's training path (`/ng-rollout/<id>/training-token-capture/...`) with Gym's capture on."""
+
+    rollout_id: str
+    items: list[dict[str, Any]]  # the request's items as received, for lineage
+    token: Token | None = None  # Gym's capture context, set once the call is about to be dispatched
+
+
+_training: ContextVar[_TrainingCall | None] = ContextVar("switchyard_model_gym_training", default=None)
 
 
 # Ids unique across processes (a random prefix per process) without a uuid4 per call.
@@ -138,7 +152,7 @@ class ModelEndpoint:
         request["model"] = route
         request["stream"] = stream
         added: set[str] = set()
-        if (self.captures(corr) and state.settings.request_token_ids) or want_ids:
+        if (self.captures(corr) and state.settings.request_token_ids) or want_ids or _training.get() is not None:
             for key, value in TOKEN_REQUEST_FIELDS:
                 if key not in request:
                     request[key] = value
@@ -147,9 +161,29 @@ class ModelEndpoint:
             added.clear()  # the client asked for them: nothing to strip from its answer
         return self.new_call(corr, route, request, stream, frozenset(added), want_ids)
 
+    async def begin_training_capture(self) -> None:
+        """On Gym's training path, just before dispatch: Gym's capture context, parent and intent.
+
+        After the body's checks, so a refused request leaves no intent behind (Gym reads a dangling
+        intent as a lost call). A failed intent is a 503: nothing has been generated yet.
+        """
+        training = _training.get()
+        gym = self.state.gym_tokens
+        if training is None or training.token is not None or gym is None:
+            return
+        try:
+            training.token = await gym.begin(training.rollout_id, training.items)
+        except Exception as exc:
+            log.warning("Gym's token capture cannot record a call of rollout %s: %s", training.rollout_id, exc)
+            raise OpenAIError(
+                503, "training-token capture cannot record this call; retry later", code="capture_unavailable"
+            ) from exc
+
     # ---- token injection (docs/injection.md) ---------------------------------------------------
     async def inject(self, call: Call) -> None:
-        """With token_injection on, attach the session's token history to a correlated call."""
+        """With token_injection on, attach the session's token history to a correlated call. (Called by
+        both APIs just before dispatch, which is where Gym's training capture begins too.)"""
+        await self.begin_training_capture()
         injector = self.state.injector
         session = call.correlation.session_id
         if injector is None or not call.capture or session is None:
@@ -233,12 +267,24 @@ class ModelEndpoint:
             "response_id": call.response_id,
         }
 
-    async def keep(self, call: Call, chat_response: dict[str, Any], chat_request: dict[str, Any] | None = None) -> None:
+    async def keep(
+        self,
+        call: Call,
+        chat_response: dict[str, Any],
+        chat_request: dict[str, Any] | None = None,
+        served: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         """A whole answer, before its last byte goes out: its record into its file first.
 
         The store's writer thread does the work; this only waits. Never raises, except the 503 of
-        `capture_on_failure: refuse` when the record could not be kept.
+        `capture_on_failure: refuse` when the record could not be kept. On Gym's training path the
+        answer also goes into Gym's token store: `served()` gives it as the client's API has it (a
+        Responses object), by default the chat answer with Gym's token fields.
         """
+        training = _training.get()
+        if training is not None and training.token is not None:
+            payload = served() if served is not None else chat_with_gym_tokens(chat_response)
+            await GymTokenCapture.commit(payload, training.items)
         if call.capture and self.state.capture is not None:
             await self.state.capture.keep(self.record_kwargs(call, chat_response, "completed", chat_request))
 
@@ -264,8 +310,12 @@ class ModelEndpoint:
                 progress["answered"] = True
             await send(message)
 
+        training: _TrainingCall | None = None
         try:
             body, corr = await self._read_request(receive)
+            if corr.training_capture and corr.rollout_id and self.state.gym_tokens is not None:
+                training = _TrainingCall(corr.rollout_id, request_items(body))
+                training_var = _training.set(training)
             await run_until_disconnect(
                 receive, lambda: self.handle(body, corr, tracking_send, scope), answered=lambda: progress["answered"]
             )
@@ -281,6 +331,11 @@ class ModelEndpoint:
                 await send_error(send, internal)
             elif not progress["answered"]:  # mid-stream: end it with an error event, never a silent cut
                 await send({"type": "http.response.body", "body": sse.chat_error(internal)})
+        finally:
+            if training is not None:
+                if training.token is not None:
+                    GymTokenCapture.end(training.token)
+                _training.reset(training_var)
 
     async def open_chat_stream(self, call: Call, headers: dict[str, str]) -> UpstreamStream | BufferedStream:
         """The upstream's chat stream; or, with `buffer_upstream_streams`, a non-stream call replayed as one."""

@@ -18,6 +18,10 @@ from server.cli.main import main as cli_main
 
 _GLOBAL_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
+# Gym's global settings this server acts on: its evaluation capture switch and directory, and its
+# training-token capture block. They live at the top of Gym's merged config, not in the server's block.
+GYM_GLOBAL_KEYS = ("observability_enabled", "model_call_capture_dir", "token_id_capture")
+
 
 def instance_block(config_yaml: str, instance: str) -> dict:
     """The `<instance>: responses_api_models: switchyard_model: {...}` block of Gym's merged config.
@@ -36,7 +40,27 @@ def instance_block(config_yaml: str, instance: str) -> dict:
         match = _GLOBAL_REFERENCE.fullmatch(value) if isinstance(value, str) else None
         if match and match.group(1) in doc and not isinstance(doc[match.group(1)], dict):
             block[key] = doc[match.group(1)]
+    block["gym"] = {key: doc[key] for key in GYM_GLOBAL_KEYS if doc.get(key) is not None}
     return {instance: {"responses_api_models": {"switchyard_model": block}}}
+
+
+def correlation_problem(block: dict) -> tuple[str, bool] | None:
+    """Gym's startup check: with `forward_session_id` on but neither evaluation nor training capture
+    enabled, Gym's agents send no `/ng-rollout/<id>` prefix, so no session id reaches Switchyard.
+    Returns the message and whether it is fatal (the setting was explicit), or None when all is well."""
+    if not block.get("forward_session_id", True):
+        return None
+    gym = block.get("gym") or {}
+    token_capture = gym.get("token_id_capture")
+    if gym.get("observability_enabled") or (isinstance(token_capture, dict) and token_capture.get("enabled")):
+        return None
+    message = (
+        "switchyard_model: forward_session_id is on, yet Gym has neither observability_enabled nor "
+        "token_id_capture.enabled set, so its agents call without the /ng-rollout/<id> prefix and "
+        "Switchyard gets no session id. Turn one of them on (e.g. ++observability_enabled=true) to tie "
+        "calls to rollouts, or set forward_session_id: false to route without sessions."
+    )
+    return message, "forward_session_id" in block
 
 
 def main() -> int:
@@ -49,6 +73,12 @@ def main() -> int:
         )
         return 2
     block = instance_block(config_yaml, instance)
+    problem = correlation_problem(block[instance]["responses_api_models"]["switchyard_model"])
+    if problem is not None:
+        message, fatal = problem
+        print(message, file=sys.stderr)
+        if fatal:
+            return 2
     # The settings file holds the Gym block only (not the whole merged config, which has secrets of
     # other servers), privately.
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="switchyard-model-gym-", delete=False) as fh:
