@@ -74,7 +74,9 @@ def shipped_gym_block() -> dict:
     return yaml.safe_load(path.read_text())["policy_model"]["responses_api_models"]["switchyard_model"]
 
 
-def start_as_gym(mock_upstream: str, tmp_path: Path, global_settings: dict, **block_overrides) -> tuple[Proc, str]:
+def start_as_gym(
+    mock_upstream: str, tmp_path: Path, global_settings: dict, wait: bool = True, **block_overrides
+) -> tuple[Proc, str]:
     """Gym's launcher: `python app.py` in the server directory with the merged config in the environment."""
     port = free_port()
     block = {**shipped_gym_block(), "host": "127.0.0.1", "port": port, "name": "policy_model", **block_overrides}
@@ -96,6 +98,8 @@ def start_as_gym(mock_upstream: str, tmp_path: Path, global_settings: dict, **bl
         },
     )
     url = f"http://127.0.0.1:{port}"
+    if not wait:
+        return proc, url
     try:
         proc.wait_http(url + "/health")
     except BaseException:
@@ -270,3 +274,41 @@ def test_gyms_conformance_and_golden_vectors_pass_on_the_store_it_writes(gym, gy
         )
     )
     assert len(passed) == 10
+
+
+def test_forward_session_id_without_capture_warns_when_defaulted_and_refuses_when_explicit(
+    gym, mock_upstream, tmp_path
+):
+    """Gym's startup check: without evaluation or token capture Gym's agents send no rollout prefix."""
+    explicit, _ = start_as_gym(mock_upstream, tmp_path, {}, wait=False, forward_session_id=True)
+    try:
+        assert explicit.popen.wait(60) == 2
+        assert "forward_session_id is on" in explicit.output()
+    finally:
+        explicit.stop()
+    defaulted, url = start_as_gym(mock_upstream, tmp_path, {})  # Gym's shipped block leaves it unset
+    try:
+        assert "forward_session_id is on" in defaulted.output()
+        assert post(url, "/v1/responses", {"model": "m", "input": "hi"}).status_code == 200
+    finally:
+        defaulted.stop()
+    observed, _ = start_as_gym(
+        mock_upstream, tmp_path, {"observability_enabled": True, "model_call_capture_dir": str(tmp_path / "mc")}
+    )
+    try:
+        assert "forward_session_id is on" not in observed.output()
+    finally:
+        observed.stop()
+
+
+def test_chat_answers_carry_the_token_bundle_where_gym_reads_it(gym, gym_server):
+    """In Gym mode, a chat answer asked for its ids has them on choices[0].message (Gym's vllm_model)."""
+    from nemo_gym.token_id_capture.records import extract_token_fields
+
+    url, _, _ = gym_server
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "return_token_id_information": True}
+    answer = post(url, "/v1/chat/completions", body).json()
+    fields = extract_token_fields(answer)
+    assert fields is not None and fields["generation_token_ids"] and fields["prompt_token_ids"]
+    assert len(fields["generation_log_probs"]) == len(fields["generation_token_ids"])
+    assert "prompt_token_ids" not in answer and "token_ids" not in answer["choices"][0]  # not twice
