@@ -1,8 +1,9 @@
-"""Run this server as a NeMo Gym model server: read Gym's launch environment, then `serve`.
+"""Run this server as a NeMo Gym model server: read Gym's launch environment and global settings, then `serve`.
 
 Gym starts each server as `NEMO_GYM_CONFIG_DICT=<merged YAML> NEMO_GYM_CONFIG_PATH=<instance> python
 app.py` in the server's directory. The drop-in `profiles/gym/responses_api_models/switchyard_model/`
-is such a directory; its app.py calls `main()` here.
+is such a directory (`switchyard-model gym-dir` writes one Gym can install); its app.py calls
+`main()` here.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import sys
 import tempfile
 
 import yaml
-
-from server.cli.main import main as cli_main
 
 _GLOBAL_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -84,6 +83,8 @@ def main() -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="switchyard-model-gym-", delete=False) as fh:
         os.chmod(fh.name, 0o600)
         yaml.safe_dump(block, fh)
+    from server.cli.main import main as cli_main
+
     try:
         return cli_main(["serve", "--config", fh.name])
     finally:
