@@ -54,12 +54,14 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
         if settings.max_concurrent_requests:
             state.semaphore = asyncio.Semaphore(settings.max_concurrent_requests)
         if settings.gym is not None:
+            from server.capture.gym_calls import GymCallLog
             from server.capture.gym_tokens import GymTokenCapture
 
             try:
                 state.gym_tokens = GymTokenCapture.from_gym_settings(settings.gym, settings.workers)
-            except ValueError as exc:
-                raise RuntimeError(f"Gym's token_id_capture: {exc}") from exc
+                state.gym_calls = GymCallLog.from_gym_settings(settings.gym)
+            except (ValueError, OSError) as exc:
+                raise RuntimeError(f"Gym's capture settings: {exc}") from exc
         if settings.capture:
             from server.capture.handoff import CaptureHandoff
             from server.capture.store import CaptureStore

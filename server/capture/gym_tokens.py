@@ -12,7 +12,6 @@ call that never finishes leaves a dangling intent, which Gym's store reads as in
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Mapping
 from contextvars import Token
 from importlib import import_module
@@ -154,14 +153,14 @@ class GymTokenCapture:
             )
         return cls(sink, lineage, block.delta_records, owned)
 
-    async def begin(self, rollout_id: str, items: list[dict[str, Any]]) -> Token:
+    async def begin(self, rollout_id: str, model_call_id: str, items: list[dict[str, Any]]) -> Token:
         """Before dispatch: the call's capture context set (undo with `end`), its parent resolved from
         the items as received (`request_items`), its intent recorded. A failed intent raises: nothing
         was generated yet."""
         sink = _gym()
         context = sink.CaptureContext(
             rollout_id=rollout_id,
-            model_call_id=uuid.uuid4().hex,
+            model_call_id=model_call_id,
             token_sink=self.sink,
             lineage_store=self.lineage,
             delta_records=self.delta_records,

@@ -40,6 +40,7 @@ def instance_block(config_yaml: str, instance: str) -> dict:
         if match and match.group(1) in doc and not isinstance(doc[match.group(1)], dict):
             block[key] = doc[match.group(1)]
     block["gym"] = {key: doc[key] for key in GYM_GLOBAL_KEYS if doc.get(key) is not None}
+    block["gym"]["server_name"] = block.get("name") or instance  # the model_ref of Gym's capture records
     return {instance: {"responses_api_models": {"switchyard_model": block}}}
 
 

@@ -112,7 +112,12 @@ def start_as_gym(
 def gym_server(gym, mock_upstream, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gym")
     tokens = tmp / "tokens"
-    proc, url = start_as_gym(mock_upstream, tmp, {"token_id_capture": {"enabled": True, "dir": str(tokens)}})
+    global_settings = {
+        "token_id_capture": {"enabled": True, "dir": str(tokens)},
+        "observability_enabled": True,
+        "model_call_capture_dir": str(tmp / "calls"),
+    }
+    proc, url = start_as_gym(mock_upstream, tmp, global_settings)
     yield url, tokens, proc
     proc.stop()
 
@@ -312,3 +317,51 @@ def test_chat_answers_carry_the_token_bundle_where_gym_reads_it(gym, gym_server)
     assert fields is not None and fields["generation_token_ids"] and fields["prompt_token_ids"]
     assert len(fields["generation_log_probs"]) == len(fields["generation_token_ids"])
     assert "prompt_token_ids" not in answer and "token_ids" not in answer["choices"][0]  # not twice
+
+
+# The fields of one exchange in Gym 0.7.0's evaluation capture (`_record` in base_responses_api_model.py).
+GYM_EXCHANGE_KEYS = {
+    "model_call_id",
+    "dialect",
+    "model_ref",
+    "started_at",
+    "completed_at",
+    "latency_ms",
+    "latency_ttft_ms",
+    "status_code",
+    "error_category",
+    "request",
+    "response",
+}
+
+
+def exchanges(tokens: Path, rollout_id: str) -> list[dict]:
+    path = tokens.parent / "calls" / f"{rollout_id}.capture.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_evaluation_capture_writes_gyms_exchanges_joined_to_the_token_entries(gym, gym_server):
+    from nemo_gym.token_id_capture.store import TokenCaptureStore
+
+    url, tokens, _ = gym_server
+    responses_agent(url, "joined-1", stream=True)
+    lines = exchanges(tokens, "joined-1")
+    assert [set(line) for line in lines] == [GYM_EXCHANGE_KEYS] * 2
+    assert [line["dialect"] for line in lines] == ["responses"] * 2 and lines[0]["status_code"] == 200
+    assert lines[0]["model_ref"] == {"type": "responses_api_models", "name": "policy_model"}
+    assert lines[0]["request"]["input"][0]["role"] == "user" and lines[1]["response"]["object"] == "response"
+    entries = TokenCaptureStore(tokens).read_entries("joined-1")
+    assert [line["model_call_id"] for line in lines] == [entry.model_call_id for entry in entries]
+
+    # The evaluation prefix alone (no training segment): an exchange, no token entry; a failed call too.
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert post(url, "/ng-rollout/eval-only-1/v1/chat/completions", chat).status_code == 200
+    failing = {"model": "m", "messages": [{"role": "user", "content": "[[mock:error 429 0]]"}]}
+    assert post(url, "/ng-rollout/eval-only-1/v1/chat/completions", failing).status_code == 429
+    lines = exchanges(tokens, "eval-only-1")
+    assert [(line["dialect"], line["status_code"], line["error_category"]) for line in lines] == [
+        ("chat", 200, None),
+        ("chat", 429, "rate_limit"),
+    ]
+    assert lines[0]["response"]["choices"][0]["message"]["content"]
+    assert TokenCaptureStore(tokens).read_entries("eval-only-1") == []
