@@ -11,6 +11,7 @@ call that never finishes leaves a dangling intent, which Gym's store reads as in
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from collections.abc import Mapping
 from contextvars import Token
@@ -22,6 +23,9 @@ import orjson
 from server.capture.tokens import token_triple
 
 log = logging.getLogger("switchyard_model.gym_tokens")
+
+# The NeMo Gym release whose capture code and formats this server is tested with.
+TESTED_GYM = "0.7"
 
 # The role Gym gives the request envelope (instructions and tools) in the items lineage reads; not a
 # dialect role, so it never collides with a turn.
@@ -38,9 +42,25 @@ def _gym() -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise GymCaptureUnavailable(
             "token_id_capture is enabled but NeMo Gym's capture code is not importable here: install "
-            "switchyard-model with the [gym] extra, or NeMo Gym itself (0.7)"
+            f"switchyard-model with the [gym] extra, or NeMo Gym itself ({TESTED_GYM})"
         ) from exc
     return sink
+
+
+def check_gym_version() -> str | None:
+    """NeMo Gym's installed version; a warning when it is not the release this server is tested with."""
+    try:
+        version = importlib.metadata.version("nemo-gym")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if version != TESTED_GYM and not version.startswith(TESTED_GYM + "."):
+        log.warning(
+            "NeMo Gym %s is installed; switchyard-model's Gym capture is tested with %s.x. Token entries are "
+            "written by Gym's own code, so they match the installed Gym; report anything that breaks.",
+            version,
+            TESTED_GYM,
+        )
+    return version
 
 
 def request_items(body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -118,6 +138,7 @@ class GymTokenCapture:
         ):
             return None
         _gym()
+        check_gym_version()
         from nemo_gym.token_id_capture.config import TokenIdCaptureConfig
         from nemo_gym.token_id_capture.lineage import FileLineageStore
         from nemo_gym.token_id_capture.protocols import LineageResolver, TokenSink

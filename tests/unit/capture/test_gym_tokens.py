@@ -49,6 +49,15 @@ def test_chat_bundle_moves_to_the_message():
     assert chat_with_gym_tokens(no_ids) is no_ids
 
 
+def test_a_gym_release_other_than_the_tested_one_is_named_in_a_warning(monkeypatch, caplog):
+    from server.capture import gym_tokens
+
+    assert gym_tokens.check_gym_version() == "0.7.0" and not caplog.records
+    monkeypatch.setattr(gym_tokens.importlib.metadata, "version", lambda name: "0.9.1")
+    assert gym_tokens.check_gym_version() == "0.9.1"
+    assert "NeMo Gym 0.9.1 is installed" in caplog.text and "tested with 0.7.x" in caplog.text
+
+
 def test_off_unless_gym_enables_it(tmp_path):
     assert GymTokenCapture.from_gym_settings(None) is None
     assert GymTokenCapture.from_gym_settings({"observability_enabled": True}) is None
