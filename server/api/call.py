@@ -13,14 +13,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
-from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from middleware.correlation import Correlation, current_correlation
-from server.capture.gym_tokens import GymTokenCapture, chat_with_gym_tokens, request_items
+from server.api import gym_hooks
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.errors import OpenAIError
 from server.http import sse
@@ -52,28 +51,6 @@ class Call:
     wants_triple: bool = False  # the client asked for the token triple in its answer
     injection: Plan | None = None  # token injection's decision for this call (docs/injection.md)
     response_id: str | None = None  # a Responses call's id, which its record carries too
-
-
-@dataclass(slots=True)
-class _GymCall:
-    """A call Gym tied to a rollout (`/ng-rollout/<id>/...`) while Gym's evaluation or training capture is on."""
-
-    rollout_id: str
-    model_call_id: str  # joins the evaluation exchange and the training entry, as in Gym
-    started_at: float  # epoch seconds
-    items: list[dict[str, Any]] | None = None  # training: the request's items as received, for lineage
-    request: dict[str, Any] | None = None  # evaluation: the request as received
-    token: Token | None = None  # training: Gym's capture context, set once the call is about to go out
-    logged: bool = False  # evaluation: its exchange is written
-
-
-_gym_call: ContextVar[_GymCall | None] = ContextVar("switchyard_model_gym_call", default=None)
-
-
-def _training_call() -> _GymCall | None:
-    """The current call, if it is on Gym's training path with Gym's token capture on."""
-    gym_call = _gym_call.get()
-    return gym_call if gym_call is not None and gym_call.items is not None else None
 
 
 # Ids unique across processes (a random prefix per process) without a uuid4 per call.
@@ -162,7 +139,7 @@ class ModelEndpoint:
         request["model"] = route
         request["stream"] = stream
         added: set[str] = set()
-        if (self.captures(corr) and state.settings.request_token_ids) or want_ids or _training_call() is not None:
+        if (self.captures(corr) and state.settings.request_token_ids) or want_ids or gym_hooks.on_training_path():
             for key, value in TOKEN_REQUEST_FIELDS:
                 if key not in request:
                     request[key] = value
@@ -172,22 +149,8 @@ class ModelEndpoint:
         return self.new_call(corr, route, request, stream, frozenset(added), want_ids)
 
     async def begin_training_capture(self) -> None:
-        """On Gym's training path, just before dispatch: Gym's capture context, parent and intent.
-
-        After the body's checks, so a refused request leaves no intent behind (Gym reads a dangling
-        intent as a lost call). A failed intent is a 503: nothing has been generated yet.
-        """
-        training = _training_call()
-        gym = self.state.gym_tokens
-        if training is None or training.items is None or training.token is not None or gym is None:
-            return
-        try:
-            training.token = await gym.begin(training.rollout_id, training.model_call_id, training.items)
-        except Exception as exc:
-            log.warning("Gym's token capture cannot record a call of rollout %s: %s", training.rollout_id, exc)
-            raise OpenAIError(
-                503, "training-token capture cannot record this call; retry later", code="capture_unavailable"
-            ) from exc
+        """On Gym's training path, just before dispatch: Gym's capture begins (see server.api.gym_hooks)."""
+        await gym_hooks.begin_training_capture(self.state)
 
     # ---- token injection (docs/injection.md) ---------------------------------------------------
     async def inject(self, call: Call) -> None:
@@ -291,12 +254,7 @@ class ModelEndpoint:
         answer also goes into Gym's token store: `served()` gives it as the client's API has it (a
         Responses object), by default the chat answer with Gym's token fields.
         """
-        gym_call = _gym_call.get()
-        if gym_call is not None:
-            payload = served() if served is not None else chat_with_gym_tokens(chat_response)
-            if gym_call.token is not None:
-                await GymTokenCapture.commit(payload, gym_call.items)
-            await self._log_gym_call(gym_call, 200, None, payload)
+        await gym_hooks.answered(self.state, self.api, chat_response, served)
         if call.capture and self.state.capture is not None:
             await self.state.capture.keep(self.record_kwargs(call, chat_response, "completed", chat_request))
 
@@ -322,13 +280,11 @@ class ModelEndpoint:
                 progress["answered"] = True
             await send(message)
 
-        gym_call: _GymCall | None = None
+        gym_token = None
         failure: tuple[int | None, str | None] = (None, None)  # for Gym's evaluation exchange
         try:
             body, corr = await self._read_request(receive)
-            gym_call = self._gym_call(body, corr)
-            if gym_call is not None:
-                gym_var = _gym_call.set(gym_call)
+            gym_token = gym_hooks.open_gym_call(self.state, body, corr)
             await run_until_disconnect(
                 receive, lambda: self.handle(body, corr, tracking_send, scope), answered=lambda: progress["answered"]
             )
@@ -347,51 +303,8 @@ class ModelEndpoint:
             elif not progress["answered"]:  # mid-stream: end it with an error event, never a silent cut
                 await send({"type": "http.response.body", "body": sse.chat_error(internal)})
         finally:
-            if gym_call is not None:
-                if gym_call.token is not None:
-                    GymTokenCapture.end(gym_call.token)
-                _gym_call.reset(gym_var)
-                if not gym_call.logged:  # a call that did not complete: an in-band error, a cut, a refusal
-                    status, category = failure
-                    if status is None and category is None and progress["started"]:
-                        status, category = 200, "upstream_error"
-                    await self._log_gym_call(gym_call, status, category, None)
-
-    def _gym_call(self, body: dict[str, Any], corr: Correlation) -> _GymCall | None:
-        """This call's part in Gym's capture, when it has a rollout id and Gym's capture is on."""
-        state = self.state
-        training = corr.training_capture and state.gym_tokens is not None
-        if corr.rollout_id is None or not (training or state.gym_calls is not None):
-            return None
-        return _GymCall(
-            corr.rollout_id,
-            uuid.uuid4().hex,
-            time.time(),
-            items=request_items(body) if training else None,
-            request=orjson.loads(orjson.dumps(body)) if state.gym_calls is not None else None,
-        )
-
-    async def _log_gym_call(
-        self, gym_call: _GymCall, status: int | None, category: str | None, response: dict[str, Any] | None
-    ) -> None:
-        """Gym's evaluation exchange of this call, once (never raises)."""
-        log_ = self.state.gym_calls
-        if log_ is None or gym_call.request is None or gym_call.logged:
-            return
-        gym_call.logged = True
-        now = time.time()
-        exchange = log_.exchange(
-            model_call_id=gym_call.model_call_id,
-            dialect=self.api,
-            started_at=gym_call.started_at,
-            completed_at=now,
-            latency_ms=(now - gym_call.started_at) * 1000.0,
-            status_code=status,
-            error_category=category,
-            request=gym_call.request,
-            response=response,
-        )
-        await log_.record(gym_call.rollout_id, exchange)
+            if gym_token is not None:
+                await gym_hooks.close_gym_call(self.state, gym_token, self.api, failure, progress["started"])
 
     async def open_chat_stream(self, call: Call, headers: dict[str, str]) -> UpstreamStream | BufferedStream:
         """The upstream's chat stream; or, with `buffer_upstream_streams`, a non-stream call replayed as one."""
