@@ -365,3 +365,34 @@ def test_evaluation_capture_writes_gyms_exchanges_joined_to_the_token_entries(gy
     ]
     assert lines[0]["response"]["choices"][0]["message"]["content"]
     assert TokenCaptureStore(tokens).read_entries("eval-only-1") == []
+
+
+def test_several_workers_share_the_lineage_through_gyms_file_store(gym, mock_upstream, tmp_path):
+    """Gym's num_workers (attached): two worker processes, each with Gym's file store and its
+    process-shared lineage over one directory; every rollout builds whole whichever worker took a turn."""
+    from tests.support.procs import start_switchyard_host
+
+    host, switchyard_v1 = start_switchyard_host(mock_upstream)
+    tokens = tmp_path / "tokens"
+    try:
+        proc, url = start_as_gym(
+            mock_upstream,
+            tmp_path,
+            {"token_id_capture": {"enabled": True, "dir": str(tokens)}},
+            num_workers=2,
+            switchyard_base_url=switchyard_v1,
+            deployment=None,
+        )
+        try:
+            assert "2 workers" in proc.output()
+            for n in range(4):  # each turn on a fresh connection: the kernel spreads them over the workers
+                responses_agent(url, f"workers-{n}", stream=bool(n % 2))
+                built = gym_rollout(gym, tokens, f"workers-{n}")
+                assert built["mask_sample"] is False and built["metrics"]["chains"] == 1, built["metrics"]
+                assert triples(built["rebuilt_response"]["output"]) == triples(
+                    our_rollout(url, f"workers-{n}")["output"]
+                )
+        finally:
+            proc.stop()
+    finally:
+        host.stop()
