@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.support.procs import REPO, Proc, free_port
+from tests.support.procs import REPO, Proc, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -384,7 +384,7 @@ def test_several_workers_share_the_lineage_through_gyms_file_store(gym, mock_ups
             deployment=None,
         )
         try:
-            assert "2 workers" in proc.output()
+            assert wait_for(lambda: "2 workers" in proc.output())  # announced once both are up
             for n in range(4):  # each turn on a fresh connection: the kernel spreads them over the workers
                 responses_agent(url, f"workers-{n}", stream=bool(n % 2))
                 built = gym_rollout(gym, tokens, f"workers-{n}")
