@@ -252,6 +252,18 @@ def test_a_call_without_token_ids_masks_the_rollout_in_gyms_eyes(gym, gym_server
     assert built["mask_sample"] is True and built["metrics"].get("capture_incomplete") is True
 
 
+def test_a_cut_stream_masks_the_rollout_in_gyms_eyes(gym, gym_server):
+    """The engine's stream breaks off: the client gets an in-band error, Gym's store an intent without an entry."""
+    url, tokens, _ = gym_server
+    body = {"model": "m", "input": "hi [[mock:streamcut 3]]", "stream": True}
+    with httpx.stream(
+        "POST", f"{url}/ng-rollout/cut-1/{TRAINING}/v1/responses", json=body, trust_env=False, timeout=30
+    ) as reply:
+        assert reply.status_code == 200 and "response.failed" in reply.read().decode()
+    built = gym_rollout(gym, tokens, "cut-1")
+    assert built["mask_sample"] is True and built["metrics"].get("capture_incomplete") is True
+
+
 def test_a_failed_write_marks_the_rollout_incomplete(gym, gym_server):
     """The store cannot take the entry (its rollout file is a directory): the call is served, the
     rollout marked incomplete, as Gym's own model servers do."""
