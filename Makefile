@@ -5,10 +5,15 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
 NODE_STAMP := tests/clients/node_modules/.installed-stamp
+# NeMo Gym, whose own code the Gym tests run against this server. Its wheel declares Python >= 3.13
+# but its capture code runs on 3.11, so it is installed without that check and without its
+# dependencies (the few its capture code imports are this project's: pydantic, orjson, openai).
+GYM_VERSION := 0.7.0
+GYM_STAMP := $(VENV)/.gym-$(GYM_VERSION)-stamp
 
 .PHONY: demo serve test lint test-fast bench soak venv node chromium clean
 
-venv: $(STAMP)
+venv: $(STAMP) $(GYM_STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +28,10 @@ $(DEMO_STAMP): pyproject.toml setup.py | $(PY)
 $(STAMP): pyproject.toml setup.py | $(PY)
 	$(PY) -m pip install --quiet -e '.[test,tito]'
 	touch $(STAMP) $(DEMO_STAMP)
+
+$(GYM_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --ignore-requires-python --no-deps 'nemo-gym==$(GYM_VERSION)'
+	touch $(GYM_STAMP)
 
 # Real agent clients (opencode, Codex CLI) for the end-to-end tests.
 node: $(NODE_STAMP)
@@ -46,7 +55,7 @@ serve: $(DEMO_STAMP)
 	$(VENV)/bin/switchyard-model demo --serve
 
 # Lint and format check first (fast), then the whole suite.
-test: $(STAMP) node chromium lint
+test: $(STAMP) $(GYM_STAMP) node chromium lint
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

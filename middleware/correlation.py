@@ -22,6 +22,8 @@ REFUSED_ID_HEADER = b"x-switchyard-model-refused-id"
 _HEADERS_ABOVE_BODY = (b"x-switchyard-session-id", b"proxy_x_session_id")
 _HEADERS_BELOW_BODY = (b"x-session-id", b"thread-id", b"session-id")
 _PARENT_HEADERS = (b"x-parent-session-id", b"x-codex-parent-thread-id")
+# Gym's training-token-capture segment, which may follow the rollout id: `/ng-rollout/<id>/training-token-capture/v1/...`.
+_TRAINING_SEGMENT = "training-token-capture/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,8 @@ class Correlation:
     refused: tuple[str, ...] = ()
     # Set when the session came from a source ranked above the body field; the body cannot override.
     _outranks_body: bool = False
+    # The call came on Gym's training path (`/ng-rollout/<id>/training-token-capture/...`).
+    training_capture: bool = False
 
     def with_body_session_id(self, body_value: object) -> Correlation:
         """Apply the `proxy_x_session_id` body field, which ranks below the path and two headers."""
@@ -60,13 +64,15 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
     """Work out the correlation of a request; returns it and the path with any Gym prefix removed."""
     rollout_id = None
     new_path = None
+    training = False
     refused: list[str] = []
     if path.startswith("/ng-rollout/"):
         # Like Gym's model-server middleware: strip any prefix, but only trust a well-formed id.
         _, _, rest = path.partition("/ng-rollout/")
         candidate, slash, tail = rest.partition("/")
         if slash:
-            new_path = "/" + tail
+            training = tail.startswith(_TRAINING_SEGMENT)
+            new_path = "/" + (tail[len(_TRAINING_SEGMENT) :] if training else tail)
             rollout_id = valid_rollout_id(candidate)
 
     found: dict[bytes, bytes] = {}
@@ -119,6 +125,8 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
         except UnicodeDecodeError:
             request_id = None
     corr = Correlation(session_id, parent, rollout_id, source, request_id, tuple(refused), outranks)
+    if training:
+        corr = replace(corr, training_capture=True)
     return corr, new_path
 
 

@@ -28,7 +28,7 @@ def _profiles_dir() -> Path:
 PROFILES_DIR = _profiles_dir()
 
 # Gym's base server fields: a Gym YAML carries them, they mean nothing to a standalone server.
-_GYM_BASE_FIELDS = {"entrypoint", "name", "domain", "num_workers"}
+_GYM_BASE_FIELDS = {"entrypoint", "name", "domain"}
 
 # Environment variables, as Gym's switchyard_model YAML reads them (`${oc.env:...}`).
 ENV_VARS = {
@@ -59,6 +59,13 @@ class Settings(BaseModel):
     default_headers: dict[str, str] = Field(default_factory=dict)
     max_concurrent_requests: int | None = Field(default=None, ge=1)
     condition_dir: str | None = None
+    # An attached Switchyard's identity, as its operator states it; copied into the condition manifest.
+    proxy_provenance: dict[str, Any] = Field(default_factory=dict)
+    # Gym's base model-server key: exact non-model routes that are safe on the training-capture path.
+    token_id_capture_non_generating_requests: list[dict[str, str]] = Field(default_factory=list)
+    # Gym's global settings (observability_enabled, model_call_capture_dir, token_id_capture), as the
+    # Gym entrypoint reads them from Gym's merged config; None when not started by Gym.
+    gym: dict[str, Any] | None = None
 
     # --- ours ---
     host: str = "127.0.0.1"
@@ -278,6 +285,7 @@ def load_settings(
         if environ.get(var):
             merged[field] = environ[var]
     merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    _apply_num_workers(merged)
     try:
         settings = Settings(**merged)
     except ValidationError as exc:
@@ -290,6 +298,22 @@ def load_settings(
             settings.deployment,
         )
     return settings
+
+
+def _apply_num_workers(merged: dict[str, Any]) -> None:
+    """Gym's `num_workers`: worker processes on one port when attached; refused when hosting, as in Gym."""
+    num_workers = merged.pop("num_workers", None)
+    if num_workers is None:
+        return
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+        raise ConfigError("invalid configuration: num_workers: must be a positive integer")
+    if num_workers > 1 and not merged.get("switchyard_base_url"):
+        raise ConfigError(
+            "switchyard_model cannot host the proxy with num_workers > 1: every worker would start its own "
+            "proxy, splitting session affinity and stats. Run one proxy yourself and attach all workers "
+            "to it with switchyard_base_url."
+        )
+    merged.setdefault("workers", num_workers)
 
 
 def server_url(config_file: str | Path | None = None) -> str:

@@ -53,6 +53,15 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
             log.warning("routes %s are not among Switchyard's routes %s", sorted(unknown), sorted(state.routes))
         if settings.max_concurrent_requests:
             state.semaphore = asyncio.Semaphore(settings.max_concurrent_requests)
+        if settings.gym is not None:
+            from server.capture.gym_calls import GymCallLog
+            from server.capture.gym_tokens import GymTokenCapture
+
+            try:
+                state.gym_tokens = GymTokenCapture.from_gym_settings(settings.gym, settings.workers)
+                state.gym_calls = GymCallLog.from_gym_settings(settings.gym)
+            except (ValueError, OSError) as exc:
+                raise RuntimeError(f"Gym's capture settings: {exc}") from exc
         if settings.capture:
             from server.capture.handoff import CaptureHandoff
             from server.capture.store import CaptureStore
@@ -118,6 +127,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 deployment_path=str(state.proxy.deployment_path) if state.proxy.deployment_path else None,
                 rendered_text=state.proxy.rendered.redacted_text if state.proxy.rendered else None,
                 session_id_headers=settings.session_id_headers,
+                proxy_provenance=settings.proxy_provenance,
             )
         if state.on_ready is not None:
             state.on_ready(state)
@@ -129,7 +139,13 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
         yield
     finally:
         if settings.condition_dir and state.proxy.root_url:  # while Switchyard still answers
-            await provenance.snapshot_stats(settings.condition_dir, state.proxy.root_url)
+            await provenance.snapshot_stats(
+                settings.condition_dir,
+                state.proxy.root_url,
+                mode=state.proxy.mode,
+                api_key=settings.switchyard_api_key,
+                default_headers=settings.default_headers,
+            )
         await shutdown(state)
 
 
@@ -149,6 +165,9 @@ async def shutdown(state: AppState) -> None:
             await state.stateful.runs.shutdown()
         while state.closers:
             state.closers.pop()()
+        if state.gym_tokens is not None:
+            gym_tokens, state.gym_tokens = state.gym_tokens, None
+            await gym_tokens.close()
         if state.store is not None:
             store, state.store, state.capture = state.store, None, None
             await asyncio.to_thread(store.close)

@@ -16,6 +16,8 @@ from server.telemetry.spans import Telemetry
 from server.upstream.client import Upstream
 
 if TYPE_CHECKING:
+    from server.capture.gym_calls import GymCallLog
+    from server.capture.gym_tokens import GymTokenCapture
     from server.capture.handoff import CaptureHandoff
     from server.capture.rebuilds import RolloutBuilder
     from server.capture.store import CaptureStore
@@ -40,6 +42,8 @@ class AppState:
     routes: frozenset[str] = frozenset()  # every route Switchyard exposes
     max_model_lens: dict[str, int] = field(default_factory=dict)  # discovered from vLLM upstreams
     injector: Injector | None = None  # when token_injection is on
+    gym_tokens: GymTokenCapture | None = None  # when Gym's token_id_capture is on (its training path)
+    gym_calls: GymCallLog | None = None  # when Gym's observability_enabled is on (its evaluation capture)
     closers: list[Callable[[], None]] = field(default_factory=list)  # released at shutdown
     refused_ids: RefusedIds = field(default_factory=RefusedIds)  # session ids the correlation rules refused
     # This server run's id, on every record it captures; the workers of one `serve` share it.

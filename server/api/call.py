@@ -11,7 +11,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from middleware.correlation import Correlation, current_correlation
+from server.api import gym_hooks
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.errors import OpenAIError
 from server.http import sse
@@ -138,7 +139,7 @@ class ModelEndpoint:
         request["model"] = route
         request["stream"] = stream
         added: set[str] = set()
-        if (self.captures(corr) and state.settings.request_token_ids) or want_ids:
+        if (self.captures(corr) and state.settings.request_token_ids) or want_ids or gym_hooks.on_training_path():
             for key, value in TOKEN_REQUEST_FIELDS:
                 if key not in request:
                     request[key] = value
@@ -147,9 +148,15 @@ class ModelEndpoint:
             added.clear()  # the client asked for them: nothing to strip from its answer
         return self.new_call(corr, route, request, stream, frozenset(added), want_ids)
 
+    async def begin_training_capture(self) -> None:
+        """On Gym's training path, just before dispatch: Gym's capture begins (see server.api.gym_hooks)."""
+        await gym_hooks.begin_training_capture(self.state)
+
     # ---- token injection (docs/injection.md) ---------------------------------------------------
     async def inject(self, call: Call) -> None:
-        """With token_injection on, attach the session's token history to a correlated call."""
+        """With token_injection on, attach the session's token history to a correlated call. (Called by
+        both APIs just before dispatch, which is where Gym's training capture begins too.)"""
+        await self.begin_training_capture()
         injector = self.state.injector
         session = call.correlation.session_id
         if injector is None or not call.capture or session is None:
@@ -233,12 +240,21 @@ class ModelEndpoint:
             "response_id": call.response_id,
         }
 
-    async def keep(self, call: Call, chat_response: dict[str, Any], chat_request: dict[str, Any] | None = None) -> None:
+    async def keep(
+        self,
+        call: Call,
+        chat_response: dict[str, Any],
+        chat_request: dict[str, Any] | None = None,
+        served: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         """A whole answer, before its last byte goes out: its record into its file first.
 
         The store's writer thread does the work; this only waits. Never raises, except the 503 of
-        `capture_on_failure: refuse` when the record could not be kept.
+        `capture_on_failure: refuse` when the record could not be kept. On Gym's training path the
+        answer also goes into Gym's token store: `served()` gives it as the client's API has it (a
+        Responses object), by default the chat answer with Gym's token fields.
         """
+        await gym_hooks.answered(self.state, self.api, chat_response, served)
         if call.capture and self.state.capture is not None:
             await self.state.capture.keep(self.record_kwargs(call, chat_response, "completed", chat_request))
 
@@ -264,23 +280,31 @@ class ModelEndpoint:
                 progress["answered"] = True
             await send(message)
 
+        gym_token = None
+        failure: tuple[int | None, str | None] = (None, None)  # for Gym's evaluation exchange
         try:
             body, corr = await self._read_request(receive)
+            gym_token = gym_hooks.open_gym_call(self.state, body, corr)
             await run_until_disconnect(
                 receive, lambda: self.handle(body, corr, tracking_send, scope), answered=lambda: progress["answered"]
             )
         except ClientGone:
-            return
+            failure = (None, "cancelled")
         except OpenAIError as error:
+            failure = (error.status, None)
             if not progress["started"]:
                 await send_error(send, error)
         except Exception:
             log.exception("unhandled error in %s", scope.get("path"))
+            failure = (500, None)
             internal = OpenAIError(500, "internal server error", code="internal_error")
             if not progress["started"]:
                 await send_error(send, internal)
             elif not progress["answered"]:  # mid-stream: end it with an error event, never a silent cut
                 await send({"type": "http.response.body", "body": sse.chat_error(internal)})
+        finally:
+            if gym_token is not None:
+                await gym_hooks.close_gym_call(self.state, gym_token, self.api, failure, progress["started"])
 
     async def open_chat_stream(self, call: Call, headers: dict[str, str]) -> UpstreamStream | BufferedStream:
         """The upstream's chat stream; or, with `buffer_upstream_streams`, a non-stream call replayed as one."""

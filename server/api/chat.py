@@ -9,6 +9,7 @@ import orjson
 
 from middleware.correlation import Correlation
 from server.api.call import Call, ModelEndpoint, chat_event_batches, parse_reply
+from server.capture.gym_tokens import chat_with_gym_tokens
 from server.capture.tokens import strip_token_fields
 from server.errors import OpenAIError
 from server.http import sse
@@ -49,6 +50,8 @@ class ChatCompletions(ModelEndpoint):
                     out = reply.body
                     if call.added_fields:
                         out = orjson.dumps(strip_token_fields(chat, call.added_fields))
+                    elif call.wants_triple and self.state.settings.gym is not None:
+                        out = orjson.dumps(chat_with_gym_tokens(chat))  # where Gym reads them, as its vllm_model
                     await send_json(send, 200, out, relayed_headers(reply.headers))
                     span.finish(chat)
         except BaseException as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
@@ -118,7 +119,21 @@ class Responses(ModelEndpoint):
             seal=turn.seal,
         )
         await turn.keep(response)  # before the answer: a follow-up sent at once finds it
-        await self.keep(call, chat)  # the record in its file before the answer goes out
+
+        def served() -> dict[str, Any]:  # for Gym's token store: the answer with its triple
+            if call.wants_triple:
+                return response
+            return chat_to_response(
+                chat,
+                body,
+                tool_map,
+                response_id=turn.response_id,
+                created_at=created_at,
+                token_ids=True,
+                completed_at=int(time.time()),
+            )
+
+        await self.keep(call, chat, served=served)  # the record in its file before the answer goes out
         await send_json(send, 200, orjson.dumps(response), relayed_headers(reply.headers))
         span.finish(chat)
 
@@ -157,7 +172,19 @@ class Responses(ModelEndpoint):
             result = writer.accumulator.result()
             self.injection_done(call, result, span)  # committed before the client sees the end
             injection_finished = kept = True  # once queued, the completed record is the call's only one
-            await self.keep(call, result)  # and the record is in its file
+
+            def served() -> dict[str, Any]:  # for Gym's token store: the answer with its triple
+                return chat_to_response(
+                    result,
+                    body,
+                    tool_map,
+                    response_id=turn.response_id,
+                    created_at=created_at,
+                    token_ids=True,
+                    completed_at=int(time.time()),
+                )
+
+            await self.keep(call, result, served=served)  # and the record is in its file
             closing = writer.finish(completed_at=int(time.time()))
             # Stored before response.completed goes out (its `store` is set here, before encoding).
             await turn.keep(writer.response)
@@ -198,6 +225,7 @@ class Responses(ModelEndpoint):
         route = self.state.route_for(body.get("model"))
         request["model"] = route
         call = self.new_call(corr, route, request, stream)
+        await self.begin_training_capture()
         headers = self.upstream_headers(call, scope)
         span = self.state.telemetry.start_call(
             api="responses", route=route, request=request, correlation=corr, stream=stream, scope=scope
@@ -216,7 +244,7 @@ class Responses(ModelEndpoint):
         if not call.stream:
             reply = await self.state.client.post("/responses", call.payload, headers)
             final = parse_json(reply.body)
-            await self.keep(call, response_to_chat(final or {}), _relayed_chat_request(call))
+            await self.keep(call, response_to_chat(final or {}), _relayed_chat_request(call), _served(final or {}))
             await send_json(send, 200, reply.body, relayed_headers(reply.headers))
             return final
         upstream = await self.state.client.open_stream("/responses", call.payload, headers)
@@ -239,7 +267,9 @@ class Responses(ModelEndpoint):
                             if final is None and payload and payload.get("type") in _TERMINAL_RESPONSE_EVENTS:
                                 final = payload.get("response")
                                 if final is not None:  # kept before the client sees the end
-                                    await self.keep(call, response_to_chat(final), _relayed_chat_request(call))
+                                    await self.keep(
+                                        call, response_to_chat(final), _relayed_chat_request(call), _served(final)
+                                    )
                     # What arrived in one read leaves in one write.
                     body = b"".join(event.wire() for event in batch)
                     await send({"type": "http.response.body", "body": body, "more_body": True})
@@ -251,6 +281,11 @@ class Responses(ModelEndpoint):
         if final is None and call.capture:
             self.record(call, response_to_chat({}), "failed", _relayed_chat_request(call))
         return final
+
+
+def _served(response: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """A relayed answer as it was served, for Gym's token store."""
+    return lambda: response
 
 
 def _relayed_chat_request(call: Call) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The `switchyard-model` command: serve, demo, sessions, profiles, mock-upstream."""
+"""The `switchyard-model` command: serve, demo, sessions, profiles, mock-upstream, gym-dir."""
 
 from __future__ import annotations
 
@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     from server.cli.profiles import add_profiles_parser
 
     add_profiles_parser(sub)
+    from server.cli.gym_dir import add_gym_dir_parser
+
+    add_gym_dir_parser(sub)
     return parser
 
 
@@ -235,4 +238,8 @@ def _run_command(argv: list[str] | None) -> int:
         from server.cli.profiles import run_profiles
 
         return run_profiles(args)
+    if args.command == "gym-dir":
+        from server.cli.gym_dir import run_gym_dir
+
+        return run_gym_dir(args)
     return EXIT_USAGE

@@ -66,27 +66,38 @@ def write_manifest(
     deployment_path: str | Path | None,
     rendered_text: str | None,
     session_id_headers: Sequence[str],
+    proxy_provenance: dict[str, Any] | None = None,
 ) -> Path | None:
     """Write `switchyard-condition.json`; None when there is no condition_dir or the write failed.
 
-    `rendered_text` is the deployment Switchyard loaded (None when attached: this server did not
-    load it). Pass `RenderedDeployment.redacted_text`; credentials still in it are hidden anyway.
-    `deployment_sha256` hashes the stored `deployment_toml`, so a reader can check the two agree.
+    Gym's fields, with Gym's meanings: `deployment_sha256` hashes the deployment file's bytes as
+    they are on disk (when hosting), `proxy_provenance` is what the operator of an attached
+    Switchyard said it runs (null when hosting or unset). Ours beside them: `rendered_text` is the
+    deployment Switchyard loaded (None when attached: this server did not load it); pass
+    `RenderedDeployment.redacted_text`, credentials still in it are hidden anyway. It is stored as
+    `deployment_toml`, which `deployment_toml_sha256` hashes, so a reader can check the two agree.
     Best-effort: a failure is a logged warning, never an exception (it must not fail startup).
     """
     if not condition_dir:
         return None
+    hosted = _gym_mode(mode) == "hosted"
     deployment_toml = None if rendered_text is None else redact_deployment(rendered_text)
     manifest = {
         "route": route,
         "mode": _gym_mode(mode),
         "server_mode": mode,
         "proxy_root_url": root_url(proxy_root_url) if proxy_root_url else None,
-        "nemo_switchyard_version": _version("nemo-switchyard"),
+        # An attached Switchyard is someone else's build: the local wheel's version would name code
+        # that never served a call.
+        "nemo_switchyard_version": _version("nemo-switchyard") if hosted else None,
         "switchyard_model_version": _version("switchyard-model"),
+        "proxy_provenance": (dict(proxy_provenance) or None) if proxy_provenance and not hosted else None,
         "deployment_path": None if deployment_path is None else str(deployment_path),
-        "deployment_sha256": None if deployment_toml is None else hashlib.sha256(deployment_toml.encode()).hexdigest(),
+        "deployment_sha256": _file_sha256(deployment_path) if hosted else None,
         "deployment_toml": deployment_toml,
+        "deployment_toml_sha256": None
+        if deployment_toml is None
+        else hashlib.sha256(deployment_toml.encode()).hexdigest(),
         "session_id_headers": list(session_id_headers),
         "written_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
     }
@@ -100,29 +111,59 @@ def write_manifest(
     return path
 
 
+def _file_sha256(path: str | Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        log.warning("cannot hash the deployment %s: %s", path, exc.strerror or exc)
+        return None
+
+
 async def snapshot_stats(
-    condition_dir: str | Path | None, proxy_url: str | None, timeout_s: float = 5.0
+    condition_dir: str | Path | None,
+    proxy_url: str | None,
+    timeout_s: float = 0.5,
+    *,
+    mode: str = "attach",
+    api_key: str | None = None,
+    default_headers: dict[str, str] | None = None,
 ) -> Path | None:
     """Save Switchyard's `GET {root}/v1/stats` as `switchyard-stats.json`; call it before closing Switchyard.
 
-    Best-effort: an unreachable proxy, an HTTP error or an unwritable directory is a logged warning.
+    In Gym's shape: `{scope, mode, written_at, stats}`, fetched as model calls are (the Bearer key
+    and `default_headers`), within half a second by default, since Gym kills its servers about a
+    second after asking them to stop. Best-effort: an unreachable proxy, an HTTP error or an
+    unwritable directory is a logged warning.
     """
     if not condition_dir or not proxy_url:
         return None
     url = root_url(proxy_url) + "/v1/stats"
+    headers = dict(default_headers or {})
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     # An HTTP_PROXY must not intercept a loopback call; a remote Switchyard may need it.
     loopback = urlsplit(url).hostname in _LOOPBACK
     try:
         async with httpx.AsyncClient(timeout=timeout_s, trust_env=not loopback) as client:
-            response = await client.get(url)
+            response = await asyncio.wait_for(client.get(url, headers=headers), timeout_s)
             response.raise_for_status()
             stats = orjson.loads(response.content)
-    except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+    except (httpx.HTTPError, orjson.JSONDecodeError, TimeoutError) as exc:
         log.warning("cannot snapshot Switchyard stats from %s: %s", url, str(exc) or type(exc).__name__)
         return None
+    hosted = _gym_mode(mode) == "hosted"
+    snapshot = {
+        # An attached Switchyard counts from its own start, across every run it served.
+        "scope": "this run (proxy hosted for exactly this run)" if hosted else "proxy-lifetime aggregate",
+        "mode": _gym_mode(mode),
+        "written_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "stats": stats,
+    }
     path = Path(condition_dir) / STATS_NAME
     try:
-        await asyncio.to_thread(_write_private_json, path, stats)
+        await asyncio.to_thread(_write_private_json, path, snapshot)
     except OSError as exc:
         log.warning("cannot write the stats snapshot %s: %s", path, exc.strerror or exc)
         return None

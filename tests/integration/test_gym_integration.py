@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -42,13 +44,18 @@ def test_gym_yaml_launch_mode_with_provenance(mock_upstream, tmp_path):
         manifest = json.loads((condition / "switchyard-condition.json").read_text())
         assert manifest["route"] == "demo" and manifest["mode"] == "hosted"
         assert manifest["nemo_switchyard_version"] == "0.3.0"
-        assert manifest["deployment_path"].endswith("profiles/demo.toml") and manifest["deployment_sha256"]
+        assert manifest["deployment_path"].endswith("profiles/demo.toml")
+        # Gym's hash: the deployment file's bytes on disk, so `sha256sum` on the file agrees.
+        assert (
+            manifest["deployment_sha256"] == hashlib.sha256(Path(manifest["deployment_path"]).read_bytes()).hexdigest()
+        )
         sessions = httpx.get(url + "/v1/sessions", trust_env=False).json()["sessions"]
         assert [s["session_id"] for s in sessions] == ["task0-r1-a0"]
     finally:
         proc.stop()
     stats = json.loads((condition / "switchyard-stats.json").read_text())
-    assert stats["models"]["mock-model"]["calls"] == 1  # snapshot taken at shutdown, before the proxy closed
+    assert stats["mode"] == "hosted" and stats["scope"].startswith("this run")  # Gym's shape
+    assert stats["stats"]["models"]["mock-model"]["calls"] == 1  # snapshot taken at shutdown, before the proxy closed
 
 
 def test_gym_yaml_attach_mode(mock_upstream, tmp_path):

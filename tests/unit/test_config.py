@@ -86,6 +86,47 @@ policy_model:
     assert settings.max_concurrent_requests == 4
 
 
+def test_gyms_own_switchyard_model_yaml_loads_unchanged(tmp_path):
+    """Gym 0.7.0's shipped block (its keys and values), with the base model-server keys Gym adds."""
+    cfg = write(
+        tmp_path,
+        """
+policy_model:
+  responses_api_models:
+    switchyard_model:
+      entrypoint: app.py
+      deployment: ${oc.env:SWITCHYARD_DEPLOYMENT,null}
+      switchyard_model: policy
+      switchyard_base_url: ${oc.env:SWITCHYARD_BASE_URL,null}
+      switchyard_api_key: ${oc.env:SWITCHYARD_API_KEY,dummy}
+      proxy_port: null
+      session_id_headers:
+        - x-switchyard-session-id
+      condition_dir: ${oc.env:SWITCHYARD_CONDITION_DIR,null}
+      proxy_provenance: {switchyard_commit: abc}
+      extra_body: {}
+      default_headers: {}
+      max_concurrent_requests: null
+      token_id_capture_non_generating_requests: [{method: GET, path: /custom/metadata}]
+      num_workers: 1
+""",
+    )
+    settings = load_settings(cfg, environ={"SWITCHYARD_BASE_URL": "http://127.0.0.1:4000/v1"})
+    assert settings.proxy_provenance == {"switchyard_commit": "abc"} and settings.workers == 1
+
+
+@pytest.mark.parametrize("attach, expected", [(True, 3), (False, "cannot host the proxy with num_workers > 1")])
+def test_num_workers_has_gyms_meaning(tmp_path, attach, expected):
+    """Gym's num_workers: worker processes when attached; refused when hosting (each would host a proxy)."""
+    where = "switchyard_base_url: http://127.0.0.1:4000/v1" if attach else "deployment: demo"
+    cfg = write(tmp_path, f"switchyard_model: policy\n{where}\nnum_workers: 3\n")
+    if attach:
+        assert load_settings(cfg).workers == expected
+    else:
+        with pytest.raises(ConfigError, match=str(expected)):
+            load_settings(cfg)
+
+
 def test_unknown_field_and_bad_values_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="swtchyard_model"):
         load_settings(write(tmp_path, "deployment: demo\nswtchyard_model: x\n"), environ={})

@@ -25,6 +25,22 @@ def test_path_prefix_wins_and_is_stripped():
     assert path == "/v1/responses"
     assert corr.session_id == "task0-r1-a0" and corr.rollout_id == "task0-r1-a0"
     assert corr.source == "path:ng-rollout"
+    assert not corr.training_capture
+
+
+@pytest.mark.parametrize("route", ["/v1/responses", "/v1/chat/completions", "/v1/messages"])
+def test_gym_training_segment_is_stripped_and_flagged(route):
+    corr, path = resolve(f"/ng-rollout/task0-r1/training-token-capture{route}", h(x_session_id="hdr"))
+    assert path == route
+    assert corr.session_id == corr.rollout_id == "task0-r1" and corr.source == "path:ng-rollout"
+    assert corr.training_capture
+
+
+def test_training_segment_only_counts_right_after_the_rollout_id():
+    corr, path = resolve("/v1/training-token-capture/v1/responses", [])
+    assert path is None and not corr.training_capture
+    corr, path = resolve("/ng-rollout/r1/v1/training-token-capture/x", [])
+    assert path == "/v1/training-token-capture/x" and not corr.training_capture
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import importlib.metadata
 import logging
 import stat
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,6 +25,7 @@ GYM_KEYS = {
     "mode",
     "proxy_root_url",
     "nemo_switchyard_version",
+    "proxy_provenance",
     "deployment_path",
     "deployment_sha256",
     "deployment_toml",
@@ -87,7 +89,7 @@ def test_hosted_manifest_records_the_condition(tmp_path, rendered):
     path = hosted_manifest(condition, rendered)
     assert path == condition / "switchyard-condition.json"
     doc = read(path)
-    assert GYM_KEYS | {"switchyard_model_version", "server_mode"} == set(doc)
+    assert GYM_KEYS | {"switchyard_model_version", "server_mode", "deployment_toml_sha256"} == set(doc)
     assert doc["route"] == "noop" and doc["mode"] == "hosted" and doc["server_mode"] == "launch-hosted"
     assert doc["proxy_root_url"] == "http://127.0.0.1:4123"
     assert doc["nemo_switchyard_version"] == importlib.metadata.version("nemo-switchyard") == "0.3.0"
@@ -99,7 +101,10 @@ def test_hosted_manifest_records_the_condition(tmp_path, rendered):
     assert 'base_url = "http://127.0.0.1:9/v1"' in toml  # interpolated values are recorded ...
     assert SECRET not in toml and "sk-literal" not in toml  # ... except secrets
     assert "api_key = '<redacted>'" in toml and "\"x-team-token\" = '<redacted>'" in toml
-    assert doc["deployment_sha256"] == hashlib.sha256(toml.encode()).hexdigest()
+    # Gym's hash is of the file as it is on disk; ours, of the stored (redacted, resolved) text.
+    assert doc["deployment_sha256"] == hashlib.sha256(Path(rendered.source).read_bytes()).hexdigest()
+    assert doc["deployment_toml_sha256"] == hashlib.sha256(toml.encode()).hexdigest()
+    assert doc["proxy_provenance"] is None  # hosted: the manifest identifies the proxy itself
     assert mode_of(path) == 0o600
     assert [p.name for p in condition.iterdir()] == ["switchyard-condition.json"]  # no temp file left
 
@@ -117,10 +122,10 @@ def test_same_condition_same_hash_whatever_the_secret(tmp_path, monkeypatch):
     for token in (SECRET, SECRET + "-rotated"):
         monkeypatch.setenv("TEAM_TOKEN", token)
         doc = read(hosted_manifest(tmp_path / token, profiles.render(path)))
-        hashes.append(doc["deployment_sha256"])
+        hashes.append(doc["deployment_toml_sha256"])
     assert hashes[0] == hashes[1]
     monkeypatch.setenv("UP_URL", "http://127.0.0.1:10/v1")
-    assert read(hosted_manifest(tmp_path / "other", profiles.render(path)))["deployment_sha256"] != hashes[0]
+    assert read(hosted_manifest(tmp_path / "other", profiles.render(path)))["deployment_toml_sha256"] != hashes[0]
 
 
 def test_attached_manifest_records_the_proxy(tmp_path):
@@ -132,10 +137,13 @@ def test_attached_manifest_records_the_proxy(tmp_path):
         deployment_path=None,
         rendered_text=None,
         session_id_headers=["x-switchyard-session-id"],
+        proxy_provenance={"switchyard_commit": "abc123"},
     )
     doc = read(path)
     assert doc["mode"] == "attached" and doc["proxy_root_url"] == "http://10.1.2.3:4000"
     assert doc["deployment_sha256"] is None and doc["deployment_toml"] is None and doc["deployment_path"] is None
+    # Whoever runs an attached proxy says what it is; the local wheel's version would be a guess.
+    assert doc["proxy_provenance"] == {"switchyard_commit": "abc123"} and doc["nemo_switchyard_version"] is None
 
 
 def test_rewriting_the_manifest_replaces_it(tmp_path, rendered):
@@ -243,11 +251,62 @@ def test_stats_snapshot_after_traffic(tmp_path, switchyard):
         json={"model": "up", "messages": [{"role": "user", "content": "hi"}]},
     )
     assert reply.status_code == 200
-    path = asyncio.run(provenance.snapshot_stats(tmp_path / "cond", switchyard + "/v1"))
+    path = asyncio.run(provenance.snapshot_stats(tmp_path / "cond", switchyard + "/v1", 2.0, mode="launch-hosted"))
     assert path == tmp_path / "cond" / "switchyard-stats.json"
-    stats = read(path)
+    doc = read(path)  # Gym's shape: the stats wrapped, with what they cover
+    assert set(doc) == {"scope", "mode", "written_at", "stats"}
+    assert doc["mode"] == "hosted" and doc["scope"].startswith("this run")
+    stats = doc["stats"]
     assert stats["total_requests"] == 1 and stats["models"]["up/model"]["calls"] == 1
     assert mode_of(path) == 0o600
+
+
+class _GuardedStats(BaseHTTPRequestHandler):
+    """A /v1/stats that wants the caller's key and team header, or that hangs for `delay` seconds."""
+
+    delay = 0.0
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        threading.Event().wait(self.delay)
+        allowed = self.headers.get("authorization") == "Bearer k-1" and self.headers.get("x-team") == "t"
+        body = b'{"total_requests": 7}' if allowed else b'{"error": "unauthorized"}'
+        self.send_response(200 if allowed else 401)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def guarded_stats():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _GuardedStats)
+    server.daemon_threads = True
+    server.handle_error = lambda request, address: None  # type: ignore[method-assign]  # the hung call's client left
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    _GuardedStats.delay = 0.0
+    server.shutdown()
+    server.server_close()
+
+
+def test_stats_are_fetched_as_model_calls_are_authenticated(tmp_path, guarded_stats):
+    assert asyncio.run(provenance.snapshot_stats(tmp_path / "anon", guarded_stats)) is None
+    path = asyncio.run(
+        provenance.snapshot_stats(tmp_path, guarded_stats, api_key="k-1", default_headers={"x-team": "t"})
+    )
+    doc = read(path)
+    assert doc["stats"] == {"total_requests": 7} and doc["mode"] == "attached"
+    assert doc["scope"] == "proxy-lifetime aggregate"  # a shared proxy counts every run it served
+
+
+def test_stats_give_up_after_half_a_second(tmp_path, guarded_stats):
+    """Gym kills its servers about a second after asking them to stop: the snapshot must not outlast that."""
+    _GuardedStats.delay = 3.0
+    started = time.monotonic()
+    assert asyncio.run(provenance.snapshot_stats(tmp_path, guarded_stats, api_key="k-1")) is None
+    assert time.monotonic() - started < 1.0
 
 
 def test_unreachable_stats_endpoint_warns_and_does_not_raise(tmp_path, caplog):

@@ -2,7 +2,13 @@
 
 import sys
 
-from server.cli.gym import main
+try:
+    from server.cli.gym import main
+except ImportError:
+    sys.exit(
+        "switchyard_model: switchyard-model is not installed in this server's venv. Write this directory "
+        "with `switchyard-model gym-dir <dir>`, whose requirements.txt installs it (see docs/quickstart.md)."
+    )
 
 if __name__ == "__main__":
     sys.exit(main())

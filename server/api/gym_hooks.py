@@ -1,0 +1,144 @@
+"""What a model call does for NeMo Gym's capture: its training entry and its evaluation exchange, around the call.
+
+A call Gym tied to a rollout (`/ng-rollout/<id>/...`) while Gym's evaluation or training capture is
+on gets a `GymCall` for as long as it is handled (a context variable, so the handlers need not pass
+it): `open_gym_call` when its body is read, `begin_training_capture` just before dispatch,
+`answered` once its whole answer is known (before the last byte goes out), `close_gym_call` at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from middleware.correlation import Correlation
+from server.capture.gym_tokens import GymTokenCapture, chat_with_gym_tokens, request_items
+from server.errors import OpenAIError
+from server.state import AppState
+
+log = logging.getLogger("switchyard_model.calls")
+
+
+@dataclass(slots=True)
+class GymCall:
+    """One call's part in Gym's capture."""
+
+    rollout_id: str
+    model_call_id: str  # joins the evaluation exchange and the training entry, as in Gym
+    started_at: float  # epoch seconds
+    items: list[dict[str, Any]] | None = None  # training: the request's items as received, for lineage
+    request: dict[str, Any] | None = None  # evaluation: the request as received
+    token: Token | None = None  # training: Gym's capture context, set once the call is about to go out
+    logged: bool = False  # evaluation: its exchange is written
+
+
+_current: ContextVar[GymCall | None] = ContextVar("switchyard_model_gym_call", default=None)
+
+
+def open_gym_call(state: AppState, body: dict[str, Any], corr: Correlation) -> Token | None:
+    """Publish this call's GymCall when it has a rollout id and Gym's capture is on; undo with `close_gym_call`."""
+    training = corr.training_capture and state.gym_tokens is not None
+    if corr.rollout_id is None or not (training or state.gym_calls is not None):
+        return None
+    gym_call = GymCall(
+        corr.rollout_id,
+        uuid.uuid4().hex,
+        time.time(),
+        items=request_items(body) if training else None,
+        request=orjson.loads(orjson.dumps(body)) if state.gym_calls is not None else None,
+    )
+    return _current.set(gym_call)
+
+
+def on_training_path() -> bool:
+    """The current call is on Gym's training path with Gym's token capture on."""
+    gym_call = _current.get()
+    return gym_call is not None and gym_call.items is not None
+
+
+async def begin_training_capture(state: AppState) -> None:
+    """On Gym's training path, just before dispatch: Gym's capture context, parent and intent.
+
+    After the body's checks, so a refused request leaves no intent behind (Gym reads a dangling
+    intent as a lost call). A failed intent is a 503: nothing has been generated yet.
+    """
+    gym_call = _current.get()
+    gym = state.gym_tokens
+    if gym_call is None or gym_call.items is None or gym_call.token is not None or gym is None:
+        return
+    try:
+        gym_call.token = await gym.begin(gym_call.rollout_id, gym_call.model_call_id, gym_call.items)
+    except Exception as exc:
+        log.warning("Gym's token capture cannot record a call of rollout %s: %s", gym_call.rollout_id, exc)
+        raise OpenAIError(
+            503, "training-token capture cannot record this call; retry later", code="capture_unavailable"
+        ) from exc
+
+
+async def answered(
+    state: AppState, api: str, chat_response: dict[str, Any], served: Callable[[], dict[str, Any]] | None
+) -> None:
+    """The whole answer: into Gym's token store (training) and its exchange log (evaluation). Never raises.
+
+    `served()` gives it as the client's API has it (a Responses object with its triple); by default
+    it is the chat answer with Gym's token fields on `choices[0].message`.
+    """
+    gym_call = _current.get()
+    if gym_call is None:
+        return
+    payload = served() if served is not None else chat_with_gym_tokens(chat_response)
+    if gym_call.token is not None:
+        await GymTokenCapture.commit(payload, gym_call.items)
+    await _log(state, gym_call, api, 200, None, payload)
+
+
+async def close_gym_call(
+    state: AppState, token: Token, api: str, failure: tuple[int | None, str | None], started: bool
+) -> None:
+    """The call is over: Gym's capture context undone, and an exchange for a call that never completed
+    (a refusal, an upstream error, a cut stream, a client gone)."""
+    gym_call = _current.get()
+    _current.reset(token)
+    if gym_call is None:
+        return
+    if gym_call.token is not None:
+        GymTokenCapture.end(gym_call.token)
+    if not gym_call.logged:
+        status, category = failure
+        if status is None and category is None and started:  # ended in-band, after a 200
+            status, category = 200, "upstream_error"
+        await _log(state, gym_call, api, status, category, None)
+
+
+async def _log(
+    state: AppState,
+    gym_call: GymCall,
+    api: str,
+    status: int | None,
+    category: str | None,
+    response: dict[str, Any] | None,
+) -> None:
+    calls = state.gym_calls
+    if calls is None or gym_call.request is None or gym_call.logged:
+        return
+    gym_call.logged = True
+    now = time.time()
+    exchange = calls.exchange(
+        model_call_id=gym_call.model_call_id,
+        dialect=api,
+        started_at=gym_call.started_at,
+        completed_at=now,
+        latency_ms=(now - gym_call.started_at) * 1000.0,
+        status_code=status,
+        error_category=category,
+        request=gym_call.request,
+        response=response,
+    )
+    await calls.record(gym_call.rollout_id, exchange)
