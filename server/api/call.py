@@ -342,12 +342,24 @@ async def chat_event_batches(
             if out or done:
                 yield out, done
     if not done:
-        raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
+        raise OpenAIError(502, "the upstream's stream ended early, before its final [DONE]", code="upstream_stream_cut")
+
+
+# How Switchyard reports, in-band, a model server whose stream broke off mid-answer (a cut
+# connection, a truncated chunk): "upstream transport error: error decoding response body". Said as
+# it is, that reads as malformed data; what happened is that the engine's stream ended early.
+_SWITCHYARD_TRANSPORT_ERROR = "upstream transport error"
 
 
 def _in_band_error(chunk: dict[str, Any]) -> OpenAIError:
     err = chunk.get("error")
     message = err.get("message") if isinstance(err, dict) else str(err)
+    if isinstance(message, str) and message.startswith(_SWITCHYARD_TRANSPORT_ERROR):
+        return OpenAIError(
+            502,
+            f"the engine's stream ended early: the model server's answer broke off mid-stream (Switchyard: {message})",
+            code="upstream_stream_cut",
+        )
     return OpenAIError(502, message or "upstream stream failed", code="upstream_stream_error")
 
 
