@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from middleware.correlation import Correlation, current_correlation
+from middleware.correlation import Correlation, current_correlation, id_rule
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.errors import OpenAIError
 from server.http import sse
@@ -65,6 +65,19 @@ def _request_id(corr: Correlation) -> str:
     return corr.request_id or new_id("req")
 
 
+def refused_id_error(source: str) -> OpenAIError:
+    """`refused_session_ids: reject`: the 400 for an id the correlation rules refused, naming where it was."""
+    kind, _, name = source.partition(":")
+    where = {"header": f"header {name}", "path": "the /ng-rollout/<id>/ path prefix", "body": f"body field {name}"}
+    return OpenAIError(
+        400,
+        f"the id in {where.get(kind, source)} was refused: {id_rule(source)} "
+        "(this server answers such calls with this error: refused_session_ids is reject)",
+        param=name or source,
+        code="invalid_session_id",
+    )
+
+
 class ModelEndpoint:
     """Holds the app state; an instance is the raw ASGI app of one model endpoint."""
 
@@ -84,6 +97,8 @@ class ModelEndpoint:
         if len(corr.refused) > len(before.refused):  # a refused body field: counted and warned about too
             path = "/v1/chat/completions" if self.api == "chat" else "/v1/responses"
             self.state.refused_ids.note(corr.refused[len(before.refused) :], path)
+        if corr.refused and self.state.settings.refused_session_ids == "reject":
+            raise refused_id_error(corr.refused[0])
         return body, corr
 
     def wants_token_ids(self, body: dict[str, Any]) -> bool:
