@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import sys
 import time
 
+import httpx
 import psutil
 import pytest
 
-from tests.support.procs import Proc, free_port
+from tests.support.procs import REPO, Proc, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -88,3 +90,45 @@ def test_the_demo_prints_the_mock_upstreams_address_once(tmp_path):
     mock_port = re.search(r"mock upstream\s+http://127\.0\.0\.1:(\d+)", header)
     assert mock_port, header
     assert addresses.count(mock_port.group(1)) == 1, header
+
+
+def _recipe_lines() -> list[str]:
+    """The shell lines of docs/harnesses.md's "your own server in front of the demo's mock model"."""
+    text = (REPO / "docs" / "harnesses.md").read_text()
+    section = text.split("**Your own server in front of the demo's mock model.**", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_the_harnesses_recipe_for_a_server_of_ones_own_runs_and_any_model_name_reaches_the_route(tmp_path):
+    mock_line, serve_line = _recipe_lines()
+    mock_port, port = free_port(), free_port()
+    mock_argv = shlex.split(mock_line.replace("8001", str(mock_port)))
+    assert mock_argv[0] == "switchyard-model"
+    env_assignment, *serve_argv = shlex.split(serve_line.replace("8001", str(mock_port)).replace("8080", str(port)))
+    name, _, value = env_assignment.partition("=")
+    assert serve_argv[0] == "switchyard-model" and name == "MOCK_UPSTREAM_URL"
+    mock = Proc([sys.executable, "-m", "server.cli", *mock_argv[1:]])
+    server = Proc(
+        [sys.executable, "-m", "server.cli", *serve_argv[1:], "--capture-dir", str(tmp_path / "captures")],
+        env={name: value},
+    )
+    try:
+        mock.wait_http(f"http://127.0.0.1:{mock_port}/health")
+        server.wait_http(f"http://127.0.0.1:{port}/health")
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"x-session-id": "own-server"},
+            trust_env=False,
+            timeout=30,
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model"] == "mock-model"  # the name sent was replaced by the route
+        record = httpx.get(
+            f"http://127.0.0.1:{port}/v1/sessions/own-server/completions", trust_env=False, timeout=30
+        ).json()["completions"][0]
+        assert record["route"] == "demo" and record.get("injection") is not None  # --token-injection took effect
+    finally:
+        server.stop()
+        mock.stop()
