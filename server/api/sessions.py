@@ -17,7 +17,7 @@ from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder, SessionB
 from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import RolloutError, lost_session_rollout
 from server.capture.runs import ALL, LATEST, UnknownRun, parse_run
-from server.capture.sessions import build_tree
+from server.capture.sessions import build_tree, lost_session_envelope, lost_session_node
 from server.capture.store import CaptureStore, UnknownSession
 from server.capture.summary import KINDS, STATUSES, ListQuery, SummaryCache, format_time, list_page, parse_time
 from server.errors import OpenAIError
@@ -110,7 +110,7 @@ def session_routes(
             raise worker_failed(exc) from None
         if isinstance(body, int):
             if lost:  # every record lost to capture failures: the session ran, and says so
-                return _json_bytes(orjson.dumps(_lost_envelope(session_id, lost, skipped=body)))
+                return _json_bytes(orjson.dumps(lost_session_envelope(session_id, lost, skipped=body)))
             raise _unknown(session_id, skipped=body)
         return _body_response(body)
 
@@ -190,31 +190,6 @@ def session_routes(
         Route("/v1/sessions/{session_id:path}/rollout", _as_error_responses(rollout), methods=["GET"]),
         Route("/v1/sessions/{session_id:path}", _as_error_responses(delete), methods=["DELETE"]),
     ]
-
-
-def _lost_envelope(session_id: str, lost: int, *, skipped: int) -> dict:
-    """The `/completions` envelope of a session whose every record was lost to capture failures."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "session_id": session_id,
-        "completions": [],
-        "skipped": skipped,
-        "lost_records": lost,
-    }
-
-
-def lost_session_node(session_id: str, lost: int) -> dict:
-    """The `/tree` of a session whose every record was lost: itself, with no records (its parent is
-    not known: that was in the lost records)."""
-    return {
-        "session_id": session_id,
-        "parent_session_id": None,
-        "parent_missing": False,
-        "record_count": 0,
-        "lost_records": lost,
-        "runs": [],
-        "children": [],
-    }
 
 
 def _as_error_responses(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:

@@ -3,6 +3,7 @@ tree, list row and timeline say `capture_failed`, never 404 ("never ran")."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
@@ -11,6 +12,7 @@ from server.api.sessions import session_routes
 from server.capture.marks import LostRecords
 from server.capture.rollout import reconstruct_envelope
 from server.capture.store import CaptureStore, session_dir_name
+from server.cli.sessions import main
 from server.viewer.offline import create_view_app
 from tests.support.captures import captured_call as call
 from tests.support.captures import submit_all as add
@@ -106,3 +108,17 @@ def test_the_viewer_shows_it_from_the_mark_a_server_left(tmp_path):
         assert body["rollout"]["mask_sample"] is True and body["summary"]["mask_sample"] is True
         assert_lost_rollout(viewer.get(f"/v1/sessions/{LOST}/rollout").json())
         assert viewer.get("/v1/sessions/someone-else/timeline").status_code == 404
+
+
+def test_the_sessions_command_reads_it_from_the_capture_directory_too(tmp_path, capsys):
+    capture_dir = tmp_path / "captures"
+    marks = LostRecords(capture_dir / "sessions")
+    marks.add(LOST, session_dir_name(LOST), DISK_FULL)
+    assert marks.write_pending() is None
+    assert main(["sessions", "rollout", LOST, "--capture-dir", str(capture_dir)]) == 0
+    assert_lost_rollout(orjson.loads(capsys.readouterr().out))
+    assert main(["sessions", "show", LOST, "--capture-dir", str(capture_dir)]) == 0
+    assert orjson.loads(capsys.readouterr().out)["lost_records"] == 1
+    assert main(["sessions", "tree", LOST, "--capture-dir", str(capture_dir), "--json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["record_count"] == 0
+    assert main(["sessions", "rollout", "never-ran", "--capture-dir", str(capture_dir)]) == 1
