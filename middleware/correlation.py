@@ -130,6 +130,15 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
     return corr, new_path
 
 
+def id_rule(source: str) -> str:
+    """The rule an id from `source` (`header:x-session-id`, `path:ng-rollout`, ...) must follow, in words."""
+    if source == "path:ng-rollout":
+        return (
+            f"it must be 1-{MAX_ID_LENGTH} characters in Gym's charset [A-Za-z0-9._-], starting with a letter or digit"
+        )
+    return f"it must be 1-{MAX_ID_LENGTH} printable ASCII characters without spaces, and not only dots"
+
+
 class RefusedIds:
     """Counts ids refused by the correlation rules, per source, and warns about them (rate-limited).
 
@@ -148,12 +157,8 @@ class RefusedIds:
         for source in sources:
             # One window per source (the source is part of the message; sources are a fixed set of
             # names). The id itself is not logged: it is exactly what was judged unsafe to echo.
-            rule = "in Gym's charset [A-Za-z0-9._-]" if source == "path:ng-rollout" else "without spaces"
             self._warnings.warning(
-                f"refused the id in {source} on %s (it must be 1-%d printable ASCII characters {rule}); "
-                "the call goes on without it",
-                path,
-                MAX_ID_LENGTH,
+                f"refused the id in {source} on %s ({id_rule(source)}); the call goes on without it", path
             )
 
     def counts(self) -> dict[str, int]:

@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from middleware.auth import AuthMiddleware, BearerKeys, reject
 from middleware.correlation import RefusedIds, correlate, publish, unpublish
@@ -35,9 +35,28 @@ def _error_response(error: OpenAIError) -> Response:
     return json_response(error.status, error.to_dict(), error.headers)
 
 
+def _path_meant(request: Request) -> str | None:
+    """The path a client most likely meant when its base URL lacked `/v1` (or had it twice), if this
+    app serves that path."""
+    path = request.url.path
+    candidate = path[len("/v1") :] if path.startswith("/v1/v1/") else "/v1" + path
+    if candidate == path or not path.startswith("/"):
+        return None
+    scope = {**request.scope, "path": candidate}
+    for route in request.app.routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            return candidate
+    return None
+
+
 async def _http_exception(request: Request, exc: HTTPException) -> Response:
     if exc.status_code == 404:
-        error = OpenAIError(404, f"no such endpoint: {request.method} {request.url.path}", code="endpoint_not_found")
+        message = f"no such endpoint: {request.method} {request.url.path}"
+        suggestion = _path_meant(request)
+        if suggestion is not None:
+            message += f"; did you mean {suggestion}?"
+        error = OpenAIError(404, message, code="endpoint_not_found")
     elif exc.status_code == 405:
         error = OpenAIError(
             405,

@@ -142,6 +142,9 @@ class Settings(BaseModel):
     # When a record cannot be written: `serve` answers anyway (counted, logged, the session marked);
     # `refuse` answers correlated calls 503 while capture cannot write, for runs that must lose nothing.
     capture_on_failure: Literal["serve", "refuse"] = "serve"
+    # A model call whose session (or parent) id breaks the id rules: `serve` answers it uncorrelated
+    # (a response header, a log line and /health say so); `reject` answers 400 naming the header and the rule.
+    refused_session_ids: Literal["serve", "reject"] = "serve"
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     # The stateful Responses API (stored responses, previous_response_id, conversations, background
     # runs), kept in <capture_dir>/state.sqlite3. Off: `store` is reported false and those fields get a 400.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from middleware.correlation import Correlation, current_correlation
+from middleware.correlation import Correlation, current_correlation, id_rule
 from server.api import gym_hooks
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.errors import OpenAIError
@@ -66,6 +66,19 @@ def _request_id(corr: Correlation) -> str:
     return corr.request_id or new_id("req")
 
 
+def refused_id_error(source: str) -> OpenAIError:
+    """`refused_session_ids: reject`: the 400 for an id the correlation rules refused, naming where it was."""
+    kind, _, name = source.partition(":")
+    where = {"header": f"header {name}", "path": "the /ng-rollout/<id>/ path prefix", "body": f"body field {name}"}
+    return OpenAIError(
+        400,
+        f"the id in {where.get(kind, source)} was refused: {id_rule(source)} "
+        "(this server answers such calls with this error: refused_session_ids is reject)",
+        param=name or source,
+        code="invalid_session_id",
+    )
+
+
 class ModelEndpoint:
     """Holds the app state; an instance is the raw ASGI app of one model endpoint."""
 
@@ -85,6 +98,8 @@ class ModelEndpoint:
         if len(corr.refused) > len(before.refused):  # a refused body field: counted and warned about too
             path = "/v1/chat/completions" if self.api == "chat" else "/v1/responses"
             self.state.refused_ids.note(corr.refused[len(before.refused) :], path)
+        if corr.refused and self.state.settings.refused_session_ids == "reject":
+            raise refused_id_error(corr.refused[0])
         return body, corr
 
     def wants_token_ids(self, body: dict[str, Any]) -> bool:
@@ -366,12 +381,24 @@ async def chat_event_batches(
             if out or done:
                 yield out, done
     if not done:
-        raise OpenAIError(502, "the upstream stream ended before it finished", code="upstream_stream_cut")
+        raise OpenAIError(502, "the upstream's stream ended early, before its final [DONE]", code="upstream_stream_cut")
+
+
+# How Switchyard reports, in-band, a model server whose stream broke off mid-answer (a cut
+# connection, a truncated chunk): "upstream transport error: error decoding response body". Said as
+# it is, that reads as malformed data; what happened is that the engine's stream ended early.
+_SWITCHYARD_TRANSPORT_ERROR = "upstream transport error"
 
 
 def _in_band_error(chunk: dict[str, Any]) -> OpenAIError:
     err = chunk.get("error")
     message = err.get("message") if isinstance(err, dict) else str(err)
+    if isinstance(message, str) and message.startswith(_SWITCHYARD_TRANSPORT_ERROR):
+        return OpenAIError(
+            502,
+            f"the engine's stream ended early: the model server's answer broke off mid-stream (Switchyard: {message})",
+            code="upstream_stream_cut",
+        )
     return OpenAIError(502, message or "upstream stream failed", code="upstream_stream_error")
 
 

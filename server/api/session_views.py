@@ -18,7 +18,7 @@ from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
 from server.capture.record import SCHEMA_VERSION
 from server.capture.store import CaptureStore, UnknownSession
 from server.capture.summary import SummaryCache
-from server.capture.timeline import build_tree, link_children, timeline_parts
+from server.capture.timeline import build_tree, link_children, lost_session_timeline, timeline_parts
 from server.errors import OpenAIError
 from server.ids import is_valid_session_id
 
@@ -57,8 +57,12 @@ def view_routes(
             store.flush(READ_SETTLE_TIMEOUT_S)
             view = store.index_view()  # one snapshot for every lookup below
             info = view.session_info(session_id)
-            if info is None:
-                raise _unknown(session_id)
+            if info is None or not info["record_count"]:  # no records: known only from a capture-failure mark
+                lost = store.lost_records(session_id)
+                if not lost:
+                    raise _unknown(session_id)
+                body = {**lost_session_timeline(session_id, lost), "schema_version": SCHEMA_VERSION}
+                return view, (), orjson.dumps(body)
             key = (session_id, info["record_count"], info["last_captured_at"], tuple(view.children(session_id)))
             with lock:
                 if key in timelines:

@@ -15,9 +15,9 @@ from server.api.cursor import limit_param
 from server.capture.index_view import IndexView
 from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
 from server.capture.record import SCHEMA_VERSION
-from server.capture.rollout import RolloutError
+from server.capture.rollout import RolloutError, lost_session_rollout
 from server.capture.runs import ALL, LATEST, UnknownRun, parse_run
-from server.capture.sessions import build_tree
+from server.capture.sessions import build_tree, lost_session_envelope, lost_session_node
 from server.capture.store import CaptureStore, UnknownSession
 from server.capture.summary import KINDS, STATUSES, ListQuery, SummaryCache, format_time, list_page, parse_time
 from server.errors import OpenAIError
@@ -105,10 +105,12 @@ def session_routes(
             # Parsed and serialised where rollouts are rebuilt: a long session's records are tens of MB.
             body = await rollouts_for(store).completions(session_id, lost)
         except UnknownSession:
-            raise _unknown(session_id) from None
+            body = 0
         except RebuildUnavailable as exc:
             raise worker_failed(exc) from None
         if isinstance(body, int):
+            if lost:  # every record lost to capture failures: the session ran, and says so
+                return _json_bytes(orjson.dumps(lost_session_envelope(session_id, lost, skipped=body)))
             raise _unknown(session_id, skipped=body)
         return _body_response(body)
 
@@ -120,11 +122,17 @@ def session_routes(
         def build() -> bytes:
             store.flush(READ_SETTLE_TIMEOUT_S)
             try:
-                return orjson.dumps(build_tree(store, session_id, run=run))
+                tree: dict | None = build_tree(store, session_id, run=run)
             except UnknownSession:
-                raise _unknown(session_id) from None
+                tree = None
             except UnknownRun:
                 raise _unknown_run(session_id, run) from None
+            if tree is None or not tree["record_count"]:  # no records: known only from a capture-failure mark
+                lost = store.lost_records(session_id)
+                if not lost:
+                    raise _unknown(session_id)
+                tree = lost_session_node(session_id, lost)
+            return orjson.dumps(tree)
 
         return _json_bytes(await run_in_threadpool(build))
 
@@ -144,7 +152,13 @@ def session_routes(
                 index, session_id, allow_partial=allow_partial, lost_records=store.lost_records, run=run
             )
         except UnknownSession:
-            raise _unknown(session_id) from None
+            lost = await run_in_threadpool(store.lost_records, session_id)
+            if not lost:
+                raise _unknown(session_id) from None
+            try:  # every record lost to capture failures: an empty rollout, masked, capture_failed
+                body = orjson.dumps(lost_session_rollout(session_id, lost, allow_partial))
+            except RolloutError as exc:
+                raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
         except UnknownRun:
             raise _unknown_run(session_id, run) from None
         except RolloutError as exc:

@@ -25,14 +25,17 @@ directory at once. The types the index answers with are in `index_view`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from server.capture.index_view import IndexView, RecordHeader, SessionEntry, SessionTally
+from server.capture.marks import read_mark
 
 # A directory modified this recently is rescanned every time. Covers the filesystem clock's tick
 # and modest clock differences between a network filesystem's server and this host.
@@ -63,6 +66,26 @@ def _open_dir(path: str) -> Iterator[int | None]:
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _entry_of_lost_session(path: str, dir_name: str) -> SessionEntry | None:
+    """A session that has no record but a capture-failure mark (every record was lost, e.g. to a full
+    disk): listed with no records, so it never reads as a session that did not run."""
+    mark = read_mark(Path(path))
+    session_id = mark.get("session_id") if mark is not None else None
+    # The mark's id must be the one the directory is named after: a mark cannot speak for another session.
+    if not isinstance(session_id, str) or hashlib.sha256(session_id.encode("utf-8")).hexdigest() != dir_name:
+        return None
+    assert mark is not None
+    first, last = mark.get("first_lost_at"), mark.get("last_lost_at")
+    return SessionEntry(
+        session_id=session_id,
+        parent_session_id=None,
+        record_count=0,
+        first_captured_at=first if isinstance(first, str) else "",
+        last_captured_at=last if isinstance(last, str) else "",
+        runs=(),
+    )
 
 
 @dataclass(slots=True)
@@ -403,7 +426,7 @@ class SessionIndex:
             entry = current.entry()
         if skipped:
             self._on_skipped(skipped)
-        return entry
+        return entry if entry is not None else _entry_of_lost_session(path, dir_name)
 
     def _let_tally_go(self, dir_name: str) -> None:
         """A quiet directory keeps only its entry; a later change counts its files again."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,11 @@ class LostRecords:
     """Counts the records each session lost. `add` never touches the disk (it is called when the disk
     just failed); the writer thread calls `write_pending` until every mark is on disk."""
 
-    def __init__(self, sessions_dir: Path) -> None:
+    def __init__(self, sessions_dir: Path, on_written: Callable[[set[str]], None] | None = None) -> None:
         self.sessions_dir = sessions_dir
+        # Told which session directories got a mark (the store's change journal): a session whose
+        # every record was lost is listed from its mark, by this process and by others at once.
+        self._on_written = on_written
         self._lock = threading.Lock()
         self._marks: dict[str, dict[str, Any]] = {}  # session dir name -> mark, this run's losses
         self._pending: set[str] = set()  # dir names whose mark is not on disk yet
@@ -59,17 +63,21 @@ class LostRecords:
         with self._lock:
             todo = [(name, dict(self._marks[name])) for name in self._pending]
         first_error = None
+        written: set[str] = set()
         for dir_name, mark in todo:
             try:
                 self._write(dir_name, mark)
             except OSError as exc:
                 first_error = first_error or exc
                 continue
+            written.add(dir_name)
             with self._lock:
                 current = self._marks[dir_name]
                 current["on_disk"] = mark["lost_records"]
                 if current["lost_records"] == mark["lost_records"]:
                     self._pending.discard(dir_name)
+        if written and self._on_written is not None:
+            self._on_written(written)
         return first_error
 
     def _write(self, dir_name: str, mark: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from server.capture.index_view import IndexView
+from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import reconstruct_tree
 from server.capture.runs import ALL, LATEST, RunChoice, children_in, choose, narrow, run_of, runs_of
 from server.capture.store import CaptureStore, UnknownSession
@@ -100,3 +101,28 @@ def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool =
         allow_partial=allow_partial,
         lost_records=store.lost_records,
     )
+
+
+def lost_session_envelope(session_id: str, lost: int, *, skipped: int = 0) -> dict:
+    """The `/completions` envelope of a session whose every record was lost to capture failures."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "session_id": session_id,
+        "completions": [],
+        "skipped": skipped,
+        "lost_records": lost,
+    }
+
+
+def lost_session_node(session_id: str, lost: int) -> dict:
+    """The tree of a session whose every record was lost: itself, with no records (its parent is not
+    known: that was in the lost records)."""
+    return {
+        "session_id": session_id,
+        "parent_session_id": None,
+        "parent_missing": False,
+        "record_count": 0,
+        "lost_records": lost,
+        "runs": [],
+        "children": [],
+    }

@@ -12,6 +12,7 @@ from typing import Any
 
 from server.capture.index_view import IndexView, SessionEntry
 from server.capture.rollout import RolloutError, reconstruct_session
+from server.capture.rollout.chain import CAPTURE_FAILED
 from server.capture.runs import children_in, latest_conversation, runs_of
 from server.capture.store import CaptureStore, UnknownSession
 
@@ -123,6 +124,13 @@ def session_facts(
     return SessionFacts(summary, calls, runs_of(latest_conversation(records)) if len(runs) > 1 else None)
 
 
+def lost_session_facts() -> SessionFacts:
+    """The facts of a session every record of which was lost to capture failures: no calls, masked."""
+    summary = summary_columns([])
+    summary.update(rollout="partial", partial_reason=CAPTURE_FAILED, mask_sample=True)
+    return SessionFacts(summary, [])
+
+
 def summary_columns(records: list[dict]) -> dict[str, Any]:
     """The list's columns for one session from its records, or from just their leading fields (see
     `CaptureStore.read_record_heads`): everything but the rollout status, which is left pending."""
@@ -207,9 +215,10 @@ class SummaryCache:
         try:
             records, _ = store.read_completions(session_id)
         except UnknownSession:
-            return None
+            records = []
         if not records:
-            return None
+            # Listed with no records: its mark says every record was lost (see `index`).
+            return lost_session_facts() if info["record_count"] == 0 else None
         facts = session_facts(session_id, records)
         with self._lock:
             self._entries[session_id] = (key, facts)

@@ -7,10 +7,12 @@ from typing import Any
 
 from server.capture.contiguity import compare_calls
 from server.capture.index_view import IndexView
+from server.capture.rollout.chain import CAPTURE_FAILED
 from server.capture.store import CaptureStore, read_session_records
 from server.capture.summary import (
     SessionFacts,
     SummaryCache,
+    lost_session_facts,
     rollout_outcome,
     session_facts,
     started_at,
@@ -34,6 +36,21 @@ def timeline_parts(sessions_dir: str, session_id: str) -> tuple[dict | None, Ses
         return None, None, skipped
     outcome = rollout_outcome(session_id, records)  # rebuilt once, for the timeline and the facts
     return build_timeline(session_id, records, outcome=outcome), session_facts(session_id, records, outcome), skipped
+
+
+def lost_session_timeline(session_id: str, lost: int) -> dict:
+    """The timeline of a session whose every record was lost to capture failures: no calls, and a
+    rollout that says why (the server adds nothing to it: there is no tree to read)."""
+    return {
+        "session_id": session_id,
+        "parent_session_id": None,
+        "calls": [],
+        "rollout": {"status": "partial", "partial_reason": CAPTURE_FAILED, "mask_sample": True, "record_uuids": []},
+        "tree": None,
+        "summary": lost_session_facts().summary,
+        "lost_records": lost,
+        "skipped": 0,
+    }
 
 
 def build_timeline(

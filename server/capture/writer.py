@@ -104,7 +104,7 @@ class RecordWriter:
         self._committer: threading.Thread | None = None
 
         # Failure: what was lost, and whether capture can write right now.
-        self.lost = LostRecords(sessions_dir)
+        self.lost = LostRecords(sessions_dir, on_written=on_batch_written)
         self._degraded_reason: str | None = None
         self._next_probe = 0.0
 

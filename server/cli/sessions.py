@@ -11,9 +11,9 @@ from urllib.parse import quote, urlsplit
 import httpx
 import orjson
 
-from server.capture.rollout import RolloutError
+from server.capture.rollout import RolloutError, lost_session_rollout
 from server.capture.runs import ALL, LATEST, LEGACY, UnknownRun, parse_run
-from server.capture.sessions import build_rollout, build_tree
+from server.capture.sessions import build_rollout, build_tree, lost_session_envelope, lost_session_node
 from server.capture.store import CaptureStore, UnknownSession
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, server_url
@@ -289,6 +289,8 @@ class _DirectorySource:
         try:
             return build_tree(self._store, session_id, run=run)
         except UnknownSession:
+            if lost := self._store.lost_records(session_id):  # every record lost: it ran
+                return lost_session_node(session_id, lost)
             raise _NotFound(f"unknown session: {session_id!r}") from None
         except UnknownRun:
             raise _NotFound(f"session {session_id!r} has no records from server run {run!r}") from None
@@ -299,6 +301,8 @@ class _DirectorySource:
         except UnknownSession:
             records, skipped = [], 0
         if not records:
+            if lost := self._store.lost_records(session_id):
+                return lost_session_envelope(session_id, lost, skipped=skipped)
             raise _NotFound(f"unknown session: {session_id!r}")
         return {
             "schema_version": 1,
@@ -312,7 +316,13 @@ class _DirectorySource:
         try:
             return build_rollout(self._store, session_id, allow_partial=allow_partial, run=run)
         except UnknownSession:
-            raise _NotFound(f"unknown session: {session_id!r}") from None
+            lost = self._store.lost_records(session_id)
+            if not lost:
+                raise _NotFound(f"unknown session: {session_id!r}") from None
+            try:
+                return lost_session_rollout(session_id, lost, allow_partial)
+            except RolloutError as exc:
+                raise _Failed(f"session {session_id}: {exc}") from None
         except UnknownRun:
             raise _NotFound(f"session {session_id!r} has no records from server run {run!r}") from None
         except RolloutError as exc:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -18,6 +20,7 @@ from typing import Any
 import httpx
 
 from server.cli.exits import EXIT_USAGE
+from server.process import die_with_parent
 
 # Quiet Switchyard's per-request log lines, but keep the INFO spans it exports when OTLP is set
 # (RUST_LOG=warn alone would switch its span export off).
@@ -62,7 +65,40 @@ def _wait_ready(proc: subprocess.Popen, url: str, what: str, timeout: float = 60
     raise RuntimeError(f"{what} did not become ready at {url}")
 
 
+# The signals that end the demo, however it was started. SIGINT is among them even when the shell
+# started the demo in the background with SIGINT ignored: `kill -INT` must still stop the chain.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _start(argv: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen:
+    """A child of the demo that ends with it: SIGTERM when the demo dies, even by SIGKILL, and a
+    process group of its own, so the demo can sweep up whatever the child itself started."""
+    return subprocess.Popen(
+        argv,
+        env=env,
+        start_new_session=True,  # a terminal's Ctrl-C or hangup reaches the demo, which stops the chain in order
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        **kw,
+    )
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _hurry(procs: list[subprocess.Popen]) -> Any:
+    """While the chain is being stopped, a second signal kills what is left instead of waiting."""
+
+    def kill_all(signum: int, frame: Any) -> None:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    return kill_all
+
+
 def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (SIGKILL after 15 s), then SIGKILL to whatever is left in the child's process group."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -70,6 +106,8 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _say(text: str = "") -> None:
@@ -154,7 +192,7 @@ def show_capture(base_url: str) -> None:
         )
 
 
-def _curl_examples(base_url: str) -> str:
+def _curl_examples(base_url: str, mock_port: int) -> str:
     return f"""
 The chain is up. Try:
   curl -s {base_url}/v1/responses -H 'content-type: application/json' -H 'x-session-id: my-session' \\
@@ -163,6 +201,9 @@ The chain is up. Try:
        -d '{{"model": "demo", "stream": true, "messages": [{{"role": "user", "content": "Hi"}}]}}'
   curl -s {base_url}/v1/sessions
   curl -s {base_url}/v1/sessions/my-session/rollout
+A server of your own, with its own options, in front of the same mock upstream:
+  MOCK_UPSTREAM_URL=http://127.0.0.1:{mock_port}/v1 switchyard-model serve --deployment demo \\
+       --port 8081 --token-injection
 Press Ctrl-C to stop."""
 
 
@@ -174,17 +215,36 @@ def run_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    procs: list[subprocess.Popen] = []
+    previous = {sig: signal.signal(sig, _interrupt) for sig in _STOP_SIGNALS}
+    try:
+        return _run_chain(args, procs)
+    finally:
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, _hurry(procs))
+        for proc in reversed(procs):
+            _stop(proc)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_chain(args: argparse.Namespace, procs: list[subprocess.Popen]) -> int:
+    """Start the chain (each process added to `procs` as it starts), run the agent, and serve if asked."""
     env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"}
     mock_port = _free_port()
     port = args.port or _free_port()
     capture_dir = args.capture_dir or tempfile.mkdtemp(prefix="switchyard-demo-")
-    procs: list[subprocess.Popen] = []
     try:
-        mock = subprocess.Popen([sys.executable, "-m", "server.dev.mock_upstream", "--port", str(mock_port)], env=env)
+        # The mock's own "listening on" line goes nowhere: the demo says where everything is, once.
+        mock = _start(
+            [sys.executable, "-m", "server.dev.mock_upstream", "--port", str(mock_port)],
+            env,
+            stdout=subprocess.DEVNULL,
+        )
         procs.append(mock)
         _wait_ready(mock, f"http://127.0.0.1:{mock_port}/health", "the mock upstream")
         env["MOCK_UPSTREAM_URL"] = f"http://127.0.0.1:{mock_port}/v1"
-        server = subprocess.Popen(
+        server = _start(
             [
                 sys.executable,
                 "-m",
@@ -199,7 +259,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 "--log-level",
                 "warning",
             ],
-            env={**env, "RUST_LOG": os.environ.get("RUST_LOG", _QUIET_SWITCHYARD)},
+            {**env, "RUST_LOG": os.environ.get("RUST_LOG", _QUIET_SWITCHYARD)},
         )
         procs.append(server)
         base_url = f"http://127.0.0.1:{port}"
@@ -211,7 +271,7 @@ def run_demo(args: argparse.Namespace) -> int:
         run_agent(base_url)
         show_capture(base_url)
         if args.serve:
-            _say(_curl_examples(base_url))
+            _say(_curl_examples(base_url, mock_port))
             try:
                 server.wait()
             except KeyboardInterrupt:
@@ -220,6 +280,3 @@ def run_demo(args: argparse.Namespace) -> int:
     except Exception as exc:  # a demo failure should say what broke, in one line
         print(f"demo failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    finally:
-        for proc in reversed(procs):
-            _stop(proc)

@@ -52,16 +52,27 @@ def _serve_uvicorn(app: Any, sock: socket.socket, quiet: Callable[[], bool]) -> 
             raise
 
 
-def _serve_granian(app: Any, sock: socket.socket, quiet: Callable[[], bool]) -> None:
-    import uvloop
+def _event_loop_runner() -> Callable[[Any], Any]:
+    """uvloop's `run` where it is installed, else asyncio's, with one line saying so (it is slower)."""
+    try:
+        import uvloop
+    except ImportError:
+        logging.getLogger("switchyard_model.http").warning(
+            "uvloop cannot be imported; serving on asyncio's event loop (slower; pip install uvloop)"
+        )
+        return asyncio.run
+    return uvloop.run
 
+
+def _serve_granian(app: Any, sock: socket.socket, quiet: Callable[[], bool]) -> None:
+    run = _event_loop_runner()
     # granian says its embedded mode is experimental on every start; the rest of its logs stay.
     logging.getLogger("_granian").addFilter(lambda record: not quiet() and "experimental" not in record.getMessage())
     logging.getLogger("granian").addFilter(lambda record: not quiet())
     from granian.errors import FatalError
 
     try:
-        uvloop.run(_granian_main(app, sock))
+        run(_granian_main(app, sock))
     except FatalError:  # the lifespan failed; the caller reports that
         if not quiet():
             raise

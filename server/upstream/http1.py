@@ -10,6 +10,7 @@ those left idle longer than `keepalive_expiry` (an idle pool must not hold socke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -66,6 +67,9 @@ class _Connection(asyncio.Protocol):
         # uvloop's TCPTransport is not an asyncio.Transport subclass (no isinstance check here): a cast.
         self.transport = cast(asyncio.Transport, transport)
         self._socket = transport.get_extra_info("socket")
+        if self._socket is not None:  # said here rather than trusting each event loop's default
+            with contextlib.suppress(OSError):
+                self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _ack_now(self) -> None:
         """Acknowledge what arrived at once, not after the kernel's delayed-ACK timer (40 ms on Linux).

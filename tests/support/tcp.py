@@ -1,4 +1,5 @@
-"""TCP-level helpers: the kernel's delayed-ACK counter, and a server that leaves Nagle's algorithm on.
+"""TCP-level helpers: the kernel's delayed-ACK counter, a server that leaves Nagle's algorithm on, and
+another process's TCP sockets with their options.
 
 A server with Nagle on holds each small write until the previous one is acknowledged; a client
 delays its ACKs (40 ms on Linux) when it has nothing to send. Together they stall a streamed answer
@@ -8,8 +9,12 @@ without timing anything.
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import os
 import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -85,3 +90,51 @@ def _content_length(head: bytes) -> int:
 def _whole_request(buffer: bytes) -> bool:
     head, found, rest = buffer.partition(b"\r\n\r\n")
     return bool(found) and len(rest) >= _content_length(head)
+
+
+@dataclass(frozen=True)
+class PeerSocket:
+    """One TCP socket of another process, as that process holds it."""
+
+    pid: int
+    local: tuple[str, int]
+    peer: tuple[str, int] | None  # None for a listening socket
+    nodelay: bool
+
+
+_PIDFD_GETFD = 438  # the syscall number on x86-64 and arm64 (Linux 5.6+)
+
+
+def tcp_sockets_of(pid: int) -> list[PeerSocket] | None:
+    """Every TCP socket `pid` holds open, with its TCP_NODELAY read on the very socket (a duplicate of
+    its descriptor taken with pidfd_getfd); None where the kernel does not let this process do that."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+    found = []
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                    continue
+            except OSError:  # closed meanwhile
+                continue
+            fd = libc.syscall(_PIDFD_GETFD, pidfd, int(name), 0)
+            if fd < 0:
+                if ctypes.get_errno() in (errno.EPERM, errno.ENOSYS):
+                    return None
+                continue
+            with socket.socket(fileno=fd) as sock:
+                if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                    continue
+                try:
+                    peer = sock.getpeername()[:2]
+                except OSError:
+                    peer = None
+                nodelay = bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                found.append(PeerSocket(pid, sock.getsockname()[:2], peer, nodelay))
+    finally:
+        os.close(pidfd)
+    return found

@@ -6,13 +6,14 @@ messages and tools to Gym's shapes, `messages` normalises chat messages for the 
 
 from __future__ import annotations
 
-from server.capture.rollout.chain import reconstruct_envelope, reconstruct_session
+from server.capture.rollout.chain import lost_session_rollout, reconstruct_envelope, reconstruct_session
 from server.capture.rollout.items import map_tools
 from server.capture.rollout.messages import RolloutError
 from server.capture.rollout.tree import reconstruct_tree
 
 __all__ = [
     "RolloutError",
+    "lost_session_rollout",
     "map_tools",
     "reconstruct_envelope",
     "reconstruct_session",

@@ -12,7 +12,7 @@ from typing import Any
 from server.capture.record import INJECTION_BREAKING_FALLBACKS, SCHEMA_VERSION
 from server.capture.rollout.continuation import ContinuationIndex
 from server.capture.rollout.continuation import extends as _extends
-from server.capture.rollout.items import map_tools, message_items
+from server.capture.rollout.items import failed_rollout, map_tools, message_items
 from server.capture.rollout.messages import ENVIRONMENT_ROLES, RolloutError, canonical, normalize
 from server.capture.tokens import is_finite_numbers, is_token_ids
 
@@ -29,9 +29,12 @@ def reconstruct_envelope(envelope: object, session_id: str, *, allow_partial: bo
     completions = envelope.get("completions")
     if not isinstance(completions, list):
         raise RolloutError(f"envelope has no completions list: {type(completions).__name__}")
-    rollout = reconstruct_session(session_id, completions, allow_partial=allow_partial)
     lost = envelope.get("lost_records")
-    return mark_lost_records(rollout, lost if isinstance(lost, int) else 0, allow_partial)
+    lost = lost if isinstance(lost, int) else 0
+    if not completions and lost > 0:
+        return lost_session_rollout(session_id, lost, allow_partial)
+    rollout = reconstruct_session(session_id, completions, allow_partial=allow_partial)
+    return mark_lost_records(rollout, lost, allow_partial)
 
 
 CAPTURE_FAILED = "capture_failed"
@@ -44,6 +47,15 @@ def mark_lost_records(rollout: dict, lost: int, allow_partial: bool) -> dict:
             raise RolloutError(f"session {rollout['session_id']!r} lost {lost} record(s) to capture failures")
         rollout["partial_reason"] = CAPTURE_FAILED
         rollout["mask_sample"] = True
+    return rollout
+
+
+def lost_session_rollout(session_id: str, lost: int, allow_partial: bool) -> dict:
+    """The rollout of a session whose every record was lost to capture failures (a full disk): empty
+    and masked, so a trainer sees a session that ran and cannot be used, not one that never ran."""
+    rollout = failed_rollout(session_id, None, CAPTURE_FAILED)
+    mark_lost_records(rollout, lost, allow_partial)
+    rollout["subagents"] = []
     return rollout
 
 
