@@ -22,15 +22,19 @@ BASH = {
 }
 
 
-@pytest.fixture(scope="module")
-def sdk(chain) -> anthropic.Anthropic:
+def client_for(url: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(
-        base_url=chain.url,
+        base_url=url,
         api_key="sk-test",
         max_retries=0,
         timeout=60,
         http_client=anthropic.DefaultHttpxClient(trust_env=False),  # the SDK's own httpx flavour
     )
+
+
+@pytest.fixture(scope="module")
+def sdk(chain) -> anthropic.Anthropic:
+    return client_for(chain.url)
 
 
 def session_headers(session: str) -> dict[str, str]:
@@ -275,3 +279,33 @@ def test_count_tokens_is_the_engines_prompt_length(sdk, chain):
     counted = sdk.messages.count_tokens(model="x", messages=messages, system="be brief")
     created = sdk.messages.create(model="x", max_tokens=5, messages=messages, system="be brief")
     assert counted.input_tokens == created.usage.input_tokens > 0
+
+
+def test_under_the_gym_prefix_the_rollout_is_the_session(chain):
+    rollout_id = f"msg-r{uuid.uuid4().hex[:6]}"
+    response = httpx.post(
+        f"{chain.url}/ng-rollout/{rollout_id}/v1/messages?beta=true",
+        json={"model": "x", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]},
+        trust_env=False,
+        timeout=60,
+    )
+    assert response.status_code == 200 and response.json()["type"] == "message"
+    records = get_json(f"{chain.v1}/sessions/{rollout_id}/completions")["completions"]
+    assert [(r["api"], r["rollout_id"]) for r in records] == [("messages", rollout_id)]
+
+
+def test_metrics_name_the_messages_api(sdk, chain):
+    sdk.messages.create(model="x", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    metrics = httpx.get(chain.url + "/metrics", trust_env=False, timeout=30).text
+    assert 'openai_api_type="messages"' in metrics
+
+
+@pytest.mark.parametrize("injection", [True, False])
+def test_token_injection_keeps_a_messages_chain_whole_on_a_template_that_drops_reasoning(reasoning_chains, injection):
+    """With injection the engine continues from its own ids; without (the control) the re-rendered turn breaks."""
+    chain = reasoning_chains[injection]
+    before = len(chain.engine_calls())
+    _thinking_turns(
+        client_for(chain.url), f"inj-{uuid.uuid4().hex[:8]}", lambda content: [b.model_dump() for b in content]
+    )
+    assert token_breaks(chain.engine_calls()[before:]) == ([] if injection else [1])
