@@ -312,7 +312,7 @@ def _output_config(value: Any, chat: dict[str, Any]) -> None:
         raise wrong_type("output_config", "an object")
     effort = value.get("effort")
     if effort is not None:
-        if effort not in _EFFORTS:
+        if not isinstance(effort, str) or effort not in _EFFORTS:
             raise invalid(f"`output_config.effort` must be one of {', '.join(_EFFORTS)}", "output_config.effort")
         chat["reasoning_effort"] = _EFFORTS[effort]
     fmt = value.get("format")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from server.errors import OpenAIError
 from server.stateful.sealing import ReasoningSeal
@@ -278,3 +280,38 @@ def test_a_failure_mid_stream_ends_with_an_error_event():
     events = writer.fail(OpenAIError(502, "cut"))
     assert events == [{"type": "error", "error": {"type": "api_error", "message": "cut"}}]
     assert writer.finish() == []
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+_block = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image", "x"])},
+    optional={"text": _json, "id": _json, "name": _json, "input": _json, "content": _json, "signature": _json},
+)
+_any_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system"]), "content": st.text() | st.lists(_block, max_size=3)}
+)
+_fields = {key: _json for key in ("system", "tools", "stop_sequences", "top_k", "metadata")}
+_fields.update(
+    output_config=st.fixed_dictionaries({}, optional={"effort": _json, "format": _json}),
+    thinking=st.fixed_dictionaries({"type": _json}, optional={"budget_tokens": _json, "display": _json}),
+    tool_choice=st.fixed_dictionaries({"type": _json}, optional={"name": _json, "disable_parallel_tool_use": _json}),
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.fixed_dictionaries(
+        {"messages": st.lists(_any_message, min_size=1, max_size=3), "max_tokens": st.integers(1, 10**6)},
+        optional=_fields,
+    )
+)
+def test_any_body_is_translated_or_refused_with_a_400(body):
+    """A hostile body never crashes the translator: it translates, or it is a 400 naming a field."""
+    try:
+        messages_to_chat(body, unseal)
+    except OpenAIError as error:
+        assert error.status == 400 and error.param
