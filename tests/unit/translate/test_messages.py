@@ -315,3 +315,26 @@ def test_any_body_is_translated_or_refused_with_a_400(body):
         messages_to_chat(body, unseal)
     except OpenAIError as error:
         assert error.status == 400 and error.param
+
+
+@pytest.mark.parametrize(
+    "status, kind",
+    [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (404, "not_found_error"),
+        (413, "request_too_large"),
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (502, "api_error"),
+        (529, "overloaded_error"),
+        (422, "invalid_request_error"),
+    ],
+)
+def test_errors_take_anthropics_types_by_status(status, kind):
+    from server.errors import anthropic_error_dict
+
+    assert anthropic_error_dict(OpenAIError(status, "why")) == {
+        "type": "error",
+        "error": {"type": kind, "message": "why"},
+    }
