@@ -203,6 +203,7 @@ class CountTokens(_AnthropicErrors):
 
             rendered = self.state.proxy.rendered
             self._clients = tokenize_clients(self.state.settings, rendered.text if rendered else None)
+            self.state.closers.append(self.close)  # their connections go at shutdown, with the rest
         return self._clients.get(route) or self._clients.get("")
 
     def close(self) -> None:
