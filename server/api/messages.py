@@ -78,6 +78,7 @@ class Messages(_AnthropicErrors):
         self._extra_for_messages = {k: v for k, v in extra.items() if k in MESSAGES_FIELDS}
         self._extra_for_chat = {k: v for k, v in extra.items() if k not in MESSAGES_FIELDS}
         self._warned: set[str] = set()
+        self._context_windows: dict[str, int] | None = None  # read from the deployment on first use
 
     async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         want_triple = self.wants_token_ids(body)
@@ -115,9 +116,19 @@ class Messages(_AnthropicErrors):
             span.finish(None, exc)
             raise
 
+    def _context_length(self, route: str) -> int | None:
+        """The route's context length: its deployment `context_window`, else what vLLM said at startup."""
+        if self._context_windows is None:
+            from server.switchyard.discovery import route_upstreams
+
+            rendered = self.state.proxy.rendered
+            upstreams = route_upstreams(rendered.text) if rendered is not None else []
+            self._context_windows = {u.route_id: u.context_window for u in upstreams if u.context_window}
+        return self._context_windows.get(route) or self.state.max_model_lens.get(route)
+
     def _clamp(self, call: Call) -> None:
         """A `max_tokens` above the route's context (Claude Code asks for 128000) comes down to it."""
-        limit = self.state.max_model_lens.get(call.route)
+        limit = self._context_length(call.route)
         if limit and call.request.get("max_tokens", 0) > limit:
             call.request["max_tokens"] = limit
             call.payload = orjson.dumps(call.request)

@@ -92,6 +92,12 @@ def test_claude_code_runs_bash_and_write_and_its_session_is_token_exact(chain, t
     assert [item["name"] for item in rollout["output"] if item["type"] == "function_call"] == ["Bash", "Write"]
     assert_token_exact(chain, rollout)
 
+    # Claude Code asks for max_tokens 128000; the engine is asked for no more than the route's context.
+    max_model_len = next(m["max_model_len"] for m in get_json(chain.v1 + "/models")["data"] if m["id"] == "demo")
+    upstream = {e["headers"].get("x-request-id"): e["body"] for e in chain.mock_requests()}
+    assert max_model_len < 128000
+    assert {upstream[r["request_id"]]["max_tokens"] for r in records} == {max_model_len}
+
 
 def test_claude_code_sub_agent_is_a_child_session_with_its_own_whole_rollout(chain, tmp_path):
     child_prompt = "Write the marker. " + directive(
