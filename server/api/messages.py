@@ -237,9 +237,10 @@ class CountTokens(_AnthropicErrors):
         from server.injection.tokenize import TokenizeError, template_options
 
         try:
-            render = await client.render(
-                translated.body["messages"], translated.body.get("tools"), template_options(translated.body)
-            )
+            async with self.limit():  # a round trip to the engine: under the same cap as the model calls
+                render = await client.render(
+                    translated.body["messages"], translated.body.get("tools"), template_options(translated.body)
+                )
         except TokenizeError as exc:
             raise OpenAIError(502, f"the engine could not count the tokens: {exc}") from exc
         await send_json(send, 200, orjson.dumps({"input_tokens": render.prompt_len}))

@@ -93,20 +93,30 @@ def test_tool_use_then_the_result_sent_back(sdk, chain, streamed):
     assert_token_exact(chain, rollout)
 
 
-def _thinking_turns(sdk, session: str, send_back) -> list[Message]:
+def _thinking_turns(sdk, session: str, send_back, streamed: bool = False) -> list[Message]:
     history: list = [{"role": "user", "content": "Think first. [[mock:reasoning]] [[mock:tool Bash {}]]"}]
     request = {"model": "x", "max_tokens": 300, "tools": [BASH], "thinking": {"type": "enabled", "budget_tokens": 100}}
-    first = sdk.messages.create(**request, messages=history, extra_headers=session_headers(session))
+
+    def ask() -> Message:
+        if not streamed:
+            return sdk.messages.create(**request, messages=history, extra_headers=session_headers(session))
+        with sdk.messages.stream(**request, messages=history, extra_headers=session_headers(session)) as stream:
+            return stream.get_final_message()
+
+    first = ask()
     history.append({"role": "assistant", "content": send_back(first.content)})
     call = next(block for block in first.content if block.type == "tool_use")
     history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "ok"}]})
-    second = sdk.messages.create(**request, messages=history, extra_headers=session_headers(session))
-    return [first, second]
+    return [first, ask()]
 
 
-def test_thinking_with_its_signed_block_sent_back_keeps_the_token_chain(sdk, chain):
+@pytest.mark.parametrize("streamed", [False, True])
+def test_thinking_with_its_signed_block_sent_back_keeps_the_token_chain(sdk, chain, streamed):
     before = len(chain.engine_calls())
-    first, _ = _thinking_turns(sdk, f"think-{uuid.uuid4().hex[:8]}", lambda content: [b.model_dump() for b in content])
+    first, _ = _thinking_turns(
+        sdk, f"think-{uuid.uuid4().hex[:8]}", lambda content: [b.model_dump() for b in content], streamed
+    )
+    Message.model_validate(first.model_dump())
     thinking = first.content[0]
     assert thinking.type == "thinking" and thinking.thinking and thinking.signature
     calls = chain.engine_calls()[before:]
@@ -114,7 +124,9 @@ def test_thinking_with_its_signed_block_sent_back_keeps_the_token_chain(sdk, cha
     # Negative control: the same turns without the thinking block break the chain (the engine sees
     # a history without its reasoning).
     before = len(chain.engine_calls())
-    _thinking_turns(sdk, f"nothink-{uuid.uuid4().hex[:8]}", lambda content: [b.model_dump() for b in content[1:]])
+    _thinking_turns(
+        sdk, f"nothink-{uuid.uuid4().hex[:8]}", lambda content: [b.model_dump() for b in content[1:]], streamed
+    )
     assert token_breaks(chain.engine_calls()[before:]) == [1]
 
 
