@@ -87,6 +87,7 @@ def test_tool_use_then_the_result_sent_back(sdk, chain, streamed):
     # Captured under the Claude Code session header, as messages calls, one token chain.
     records = get_json(f"{chain.v1}/sessions/{session}/completions")["completions"]
     assert [r["api"] for r in records] == ["messages", "messages"] and all(r["is_valid"] for r in records)
+    assert [r["response_id"] for r in records] == [first.id, second.id]
     rollout = get_json(f"{chain.v1}/sessions/{session}/rollout")
     assert rollout["partial_reason"] is None and rollout["mask_sample"] is False, rollout["partial_reason"]
     assert [item["type"] for item in rollout["output"]] == ["function_call", "function_call_output", "message"]
