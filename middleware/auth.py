@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 
-from server.errors import OpenAIError
+from server.errors import OpenAIError, anthropic_error_json
 
 # Always open: liveness probes and scrapers must not need a model key.
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -45,6 +45,11 @@ class BearerKeys:
                 if value[:7].lower() == b"bearer ":
                     presented = value[7:].strip()
                 break
+        if not presented:  # Anthropic's clients send the key as `x-api-key`
+            for name, value in scope["headers"]:
+                if name == b"x-api-key":
+                    presented = value.strip()
+                    break
         return bool(presented) and _matches(presented, keys)
 
 
@@ -59,18 +64,22 @@ class AuthMiddleware:
         if scope["type"] != "http" or self.keys.allows(scope):
             await self.app(scope, receive, send)
         else:
-            await reject(send)
+            await reject(send, scope)
 
 
-async def reject(send) -> None:
-    from server.http.asgi import send_error
+def speaks_anthropic(scope) -> bool:
+    """A Messages API call, or any request of an Anthropic client (they all send `anthropic-version`)."""
+    return scope["path"].startswith("/v1/messages") or any(name == b"anthropic-version" for name, _ in scope["headers"])
 
-    await send_error(
-        send,
-        OpenAIError(
-            401,
-            "missing or invalid API key (send Authorization: Bearer <key>)",
-            code="invalid_api_key",
-            headers={"www-authenticate": "Bearer"},
-        ),
+
+async def reject(send, scope=None) -> None:
+    from server.http.asgi import send_json
+
+    error = OpenAIError(
+        401,
+        "missing or invalid API key (send Authorization: Bearer <key>, or x-api-key: <key>)",
+        code="invalid_api_key",
+        headers={"www-authenticate": "Bearer"},
     )
+    body = anthropic_error_json(error) if scope is not None and speaks_anthropic(scope) else error.to_json()
+    await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])

@@ -20,7 +20,10 @@ REFUSED_ID_HEADER = b"x-switchyard-model-refused-id"
 # Header sources in precedence order, split around the `proxy_x_session_id` body field, which ranks
 # between them but can only be read once the handler has parsed the body.
 _HEADERS_ABOVE_BODY = (b"x-switchyard-session-id", b"proxy_x_session_id")
-_HEADERS_BELOW_BODY = (b"x-session-id", b"thread-id", b"session-id")
+_HEADERS_BELOW_BODY = (b"x-session-id", b"thread-id", b"session-id", b"x-claude-code-session-id")
+# Claude Code sends its session id on a sub-agent's calls too, with this header naming the agent:
+# such a call belongs to a child session, `<session id>/<agent id>`, whose parent is the session.
+_AGENT_HEADER = b"x-claude-code-agent-id"
 _PARENT_HEADERS = (b"x-parent-session-id", b"x-codex-parent-thread-id")
 # Gym's training-token-capture segment, which may follow the rollout id: `/ng-rollout/<id>/training-token-capture/v1/...`.
 _TRAINING_SEGMENT = "training-token-capture/"
@@ -117,6 +120,12 @@ def resolve(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Correlation,
         if parent_id := header_id(name):
             parent = parent_id
             break
+    if session_id is not None and _AGENT_HEADER in found and (agent := header_id(_AGENT_HEADER)):
+        child = valid_id(f"{session_id}/{agent}")
+        if child is None:  # too long together: the call stays in the session, and says why
+            refused.append("header:x-claude-code-agent-id")
+        else:
+            session_id, parent = child, session_id
     request_id = None
     raw_request_id = found.get(b"x-request-id")
     if raw_request_id:

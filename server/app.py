@@ -17,6 +17,7 @@ from middleware.auth import AuthMiddleware, BearerKeys, reject
 from middleware.correlation import RefusedIds, correlate, publish, unpublish
 from server.api.chat import ChatCompletions
 from server.api.conversations import conversation_routes
+from server.api.messages import messages_handlers
 from server.api.models import json_response, model_routes
 from server.api.responses import Responses
 from server.api.stored_responses import stored_response_routes
@@ -116,7 +117,7 @@ class ServerApp(Starlette):
             elif self.auth.allows(scope):
                 await handler(scope, receive, send)
             else:
-                await reject(send)
+                await reject(send, scope)
         finally:
             unpublish(token)
 
@@ -136,6 +137,7 @@ def create_app(
     model_handlers = {
         "/v1/chat/completions": ChatCompletions(state),
         "/v1/responses": Responses(state),
+        **messages_handlers(state),
     }
     routes = [
         *(Route(path, handler, methods=["POST"]) for path, handler in model_handlers.items()),

@@ -51,3 +51,28 @@ class OpenAIError(Exception):
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict())
+
+
+# The Anthropic Messages API's error `type` for each status (what its SDKs and Claude Code expect).
+_ANTHROPIC_TYPE_FOR_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_dict(error: OpenAIError) -> dict[str, Any]:
+    """The error as the Messages API shapes it: `{"type": "error", "error": {"type", "message"}}`."""
+    kind = _ANTHROPIC_TYPE_FOR_STATUS.get(error.status)
+    if kind is None:
+        kind = "api_error" if error.status >= 500 else "invalid_request_error"
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def anthropic_error_json(error: OpenAIError) -> bytes:
+    return orjson.dumps(anthropic_error_dict(error))

@@ -82,7 +82,8 @@ def refused_id_error(source: str) -> OpenAIError:
 class ModelEndpoint:
     """Holds the app state; an instance is the raw ASGI app of one model endpoint."""
 
-    api = ""  # the API name in records and telemetry: "chat" or "responses"
+    api = ""  # the API name in records and telemetry: "chat", "responses" or "messages"
+    path = ""  # the endpoint's path, for warnings
 
     def __init__(self, state: AppState) -> None:
         self.state = state
@@ -90,14 +91,21 @@ class ModelEndpoint:
     async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         raise NotImplementedError
 
+    async def send_error(self, send, error: OpenAIError) -> None:
+        """An error before the answer started, in this API's shape (OpenAI's unless overridden)."""
+        await send_error(send, error)
+
+    def stream_error(self, error: OpenAIError) -> bytes:
+        """The in-band error that ends a stream already under way, in this API's shape."""
+        return sse.chat_error(error)
+
     async def _read_request(self, receive) -> tuple[dict[str, Any], Correlation]:
         body = parse_json_object(await read_body(receive, self.state.settings.max_body_bytes))
         # Always removed: it is ours, never the upstream's.
         before = current_correlation()
         corr = before.with_body_session_id(body.pop("proxy_x_session_id", None))
         if len(corr.refused) > len(before.refused):  # a refused body field: counted and warned about too
-            path = "/v1/chat/completions" if self.api == "chat" else "/v1/responses"
-            self.state.refused_ids.note(corr.refused[len(before.refused) :], path)
+            self.state.refused_ids.note(corr.refused[len(before.refused) :], self.path)
         if corr.refused and self.state.settings.refused_session_ids == "reject":
             raise refused_id_error(corr.refused[0])
         return body, corr
@@ -284,7 +292,7 @@ class ModelEndpoint:
         """The raw ASGI app: 503 until the lifespan has brought Switchyard up (and after it went down);
         errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""
         if not self.state.ready or self.state.proxy.is_running() is False:
-            await send_error(send, OpenAIError(503, "Switchyard is not running", code="proxy_unavailable"))
+            await self.send_error(send, OpenAIError(503, "Switchyard is not running", code="proxy_unavailable"))
             return
         progress = {"started": False, "answered": False}
 
@@ -308,15 +316,15 @@ class ModelEndpoint:
         except OpenAIError as error:
             failure = (error.status, None)
             if not progress["started"]:
-                await send_error(send, error)
+                await self.send_error(send, error)
         except Exception:
             log.exception("unhandled error in %s", scope.get("path"))
             failure = (500, None)
             internal = OpenAIError(500, "internal server error", code="internal_error")
             if not progress["started"]:
-                await send_error(send, internal)
+                await self.send_error(send, internal)
             elif not progress["answered"]:  # mid-stream: end it with an error event, never a silent cut
-                await send({"type": "http.response.body", "body": sse.chat_error(internal)})
+                await send({"type": "http.response.body", "body": self.stream_error(internal)})
         finally:
             if gym_token is not None:
                 await gym_hooks.close_gym_call(self.state, gym_token, self.api, failure, progress["started"])

@@ -20,6 +20,7 @@ from server.upstream.client import relayed_headers
 
 class ChatCompletions(ModelEndpoint):
     api = "chat"
+    path = "/v1/chat/completions"
 
     async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         validate_chat(body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -16,6 +17,25 @@ from server.state import AppState
 
 def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
+
+
+def _anthropic_list(data: list[dict[str, Any]]) -> dict[str, Any]:
+    """The model list as Anthropic's `GET /v1/models` shapes it (one page: every route)."""
+    models = [
+        {
+            "type": "model",
+            "id": entry["id"],
+            "display_name": entry["id"],
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["created"] or 0)),
+        }
+        for entry in data
+    ]
+    return {
+        "data": models,
+        "has_more": False,
+        "first_id": models[0]["id"] if models else None,
+        "last_id": models[-1]["id"] if models else None,
+    }
 
 
 def model_routes(state: AppState) -> list[Route]:
@@ -55,6 +75,8 @@ def model_routes(state: AppState) -> list[Route]:
                     "max_model_len": caps.get("context_window") or state.max_model_lens.get(entry.get("id")),
                 }
             )
+        if "anthropic-version" in request.headers:  # Anthropic's clients list models in their own shape
+            return json_response(200, _anthropic_list(data))
         return json_response(200, {"object": "list", "data": data})
 
     return [

@@ -35,6 +35,7 @@ _TERMINAL_MARKERS = tuple(kind.encode() for kind in _TERMINAL_RESPONSE_EVENTS)
 
 class Responses(ModelEndpoint):
     api = "responses"
+    path = "/v1/responses"
 
     def __init__(self, state: AppState) -> None:
         super().__init__(state)

@@ -20,7 +20,8 @@ _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def api_type(api: str) -> str:
-    return "responses" if api == "responses" else "chat_completions"
+    """Which API the client called: `chat_completions`, `responses` or (Anthropic's) `messages`."""
+    return api if api in ("responses", "messages") else "chat_completions"
 
 
 def error_type(error: BaseException) -> str:

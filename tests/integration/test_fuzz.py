@@ -372,7 +372,7 @@ except ImportError:  # the test extra pins it; without it only this part is skip
     schemathesis = None
 
 SCHEMATHESIS_EXAMPLES = int(25 * SCALE)  # per operation and generation mode
-MODEL_ENDPOINTS = {"/v1/responses", "/v1/chat/completions"}
+MODEL_ENDPOINTS = {"/v1/responses", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens"}
 
 if schemathesis is None:
 

@@ -105,6 +105,17 @@ def test_openai_sdk_recipe(chain, tmp_path):
     assert_whole_rollout(chain, session, calls=2)
 
 
+@needs("anthropic")
+def test_anthropic_sdk_recipe(chain, tmp_path):
+    new, out = run_recipe(chain, "anthropic-sdk", "Say hello.", tmp_path)
+    assert len(new) == 1
+    (session,) = new
+    assert out.startswith(session)
+    rollout = assert_whole_rollout(chain, session, calls=2)
+    assert all(r["api"] == "messages" for r in chain.records(session))
+    assert rollout["record_uuids"]
+
+
 @needs("agents")
 def test_openai_agents_recipe(chain, tmp_path):
     new, out = run_recipe(chain, "openai-agents", WEATHER_TASK, tmp_path)

@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-ENVIRONMENT_ROLES = frozenset({"user", "tool"})
+# What may come between two model turns: anything but the model's own (a harness adds system
+# messages mid-conversation too: Claude Code's environment and agent-list blocks).
+ENVIRONMENT_ROLES = frozenset({"user", "tool", "system", "developer"})
 
 
 class RolloutError(ValueError):

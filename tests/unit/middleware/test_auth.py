@@ -87,3 +87,34 @@ def test_session_endpoints_fall_back_to_the_model_keys():
     app = guarded(api_keys=("model-key",))
     assert call(app, "/v1/sessions", b"Bearer model-key")[0] == 200
     assert call(app, "/v1/sessions")[0] == 401
+
+
+def _call_with(app, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+    scope = {"type": "http", "path": path, "method": "POST", "headers": headers}
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_anthropic_clients_key_is_taken_from_x_api_key():
+    assert _call_with(guarded(), "/v1/messages", [(b"x-api-key", b"model-key")]) == (200, b"inner")
+    assert _call_with(guarded(), "/v1/messages", [(b"x-api-key", b"wrong")])[0] == 401
+
+
+def test_an_anthropic_client_is_refused_in_anthropic_shape():
+    for path, headers in (("/v1/messages", []), ("/v1/models", [(b"anthropic-version", b"2023-06-01")])):
+        status, body = _call_with(guarded(), path, headers)
+        assert status == 401
+        assert orjson.loads(body) == {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": orjson.loads(body)["error"]["message"]},
+        }
+    # Everyone else keeps the OpenAI shape.
+    assert "code" in orjson.loads(_call_with(guarded(), "/v1/responses", [])[1])["error"]

@@ -204,3 +204,20 @@ def test_an_accepted_id_adds_no_header_and_counts_nothing():
     sent = run_request(CorrelationMiddleware(answer, refused_ids=refused), [(b"x-session-id", b"swe:django-1234:0")])
     assert all(name != REFUSED_ID_HEADER for name, _ in sent[0]["headers"])
     assert refused.total() == 0
+
+
+def test_claude_code_session_header_is_the_weakest_source():
+    corr, _ = resolve("/v1/messages", h(x_claude_code_session_id="cc-1"))
+    assert corr.session_id == "cc-1" and corr.source == "header:x-claude-code-session-id"
+    corr, _ = resolve("/v1/messages", h(x_claude_code_session_id="cc-1", session_id="e"))
+    assert corr.session_id == "e"
+
+
+def test_a_claude_code_agent_is_a_child_session_of_its_session():
+    corr, _ = resolve("/v1/messages", h(x_claude_code_session_id="cc-1", x_claude_code_agent_id="a1b2"))
+    assert (corr.session_id, corr.parent_session_id) == ("cc-1/a1b2", "cc-1")
+    # Without a session the agent id means nothing; a child id too long stays in the session, said so.
+    corr, _ = resolve("/v1/messages", h(x_claude_code_agent_id="a1b2"))
+    assert corr.session_id is None and corr.parent_session_id is None
+    corr, _ = resolve("/v1/messages", h(x_claude_code_session_id="s" * 150, x_claude_code_agent_id="a" * 60))
+    assert corr.session_id == "s" * 150 and corr.refused == ("header:x-claude-code-agent-id",)

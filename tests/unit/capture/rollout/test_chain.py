@@ -103,6 +103,13 @@ class TestReconstruction:
         with pytest.raises(RolloutError, match=r"non-environment roles: \['assistant'\]"):
             strict_rollout(records)
 
+    def test_a_system_message_in_the_suffix_is_environment(self):
+        # Claude Code adds `role: system` blocks between turns; they are the harness's, not the model's.
+        records = two_call_records()
+        records[1]["messages"].insert(4, {"role": "system", "content": "Available agent types: ..."})
+        rollout = strict_rollout(records)
+        assert rollout["partial_reason"] is None and len(rollout["record_uuids"]) == 2
+
     def test_reordered_records_rejected(self):
         # Input order does not matter (records are sorted), so "reordered" means reordered in time.
         records = two_call_records()
