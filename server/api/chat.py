@@ -33,7 +33,13 @@ class ChatCompletions(ModelEndpoint):
         )
         await self.inject(call)
         span = self.state.telemetry.start_call(
-            api="chat", route=call.route, request=call.request, correlation=corr, stream=call.stream, scope=scope
+            api="chat",
+            route=call.route,
+            request=call.request,
+            correlation=corr,
+            stream=call.stream,
+            scope=scope,
+            client_request=body,
         )
         headers = self.upstream_headers(call, scope)
         try:
