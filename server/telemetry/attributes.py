@@ -169,7 +169,8 @@ def content_input_attributes(request: dict) -> dict[str, str]:
 def flat_tool(tool: dict[str, Any]) -> dict[str, Any]:
     """A tool definition in the conventions' flat shape ({type, name, description, parameters}):
     the Chat Completions `{"type": "function", "function": {...}}` is unwrapped; a Responses
-    function tool is flat already; any other tool keeps its own fields."""
+    function tool is flat already; any other tool keeps its own fields, and its type as its name
+    if it has none (the schema requires a name: one tool without it voids the whole list)."""
     inner = tool.get("function")
     if tool.get("type") == "function" and isinstance(inner, dict):
         flat: dict[str, Any] = {"type": "function"}
@@ -177,6 +178,8 @@ def flat_tool(tool: dict[str, Any]) -> dict[str, Any]:
             if key in inner:
                 flat[key] = inner[key]
         return flat
+    if not isinstance(tool.get("name"), str):
+        return {**tool, "name": str(tool.get("type", "tool"))}
     return tool
 
 

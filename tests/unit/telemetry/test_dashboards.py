@@ -8,6 +8,7 @@ import logging
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from server.telemetry.attributes import flat_tool
 from server.telemetry.environment import usage_on_our_span
 from server.telemetry.spans import Telemetry
 from tests.support.otlp_receiver import OtlpReceiver
@@ -120,3 +121,20 @@ def test_an_endpoint_that_takes_metrics_still_gets_them(monkeypatch):
         assert receiver.wait_for(lambda: receiver.metrics("gen_ai.client.operation.duration"))
         lengths = [r.size for r in receiver.requests if r.path == "/v1/metrics"]
         assert lengths[0] == 0 and any(length > 0 for length in lengths[1:])
+
+
+def test_tool_definitions_take_the_conventions_flat_shape():
+    nested = {
+        "type": "function",
+        "function": {"name": "lookup", "description": "find", "parameters": {"type": "object"}},
+    }
+    assert flat_tool(nested) == {
+        "type": "function",
+        "name": "lookup",
+        "description": "find",
+        "parameters": {"type": "object"},
+    }
+    responses_tool = {"type": "function", "name": "lookup", "parameters": {}}
+    assert flat_tool(responses_tool) == responses_tool
+    # Every definition needs a name: a built-in tool gets its type.
+    assert flat_tool({"type": "web_search"}) == {"type": "web_search", "name": "web_search"}
