@@ -86,12 +86,14 @@ def _engine_tokens(chain: Chain, since: int) -> tuple[int, int]:
     return sum(len(c["prompt_token_ids"]) for c in calls), sum(len(c["generation_token_ids"]) for c in calls)
 
 
-def _drive(chain: Chain) -> dict[str, tuple[int, int]]:
-    """Chat, a stream, Responses with a tool, a failure; two sessions. Returns each session's engine tokens."""
+def _drive(chain: Chain, run: str) -> dict[str, tuple[int, int]]:
+    """Chat, a stream, Responses with a tool, a failure; sessions `{run}-alpha`, `-beta`, `-failing`.
+    Returns each session's engine tokens. (Phoenix keys sessions by id across projects: each run
+    needs its own ids.)"""
     client = httpx.Client(base_url=chain.v1, trust_env=False, timeout=60)
     tokens = {}
     before = len(chain.engine_calls())
-    alpha = {"x-session-id": "sess-alpha"}
+    alpha = {"x-session-id": f"{run}-alpha"}
     reply = client.post(
         "/chat/completions",
         headers=alpha,
@@ -108,10 +110,10 @@ def _drive(chain: Chain) -> dict[str, tuple[int, int]]:
         },
     )
     assert streamed.status_code == 200 and "[DONE]" in streamed.text
-    tokens["sess-alpha"] = _engine_tokens(chain, before)
+    tokens[f"{run}-alpha"] = _engine_tokens(chain, before)
 
     before = len(chain.engine_calls())
-    beta = {"x-session-id": "sess-beta"}
+    beta = {"x-session-id": f"{run}-beta"}
     history: list = [{"role": "user", "content": 'Weather in Paris? [[mock:tool get_weather {"city": "Paris"}]]'}]
     first = client.post("/responses", headers=beta, json={"model": "demo", "input": history, "tools": [WEATHER]})
     assert first.status_code == 200, first.text
@@ -122,11 +124,11 @@ def _drive(chain: Chain) -> dict[str, tuple[int, int]]:
         "/responses", headers=beta, json={"model": "demo", "input": history, "tools": [WEATHER], "stream": True}
     )
     assert second.status_code == 200 and "response.completed" in second.text
-    tokens["sess-beta"] = _engine_tokens(chain, before)
+    tokens[f"{run}-beta"] = _engine_tokens(chain, before)
 
     failed = client.post(
         "/chat/completions",
-        headers={"x-session-id": "sess-failing"},
+        headers={"x-session-id": f"{run}-failing"},
         json={"model": "demo", "messages": [{"role": "user", "content": "Break [[mock:error 500]]"}]},
     )
     assert failed.status_code >= 500
@@ -185,7 +187,7 @@ def test_phoenix_reads_the_chains_traces_right(phoenix, mock_upstream, tmp_path,
     project = f"switchyard-{'content' if capture_content else 'plain'}"
     chain = _launch(phoenix, mock_upstream, tmp_path, project, capture_content)
     try:
-        tokens = _drive(chain)
+        tokens = _drive(chain, project)
         time.sleep(2)  # a few metric export intervals: a traces-only endpoint must not produce errors
     finally:
         chain.proc.stop()  # flushes our exporter and closes Switchyard (which flushes its own)
@@ -193,12 +195,12 @@ def test_phoenix_reads_the_chains_traces_right(phoenix, mock_upstream, tmp_path,
     # 5 calls: our 2 spans each, and Switchyard's 3 for each of the 4 that reached the model.
     found = _read_project(phoenix, project, want_spans=5 * 2 + 4 * 3)
     spans = _spans(found)
-    sessions = {e["node"]["sessionId"]: e["node"] for e in found["sessions"]["edges"]}
-    assert {"sess-alpha", "sess-beta", "sess-failing"} <= set(sessions), sorted(sessions)
+    sessions = {e["node"]["sessionId"].removeprefix(project + "-"): e["node"] for e in found["sessions"]["edges"]}
+    assert set(sessions) == {"alpha", "beta", "failing"}, sorted(sessions)
 
     # Usage counted once per call: the session's totals are the engine's counts, not twice them.
     for session_id, (prompt, completion) in tokens.items():
-        usage = sessions[session_id]["tokenUsage"]
+        usage = sessions[session_id.removeprefix(project + "-")]["tokenUsage"]
         assert (usage["prompt"], usage["completion"]) == (prompt, completion), (session_id, usage)
 
     # The envelope (our SERVER span, the trace's root) is a CHAIN; only model calls are LLM spans.
@@ -222,11 +224,11 @@ def test_phoenix_reads_the_chains_traces_right(phoenix, mock_upstream, tmp_path,
 
     if capture_content:
         # Each session's first input is what the user sent, and its last output the model's text.
-        assert "Hello alpha" in sessions["sess-alpha"]["firstInput"]["value"]
-        assert sessions["sess-alpha"]["lastOutput"]["value"] == "Alpha two, streamed."
-        beta_input = json.loads(sessions["sess-beta"]["firstInput"]["value"])
+        assert "Hello alpha" in sessions["alpha"]["firstInput"]["value"]
+        assert sessions["alpha"]["lastOutput"]["value"] == "Alpha two, streamed."
+        beta_input = json.loads(sessions["beta"]["firstInput"]["value"])
         assert beta_input["input"][0]["content"].startswith("Weather in Paris?")  # the Responses request
-        assert "sunny, 21C" in sessions["sess-beta"]["lastOutput"]["value"]
+        assert "sunny, 21C" in sessions["beta"]["lastOutput"]["value"]
         # The tool definitions are listed (Phoenix drops the whole list if one is malformed).
         tools = [
             value
