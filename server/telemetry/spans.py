@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, set_span_i
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from server.logs import RateLimitedLog
-from server.telemetry import otel_metrics, otlp_export
+from server.telemetry import otel_metrics
 from server.telemetry.attributes import (
     OPERATION,
     PROVIDER_NAME,
@@ -44,15 +44,13 @@ from server.telemetry.environment import (
     EXPORT_LOG_INTERVAL_S,
     env_true,
     exporter_names,
+    otlp_endpoint,
     package_version,
     resource_for,
     tame_exporter_logs,
     usage_on_our_span,
 )
-from server.telemetry.metrics import (
-    Attrs,
-    CallMetrics,
-)
+from server.telemetry.metrics import Attrs, CallMetrics
 from server.telemetry.prometheus import prometheus_text
 from server.telemetry.sampling import RateCappedSampler
 
@@ -145,7 +143,7 @@ class Telemetry:
             processors.append(SimpleSpanProcessor(test_exporter))
             targets.append(type(test_exporter).__name__)
         if "none" not in chosen:
-            exporter = otlp_export.span_exporter()
+            exporter = _otlp_exporter("TRACES")
             if exporter is not None:
                 processors.append(BatchSpanProcessor(exporter))
                 targets.append(f"OTLP {getattr(exporter, '_endpoint', '')}".strip())
@@ -173,7 +171,7 @@ class Telemetry:
     def _setup_metrics(self, resource: Resource, test_reader: MetricReader | None) -> None:
         self.metrics = CallMetrics()
         readers: list[MetricReader] = [] if test_reader is None else [test_reader]
-        exporter = otlp_export.metric_exporter()
+        exporter = _otlp_exporter("METRICS")
         if exporter is not None:
             # The export interval comes from OTEL_METRIC_EXPORT_INTERVAL, read by the SDK.
             readers.append(PeriodicExportingMetricReader(exporter))
@@ -491,3 +489,12 @@ class _TracedCall(_MeteredCall):
         finally:
             client.end()
             server.end()
+
+
+def _otlp_exporter(signal: str) -> Any:
+    """The OTLP exporter for TRACES or METRICS, if configured; imported only then (it costs ~0.2 s)."""
+    if not otlp_endpoint(signal):
+        return None
+    from server.telemetry import otlp_export
+
+    return otlp_export.span_exporter() if signal == "TRACES" else otlp_export.metric_exporter()
