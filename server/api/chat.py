@@ -22,6 +22,7 @@ class ChatCompletions(ModelEndpoint):
 
     async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         validate_chat(body)
+        sent = dict(body)  # as the client sent it (the call's input on its root span): before we add stream_options
         drop_usage_chunk = _ask_for_usage(body)
         call = self.prepare(
             body,
@@ -39,7 +40,7 @@ class ChatCompletions(ModelEndpoint):
             correlation=corr,
             stream=call.stream,
             scope=scope,
-            client_request=body,
+            client_request=sent,
         )
         headers = self.upstream_headers(call, scope)
         try:

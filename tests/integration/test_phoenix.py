@@ -226,6 +226,9 @@ def test_phoenix_reads_the_chains_traces_right(phoenix, mock_upstream, tmp_path,
         # Each session's first input is what the user sent, and its last output the model's text.
         assert "Hello alpha" in sessions["alpha"]["firstInput"]["value"]
         assert sessions["alpha"]["lastOutput"]["value"] == "Alpha two, streamed."
+        # The input is the body as the client sent it, without what this server adds upstream.
+        (streamed,) = [s for s in roots if "Again alpha" in _flat(s["attributes"]).get("input.value", "")]
+        assert "stream_options" not in json.loads(_flat(streamed["attributes"])["input.value"])
         beta_input = json.loads(sessions["beta"]["firstInput"]["value"])
         assert beta_input["input"][0]["content"].startswith("Weather in Paris?")  # the Responses request
         assert "sunny, 21C" in sessions["beta"]["lastOutput"]["value"]
