@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from typing import Any
 
 import httpx
@@ -56,9 +57,18 @@ def takes_metrics(url: str) -> bool | None:
     """Whether the OTLP endpoint accepts metrics: False on 404/405/501, None if it cannot be reached."""
     raw = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_HEADERS") or os.environ.get("OTEL_EXPORTER_OTLP_HEADERS", "")
     headers = {"Content-Type": "application/x-protobuf", **parse_env_headers(raw, liberal=True)}
+    ca_file = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_CERTIFICATE"
+    )
     try:
-        reply = httpx.post(url, content=b"", headers=headers, timeout=_PROBE_TIMEOUT_S)
-    except httpx.HTTPError:
+        reply = httpx.post(
+            url,
+            content=b"",
+            headers=headers,
+            timeout=_PROBE_TIMEOUT_S,
+            verify=ssl.create_default_context(cafile=ca_file) if ca_file else True,
+        )
+    except (httpx.HTTPError, OSError, ValueError):  # unreachable, or a bad certificate file
         return None
     return reply.status_code not in _NO_METRICS_HERE
 
@@ -85,4 +95,7 @@ class _MetricExporterThatAsksFirst(OTLPMetricExporter):
                 )
         if self._takes_metrics is False:
             return MetricExportResult.SUCCESS
-        return super().export(metrics_data, timeout_millis, **kwargs)
+        result = super().export(metrics_data, timeout_millis, **kwargs)
+        if result is MetricExportResult.SUCCESS:
+            self._takes_metrics = True  # it took them: no need to ask again
+        return result
