@@ -11,7 +11,7 @@ NODE_STAMP := tests/clients/node_modules/.installed-stamp
 GYM_VERSION := 0.7.0
 GYM_STAMP := $(VENV)/.gym-$(GYM_VERSION)-stamp
 
-.PHONY: demo serve test lint test-fast bench soak venv node chromium clean
+.PHONY: demo serve test lint test-fast bench soak venv node chromium phoenix clean
 
 venv: $(STAMP) $(GYM_STAMP)
 
@@ -48,6 +48,19 @@ chromium:
 	elif [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium; \
 	else echo "chromium is missing: run as root: apt-get update && apt-get install -y chromium" >&2; exit 1; fi
 
+# Arize Phoenix for tests/integration/test_phoenix.py, in a venv of its own: it pulls many packages
+# whose pins would fight the project's. The version docs/observability.md describes.
+PHOENIX_VENV    ?= .venv-phoenix
+PHOENIX_VERSION := 20.26.1
+PHOENIX_STAMP   := $(PHOENIX_VENV)/.installed-$(PHOENIX_VERSION)
+phoenix: $(PHOENIX_STAMP)
+
+$(PHOENIX_STAMP):
+	rm -rf $(PHOENIX_VENV)
+	$(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet 'arize-phoenix==$(PHOENIX_VERSION)'
+	touch $(PHOENIX_STAMP)
+
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/switchyard-model demo
 
@@ -55,7 +68,7 @@ serve: $(DEMO_STAMP)
 	$(VENV)/bin/switchyard-model demo --serve
 
 # Lint and format check first (fast), then the whole suite.
-test: $(STAMP) $(GYM_STAMP) node chromium lint
+test: $(STAMP) $(GYM_STAMP) node chromium phoenix lint
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -76,4 +89,4 @@ soak: $(STAMP)
 	$(PY) bench/soak.py $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) tests/clients/node_modules switchyard-captures .pytest_cache
+	rm -rf $(VENV) $(PHOENIX_VENV) tests/clients/node_modules switchyard-captures .pytest_cache

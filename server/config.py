@@ -175,6 +175,10 @@ class Settings(BaseModel):
     # above that call rate the traced share falls to otel_traces_per_s / rate. 0 traces every call.
     otel_traces_per_s: float = Field(default=10.0, ge=0)
     otel_service_name: str | None = None  # overrides OTEL_SERVICE_NAME, which a hosted Switchyard also reads
+    # Which span carries a call's token usage, so trace backends count it once: "ours" (our CLIENT
+    # span), "switchyard" (its model-call span), or "auto": Switchyard's when it is launched by this
+    # server and exports to the same traces, else ours. See docs/observability.md.
+    otel_token_usage: Literal["auto", "ours", "switchyard"] = "auto"
 
     @field_validator("session_id_headers")
     @classmethod

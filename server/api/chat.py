@@ -24,6 +24,7 @@ class ChatCompletions(ModelEndpoint):
 
     async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         validate_chat(body)
+        sent = dict(body)  # as the client sent it (the call's input on its root span): before we add stream_options
         drop_usage_chunk = _ask_for_usage(body)
         call = self.prepare(
             body,
@@ -35,7 +36,13 @@ class ChatCompletions(ModelEndpoint):
         )
         await self.inject(call)
         span = self.state.telemetry.start_call(
-            api="chat", route=call.route, request=call.request, correlation=corr, stream=call.stream, scope=scope
+            api="chat",
+            route=call.route,
+            request=call.request,
+            correlation=corr,
+            stream=call.stream,
+            scope=scope,
+            client_request=sent,
         )
         headers = self.upstream_headers(call, scope)
         try:

@@ -59,6 +59,7 @@ class Responses(ModelEndpoint):
         if self.state.settings.upstream_api == "responses":
             await self._passthrough(body, corr, stream, send, scope)
             return
+        sent = body  # as the client sent it: the call's input on its root span
         if self._extra_for_responses:
             body = {**self._extra_for_responses, **body}
         stateful = self.state.stateful
@@ -82,7 +83,13 @@ class Responses(ModelEndpoint):
         )
         await self.inject(call)
         span = self.state.telemetry.start_call(
-            api="responses", route=call.route, request=call.request, correlation=corr, stream=stream, scope=scope
+            api="responses",
+            route=call.route,
+            request=call.request,
+            correlation=corr,
+            stream=stream,
+            scope=scope,
+            client_request=sent,
         )
         headers = self.upstream_headers(call, scope)
         response_id = call.response_id = new_id("resp")
@@ -229,7 +236,13 @@ class Responses(ModelEndpoint):
         await self.begin_training_capture()
         headers = self.upstream_headers(call, scope)
         span = self.state.telemetry.start_call(
-            api="responses", route=route, request=request, correlation=corr, stream=stream, scope=scope
+            api="responses",
+            route=route,
+            request=request,
+            correlation=corr,
+            stream=stream,
+            scope=scope,
+            client_request=body,
         )
         try:
             async with self.limit():

@@ -163,8 +163,68 @@ def content_input_attributes(request: dict) -> dict[str, str]:
         attrs["gen_ai.input.messages"] = _json([_message_parts(m) for m in messages if isinstance(m, dict)])
     tools = request.get("tools") if isinstance(request, dict) else None
     if isinstance(tools, list) and tools:
-        attrs["gen_ai.tool.definitions"] = _json(tools)
+        attrs["gen_ai.tool.definitions"] = _json([flat_tool(t) for t in tools if isinstance(t, dict)])
     return attrs
+
+
+def flat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool definition in the conventions' flat shape ({type, name, description, parameters}):
+    the Chat Completions `{"type": "function", "function": {...}}` is unwrapped; a Responses
+    function tool is flat already; any other tool keeps its own fields, and its type as its name
+    if it has none (the schema requires a name: one tool without it voids the whole list)."""
+    inner = tool.get("function")
+    if tool.get("type") == "function" and isinstance(inner, dict):
+        flat: dict[str, Any] = {"type": "function"}
+        for key in ("name", "description", "parameters"):
+            if key in inner:
+                flat[key] = inner[key]
+        return flat
+    if not isinstance(tool.get("name"), str):
+        return {**tool, "name": str(tool.get("type", "tool"))}
+    return tool
+
+
+def root_input_attributes(client_request: Any) -> dict[str, str]:
+    """The call's input for list views (Phoenix, Langfuse): the request as the client sent it."""
+    if not isinstance(client_request, dict):
+        return {}
+    return {"input.value": _json(client_request), "input.mime_type": "application/json"}
+
+
+def root_output_attributes(response: dict[str, Any]) -> dict[str, str]:
+    """The call's output for list views: the model's text, or the whole answer as JSON when it
+    called tools (or was not a chat completion)."""
+    choices = response.get("choices")
+    if isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        if isinstance(message, dict) and not message.get("tool_calls") and isinstance(message.get("content"), str):
+            return {"output.value": message["content"], "output.mime_type": "text/plain"}
+        if isinstance(message, dict):
+            return {"output.value": _json(message), "output.mime_type": "application/json"}
+    text = response.get("output_text")  # a Responses object (the passthrough)
+    if isinstance(text, str) and text:
+        return {"output.value": text, "output.mime_type": "text/plain"}
+    return {"output.value": _json(response), "output.mime_type": "application/json"}
+
+
+def token_count_attributes(usage_attrs: dict[str, Any]) -> dict[str, int]:
+    """OpenInference's token counts, which Phoenix adds up per trace and session, from gen_ai.usage.*."""
+    out: dict[str, int] = {}
+    prompt = usage_attrs.get("gen_ai.usage.input_tokens")
+    completion = usage_attrs.get("gen_ai.usage.output_tokens")
+    if is_int(prompt):
+        out["llm.token_count.prompt"] = prompt
+    if is_int(completion):
+        out["llm.token_count.completion"] = completion
+    if is_int(prompt) and is_int(completion):
+        out["llm.token_count.total"] = prompt + completion
+    cached = usage_attrs.get("gen_ai.usage.cache_read.input_tokens")
+    if is_int(cached):
+        out["llm.token_count.prompt_details.cache_read"] = cached
+    reasoning = usage_attrs.get("gen_ai.usage.reasoning.output_tokens")
+    if is_int(reasoning):
+        out["llm.token_count.completion_details.reasoning"] = reasoning
+    return out
 
 
 def content_output_attributes(response: dict[str, Any]) -> dict[str, str]:

@@ -40,6 +40,28 @@ def otlp_endpoint(signal: str) -> str | None:
     return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
+def usage_on_our_span(settings: object, *, exporting_otlp: bool) -> bool:
+    """Whether our CLIENT span carries a call's token usage: the `otel_token_usage` setting, or on
+    `auto`, unless the Switchyard this server launches exports its spans into the same traces
+    (it reads this same environment), where its model-call span carries the usage already."""
+    choice = getattr(settings, "otel_token_usage", "auto")
+    if choice in ("ours", "switchyard"):
+        return choice == "ours"
+    launched = bool(getattr(settings, "launches_proxy", False))
+    return not (exporting_otlp and launched and switchyard_exports_spans())
+
+
+def switchyard_exports_spans() -> bool:
+    """Whether a Switchyard reading this environment exports spans: an OTLP traces endpoint, and a
+    RUST_LOG that keeps INFO (it filters Switchyard's spans as well as its log lines)."""
+    if env_true("OTEL_SDK_DISABLED") or "otlp" not in exporter_names("OTEL_TRACES_EXPORTER"):
+        return False
+    if not otlp_endpoint("TRACES"):
+        return False
+    rust_log = os.environ.get("RUST_LOG", "").lower()
+    return not rust_log or any(level in rust_log for level in ("info", "debug", "trace"))
+
+
 def warn_if_not_http_protobuf(signal: str) -> None:
     protocol = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     if protocol and protocol.strip() != "http/protobuf":

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics._internal.instrument import _Histogram
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -29,10 +30,45 @@ from opentelemetry.sdk.metrics.export import (
     ResourceMetrics,
     ScopeMetrics,
 )
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from server.telemetry import metrics as m
+
+
+def meter_provider(
+    readers: list[MetricReader],
+    calls: m.CallMetrics,
+    resource: Resource,
+    scope: InstrumentationScope,
+    *,
+    exporting: bool,
+) -> MeterProvider:
+    """A MeterProvider for `readers`: the conventions' bucket boundaries, the in-flight and capture
+    gauges, and the call histograms handed over at collection (or mirrored, for delta readers)."""
+    views = [
+        View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(bounds))
+        for name, bounds in (
+            (m.DURATION_METRIC, m.DURATION_BUCKETS),
+            (m.TTFC_METRIC, m.DURATION_BUCKETS),
+            (m.TOKEN_METRIC, m.TOKEN_BUCKETS),
+        )
+    ]
+    provider = MeterProvider(
+        metric_readers=readers,
+        resource=resource,
+        views=views,
+        exemplar_filter=AlwaysOffExemplarFilter(),
+        shutdown_on_exit=exporting,
+    )
+    meter = provider.get_meter(scope.name, scope.version, schema_url=scope.schema_url)
+    calls.observe_from(meter)
+    if all(reads_cumulative_histograms(reader) for reader in readers):
+        attach(readers, calls, resource, scope)
+    else:
+        calls.mirror_histograms_to(meter)
+    return provider
 
 
 def reads_cumulative_histograms(reader: MetricReader) -> bool:

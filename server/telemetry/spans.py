@@ -14,14 +14,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanKind, Tracer, set_span_in_context
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from server.logs import RateLimitedLog
@@ -36,7 +35,10 @@ from server.telemetry.attributes import (
     record_error,
     request_attributes,
     response_attributes,
+    root_input_attributes,
+    root_output_attributes,
     session_attributes,
+    token_count_attributes,
 )
 from server.telemetry.environment import (
     EXPORT_LOG_INTERVAL_S,
@@ -46,17 +48,9 @@ from server.telemetry.environment import (
     package_version,
     resource_for,
     tame_exporter_logs,
-    warn_if_not_http_protobuf,
+    usage_on_our_span,
 )
-from server.telemetry.metrics import (
-    DURATION_BUCKETS,
-    DURATION_METRIC,
-    TOKEN_BUCKETS,
-    TOKEN_METRIC,
-    TTFC_METRIC,
-    Attrs,
-    CallMetrics,
-)
+from server.telemetry.metrics import Attrs, CallMetrics
 from server.telemetry.prometheus import prometheus_text
 from server.telemetry.sampling import RateCappedSampler
 
@@ -128,6 +122,7 @@ class Telemetry:
         self._metric_attrs_cache: dict[tuple[str, str], Attrs] = {}
         self._shutdown = False
         self._sampler = RateCappedSampler(getattr(settings, "otel_traces_per_s", 0.0) or 0.0)
+        self.usage_on_our_span = True  # gen_ai.usage.* / llm.token_count.* on our CLIENT span
         base_url = getattr(settings, "switchyard_base_url", None)
         if base_url:
             self.set_upstream(base_url)
@@ -148,11 +143,8 @@ class Telemetry:
             processors.append(SimpleSpanProcessor(test_exporter))
             targets.append(type(test_exporter).__name__)
         if "none" not in chosen:
-            if "otlp" in chosen and otlp_endpoint("TRACES"):
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-                warn_if_not_http_protobuf("TRACES")
-                exporter = OTLPSpanExporter()
+            exporter = _otlp_exporter("TRACES")
+            if exporter is not None:
                 processors.append(BatchSpanProcessor(exporter))
                 targets.append(f"OTLP {getattr(exporter, '_endpoint', '')}".strip())
             if "console" in chosen or getattr(settings, "otel_console", False):
@@ -162,7 +154,12 @@ class Telemetry:
                 targets.append("console")
         if not processors:
             return
-        log.info("OpenTelemetry: spans go to %s", ", ".join(targets))
+        self.usage_on_our_span = usage_on_our_span(settings, exporting_otlp=any(t.startswith("OTLP") for t in targets))
+        log.info(
+            "OpenTelemetry: spans go to %s; token usage on %s spans",
+            ", ".join(targets),
+            "our CLIENT" if self.usage_on_our_span else "Switchyard's model-call",
+        )
         # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), read by the SDK.
         provider = TracerProvider(resource=resource, shutdown_on_exit=True)
         for processor in processors:
@@ -174,40 +171,16 @@ class Telemetry:
     def _setup_metrics(self, resource: Resource, test_reader: MetricReader | None) -> None:
         self.metrics = CallMetrics()
         readers: list[MetricReader] = [] if test_reader is None else [test_reader]
-        exporting = False
-        chosen = exporter_names("OTEL_METRICS_EXPORTER")
-        if "none" not in chosen and "otlp" in chosen and otlp_endpoint("METRICS"):
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-            warn_if_not_http_protobuf("METRICS")
+        exporter = _otlp_exporter("METRICS")
+        if exporter is not None:
             # The export interval comes from OTEL_METRIC_EXPORT_INTERVAL, read by the SDK.
-            readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-            exporting = True
+            readers.append(PeriodicExportingMetricReader(exporter))
         if not readers:
             return  # /metrics only: the plain aggregator is all there is
-        views = [
-            View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(bounds))
-            for name, bounds in (
-                (DURATION_METRIC, DURATION_BUCKETS),
-                (TTFC_METRIC, DURATION_BUCKETS),
-                (TOKEN_METRIC, TOKEN_BUCKETS),
-            )
-        ]
-        provider = MeterProvider(
-            metric_readers=readers,
-            resource=resource,
-            views=views,
-            exemplar_filter=AlwaysOffExemplarFilter(),
-            shutdown_on_exit=exporting,
+        scope = InstrumentationScope(INSTRUMENTATION_NAME, package_version(), SCHEMA_URL)
+        self._meter_provider = otel_metrics.meter_provider(
+            readers, self.metrics, resource, scope, exporting=exporter is not None
         )
-        self._meter_provider = provider
-        meter = provider.get_meter(INSTRUMENTATION_NAME, package_version(), schema_url=SCHEMA_URL)
-        self.metrics.observe_from(meter)
-        if all(otel_metrics.reads_cumulative_histograms(reader) for reader in readers):
-            scope = InstrumentationScope(INSTRUMENTATION_NAME, package_version(), SCHEMA_URL)
-            otel_metrics.attach(readers, self.metrics, resource, scope)
-        else:
-            self.metrics.mirror_histograms_to(meter)
 
     # ---- wiring --------------------------------------------------------------------------------
     def set_upstream(self, base_url: str) -> None:
@@ -233,9 +206,20 @@ class Telemetry:
 
     # ---- calls ---------------------------------------------------------------------------------
     def start_call(
-        self, *, api: str, route: str, request: dict, correlation: Any, stream: bool, scope: dict
+        self,
+        *,
+        api: str,
+        route: str,
+        request: dict,
+        correlation: Any,
+        stream: bool,
+        scope: dict,
+        client_request: dict | None = None,
     ) -> CallSpan:
-        """Begin the telemetry of one model call; never raises (telemetry must not fail a call)."""
+        """Begin the telemetry of one model call; never raises (telemetry must not fail a call).
+
+        `request` is the chat request sent upstream; `client_request` the body as the client sent
+        it (a Responses request, say), shown as the call's input when content capture is on."""
         if self.metrics is None:
             return _NOOP_SPAN
         try:
@@ -255,6 +239,7 @@ class Telemetry:
                 correlation=correlation,
                 stream=stream,
                 scope=scope,
+                client_request=request if client_request is None else client_request,
             )
         except Exception:
             _limited.warning("telemetry could not start a call's spans", exc_info=True)
@@ -391,10 +376,11 @@ class _UnsampledCall(_MeteredCall):
 
 
 class _TracedCall(_MeteredCall):
-    """A call with its SERVER span (this server handling the request) and CLIENT span (the call to
-    Switchyard, whose own spans become its children through the traceparent we inject)."""
+    """A call with its SERVER span (this server handling the request: the call's envelope, a CHAIN
+    to OpenInference readers) and CLIENT span (the model call to Switchyard, whose own spans become
+    its children through the traceparent we inject)."""
 
-    __slots__ = ("_server", "_client", "_capture_content")
+    __slots__ = ("_server", "_client", "_capture_content", "_usage_on_client")
 
     def __init__(
         self,
@@ -408,32 +394,46 @@ class _TracedCall(_MeteredCall):
         correlation: Any,
         stream: bool,
         scope: dict,
+        client_request: Any,
     ) -> None:
         self._capture_content = tel.capture_content
+        self._usage_on_client = tel.usage_on_our_span
         parent = _PROPAGATOR.extract(incoming, context=Context()) if incoming else Context()
-        name = f"{OPERATION} {route}" if route else OPERATION
-        common = {
-            "gen_ai.operation.name": OPERATION,
-            "gen_ai.provider.name": PROVIDER_NAME,
-            "gen_ai.request.model": route,
+        sessions = session_attributes(correlation, route)
+        # The SERVER span carries no gen_ai.operation.name: dashboards would take it for a second model call.
+        server_attrs: dict[str, Any] = {
+            "openinference.span.kind": "CHAIN",
             "openai.api.type": api_type(api),
-            **session_attributes(correlation, route),
-            **request_attributes(request, stream),
+            **sessions,
         }
-        server_attrs = dict(common)
         method, path = (scope.get("method"), scope.get("path")) if isinstance(scope, dict) else (None, None)
         if isinstance(method, str):
             server_attrs["http.request.method"] = method
         if isinstance(path, str):
             server_attrs["url.path"] = path
-        client_attrs = {**common, **tel._server_attrs}
+        server_name = f"{method} {path}" if isinstance(method, str) and isinstance(path, str) else api_type(api)
+        if self._capture_content:
+            server_attrs.update(root_input_attributes(client_request))
+        client_attrs = {
+            "openinference.span.kind": "LLM",
+            "gen_ai.operation.name": OPERATION,
+            "gen_ai.provider.name": PROVIDER_NAME,
+            "gen_ai.request.model": route,
+            "openai.api.type": api_type(api),
+            **sessions,
+            **request_attributes(request, stream),
+            **tel._server_attrs,
+        }
         if self._capture_content:
             client_attrs.update(content_input_attributes(request))
         tracer = tel._tracer
         assert tracer is not None, "start_call makes traced calls only when tracing is on"
-        self._server = tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=server_attrs)
+        self._server = tracer.start_span(server_name, context=parent, kind=SpanKind.SERVER, attributes=server_attrs)
         self._client = tracer.start_span(
-            name, context=set_span_in_context(self._server, parent), kind=SpanKind.CLIENT, attributes=client_attrs
+            f"{OPERATION} {route}" if route else OPERATION,
+            context=set_span_in_context(self._server, parent),
+            kind=SpanKind.CLIENT,
+            attributes=client_attrs,
         )
         # Counted in flight only once the spans exist, so a failure above leaves no stray count.
         super().__init__(tel, metric_attrs, incoming)
@@ -456,8 +456,10 @@ class _TracedCall(_MeteredCall):
         self._server.set_attributes(attrs)
 
     def _on_first_chunk(self, ttfc: float) -> None:
+        # An event as well as the attribute: trace views draw events on the span's timeline.
         for span in (self._client, self._server):
             span.set_attribute("gen_ai.response.time_to_first_chunk", ttfc)
+            span.add_event("gen_ai.first_chunk", {"gen_ai.response.time_to_first_chunk": ttfc})
 
     def _on_finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
         client, server = self._client, self._server
@@ -465,15 +467,34 @@ class _TracedCall(_MeteredCall):
             if client.is_recording():
                 if response is not None:
                     attrs = response_attributes(response)
-                    # Token usage goes on the CLIENT span only: backends that sum usage over a
-                    # trace (Langfuse, Phoenix) would count it twice otherwise.
-                    server.set_attributes({k: v for k, v in attrs.items() if not k.startswith("gen_ai.usage.")})
+                    usage = {k: attrs.pop(k) for k in list(attrs) if k.startswith("gen_ai.usage.")}
+                    # Usage goes on one span per call only: Phoenix and Langfuse add it up over a
+                    # trace, and Switchyard's own model-call span carries it when Switchyard exports.
+                    if self._usage_on_client:
+                        attrs.update(usage)
+                        attrs.update(token_count_attributes(usage))
+                    model = attrs.get("gen_ai.response.model")
+                    if model:
+                        attrs["llm.model_name"] = model  # dashboards show the model that answered
                     if self._capture_content:
                         attrs.update(content_output_attributes(response))
+                        server.set_attributes(root_output_attributes(response))
                     client.set_attributes(attrs)
                 if error is not None:
                     record_error(client, error)
                     record_error(server, error)
+                elif response is not None:
+                    client.set_status(Status(StatusCode.OK))
+                    server.set_status(Status(StatusCode.OK))
         finally:
             client.end()
             server.end()
+
+
+def _otlp_exporter(signal: str) -> Any:
+    """The OTLP exporter for TRACES or METRICS, if configured; imported only then (it costs ~0.2 s)."""
+    if not otlp_endpoint(signal):
+        return None
+    from server.telemetry import otlp_export
+
+    return otlp_export.span_exporter() if signal == "TRACES" else otlp_export.metric_exporter()

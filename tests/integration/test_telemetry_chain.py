@@ -54,7 +54,11 @@ def test_one_trace_per_call_across_this_server_and_switchyard(mock_upstream, tmp
     client = next(s for s in ours if s.kind == "CLIENT")
     assert server.parent_span_id == "00f067aa0ba902b7"  # the caller's span is the parent
     assert client.parent_span_id == server.span_id
-    assert server.name == "chat demo" and client.attributes["gen_ai.response.model"] == "mock-model"
+    assert server.name == "POST /v1/responses" and client.name == "chat demo"
+    assert client.attributes["gen_ai.response.model"] == "mock-model"
+    # Switchyard exports into the same trace, so its model-call span alone carries the usage.
+    with_usage = [s for s in spans if "gen_ai.usage.output_tokens" in s.attributes]
+    assert [s.service_name for s in with_usage] == ["switchyard-hosted"], [(s.name, s.service_name) for s in spans]
     for span in (server, client):
         assert span.attributes["gen_ai.conversation.id"] == span.attributes["session.id"] == "otel-chain-1"
         assert span.attributes["switchyard_model.parent_session.id"] == "otel-root"

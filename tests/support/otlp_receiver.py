@@ -85,8 +85,9 @@ class OtlpReceiver:
     `status` makes it answer every export with that HTTP status instead (a failing collector).
     """
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, *, traces_only: bool = False) -> None:
         self.status = 200
+        self.traces_only = traces_only  # answer /v1/metrics with 405, as Phoenix and Langfuse do
         self.requests: list[ReceivedRequest] = []
         self._spans: list[ReceivedSpan] = []
         self._metrics: list[ReceivedMetric] = []
@@ -213,6 +214,8 @@ class OtlpReceiver:
                     return
                 if self.path == "/v1/traces":
                     self._reply(200, receiver._accept_traces(body))
+                elif self.path == "/v1/metrics" and receiver.traces_only:
+                    self._reply(405, b"")
                 elif self.path == "/v1/metrics":
                     self._reply(200, receiver._accept_metrics(body))
                 elif self.path == "/v1/logs":

@@ -48,7 +48,8 @@ def test_non_stream_call_makes_a_server_span_and_a_client_child_in_the_callers_t
     span.finish(RESPONSE)
 
     server, client = split(exporter.get_finished_spans())
-    assert server.name == client.name == "chat demo"
+    # The SERVER span is the call's envelope, named after the request; the CLIENT span is the model call.
+    assert server.name == "POST /v1/chat/completions" and client.name == "chat demo"
     # The caller's traceparent parents the SERVER span; the CLIENT span is its child.
     assert hex_id(server.context.trace_id, 32) == CALLER_TRACE_ID
     assert hex_id(server.parent.span_id, 16) == CALLER_SPAN_ID and server.parent.is_remote
@@ -76,13 +77,20 @@ def test_non_stream_call_makes_a_server_span_and_a_client_child_in_the_callers_t
     assert attrs["gen_ai.usage.cache_read.input_tokens"] == 4
     assert attrs["server.address"] == "127.0.0.1" and attrs["server.port"] == 4000
     assert "gen_ai.request.stream" not in attrs and "error.type" not in attrs
-    assert client.status.status_code == StatusCode.UNSET
+    # OpenInference's names too: Phoenix shows the model that answered and adds up these counts.
+    assert attrs["openinference.span.kind"] == "LLM"
+    assert attrs["llm.model_name"] == "mock-model"
+    assert (attrs["llm.token_count.prompt"], attrs["llm.token_count.completion"]) == (12, 5)
+    assert attrs["llm.token_count.total"] == 17 and attrs["llm.token_count.prompt_details.cache_read"] == 4
+    assert client.status.status_code == server.status.status_code == StatusCode.OK
 
     server_attrs = dict(server.attributes)
-    assert server_attrs["gen_ai.response.model"] == "mock-model"
+    # The envelope is a CHAIN, not a second model call: no gen_ai.* but the session's conversation id.
+    assert server_attrs["openinference.span.kind"] == "CHAIN"
+    assert [key for key in server_attrs if key.startswith("gen_ai.")] == []
     assert server_attrs["http.request.method"] == "POST" and server_attrs["url.path"] == "/v1/chat/completions"
     # Usage is counted once per trace: on the CLIENT span only.
-    assert not any(key.startswith("gen_ai.usage.") for key in server_attrs)
+    assert not any(key.startswith(("gen_ai.usage.", "llm.")) for key in server_attrs)
     # No message content unless asked for.
     for s in (server, client):
         assert not any(
@@ -110,10 +118,13 @@ def test_stream_span_covers_the_whole_stream_and_records_time_to_first_chunk(tra
     span.finish(RESPONSE)
 
     server, client = split(exporter.get_finished_spans())
+    assert client.attributes["gen_ai.request.stream"] is True
     for s in (server, client):
-        assert s.attributes["gen_ai.request.stream"] is True
         assert s.attributes["openai.api.type"] == "responses"
         assert s.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(0.25)
+        # ...and an event on the timeline, once.
+        (event,) = [e for e in s.events if e.name == "gen_ai.first_chunk"]
+        assert event.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(0.25)
     assert client.end_time - client.start_time >= 50_000_000
 
     points = metric_points(reader, "gen_ai.client.operation.time_to_first_chunk")
@@ -270,9 +281,17 @@ def test_message_content_only_when_opted_in():
             "parts": [{"type": "tool_call", "id": "call_1", "name": "lookup", "arguments": "{}"}],
         }
     ]
-    assert json.loads(client.attributes["gen_ai.tool.definitions"])[0]["function"]["name"] == "lookup"
-    # Content stays on the CLIENT span, the one that stands for the model call.
+    # The conventions' flat shape (gen-ai-tool-definitions.json), not Chat Completions' nested one.
+    assert json.loads(client.attributes["gen_ai.tool.definitions"]) == [
+        {"type": "function", "name": "lookup", "parameters": {}}
+    ]
+    # Messages stay on the CLIENT span, the one that stands for the model call; the root carries
+    # the call's input (as the client sent it) and output for list views.
     assert "gen_ai.input.messages" not in server.attributes
+    assert json.loads(server.attributes["input.value"]) == request
+    assert server.attributes["input.mime_type"] == "application/json"
+    assert json.loads(server.attributes["output.value"])["tool_calls"][0]["function"]["name"] == "lookup"
+    assert server.attributes["output.mime_type"] == "application/json"
     tel.shutdown()
 
 
@@ -332,7 +351,7 @@ def test_providers_are_per_instance_and_never_global():
     tel_a.start_call(api="chat", route="a", request=REQUEST, correlation=SESSION, stream=False, scope={}).finish(
         RESPONSE
     )
-    assert {s.name for s in first.get_finished_spans()} == {"chat a"}
+    assert {s.name for s in first.get_finished_spans()} == {"chat_completions", "chat a"}  # scope has no path
     assert second.get_finished_spans() == ()
     assert 'gen_ai_request_model="a"' not in tel_b.prometheus_text()
     assert trace.get_tracer_provider() is before
@@ -355,7 +374,7 @@ def test_otlp_export_uses_the_standard_environment(monkeypatch):
         span.finish(RESPONSE)
         tel.shutdown()  # flushes the batch processor and the periodic metric reader
         spans = receiver.wait_for(lambda: receiver.spans(CALLER_TRACE_ID))
-        assert {(s.kind, s.name) for s in spans} == {("SERVER", "chat demo"), ("CLIENT", "chat demo")}
+        assert {(s.kind, s.name) for s in spans} == {("SERVER", "POST /v1/chat/completions"), ("CLIENT", "chat demo")}
         for s in spans:
             assert s.service_name == "switchyard-model"
             assert s.resource["deployment.environment.name"] == "test" and s.resource["team"] == "rl"
