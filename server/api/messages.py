@@ -101,7 +101,13 @@ class Messages(_AnthropicErrors):
         self._clamp(call)
         await self.inject(call)
         span = self.state.telemetry.start_call(
-            api="messages", route=call.route, request=call.request, correlation=corr, stream=stream, scope=scope
+            api="messages",
+            route=call.route,
+            request=call.request,
+            correlation=corr,
+            stream=stream,
+            scope=scope,
+            client_request=body,  # the Messages request as sent: the chat request goes on the CLIENT span
         )
         headers = self.upstream_headers(call, scope)
         call.response_id = new_id("msg")
