@@ -12,6 +12,7 @@ from typing import Any
 
 from server.capture.index_view import IndexView, SessionEntry
 from server.capture.rollout import RolloutError, reconstruct_session
+from server.capture.rollout.chains import session_chains
 from server.capture.runs import children_in, latest_conversation, runs_of
 from server.capture.store import CaptureStore, UnknownSession
 
@@ -90,6 +91,15 @@ def rollout_outcome(session_id: str, records: list[dict]) -> tuple[dict | None, 
         return None, str(exc)
 
 
+def chain_outcome(session_id: str, records: list[dict]) -> tuple[dict | None, str | None]:
+    """The session's chains and per-call decisions (`session_chains`, no flat token lists) over the
+    latest conversation, as `rollout_outcome` covers it; None and why when nothing can be read."""
+    try:
+        return session_chains(session_id, latest_conversation(records), flat_tokens=False), None
+    except RolloutError as exc:
+        return None, str(exc)
+
+
 @dataclass(slots=True)
 class SessionFacts:
     """What the list and the tree need of one session, kept small: no messages, no token lists."""
@@ -105,15 +115,18 @@ def session_facts(
     session_id: str, records: list[dict], outcome: tuple[dict | None, str | None] | None = None
 ) -> SessionFacts:
     """Summarise one session's records (already in `(captured_at, uuid)` order); `outcome` is
-    `rollout_outcome(session_id, records)` if the caller has it already."""
+    `chain_outcome(session_id, records)` if the caller has it already."""
     summary = summary_columns(records)
-    rollout, error = outcome if outcome is not None else rollout_outcome(session_id, records)
-    if rollout is None:
+    chains, error = outcome if outcome is not None else chain_outcome(session_id, records)
+    if chains is None:
         status, reason = "failed", error
-    elif rollout["partial_reason"] is not None:
-        status, reason = "partial", rollout["partial_reason"]
     else:
-        status, reason = "whole", None
+        status, reason = chains["rollout"]["status"], chains["rollout"]["partial_reason"]
+        summary.update(
+            chains=len(chains["chains"]),
+            trainable_fraction=chains["trainable_fraction"],
+            rollout_fraction=chains["rollout_fraction"],
+        )
     summary.update(rollout=status, partial_reason=reason, mask_sample=status != "whole")
     calls = [
         (record.get("captured_at"), started_at(record), record.get("uuid"), reply_has_tool_calls(record))
@@ -172,6 +185,11 @@ def summary_columns(records: list[dict]) -> dict[str, Any]:
         # What GET /rollout would say, sub-agents included (None while pending).
         "mask_sample": None,
         "degraded_reason": None,
+        # Generated tokens of completed calls that are in some trainable chain, and in the rollout
+        # alone (0 when it is masked); None while pending or with no generated tokens.
+        "chains": None,
+        "trainable_fraction": None,
+        "rollout_fraction": None,
     }
     return summary
 
