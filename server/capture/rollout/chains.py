@@ -272,6 +272,7 @@ class _Splitter(_Reconstruction):
             "model": model,
             "tools": map_tools(tools),
             **split_items(self._items(steps)),
+            "server_run": first.get("server_run"),
             "record_uuids": [step.uuid for step in steps],
             "call_indices": [step.index for step in steps],
             "starts_after": starts_after,
