@@ -116,7 +116,13 @@ def get_rollouts(refs: Sequence[ray.ObjectRef], timeout: float | None = None) ->
             results.append(ray.get(ref, timeout=remaining))
         except (ray.exceptions.RayError, TimeoutError) as exc:
             results.append(
-                {"result": None, "rollouts": [], "chains": [], "errors": [f"{type(exc).__name__}: {exc}"], "node_id": None}
+                {
+                    "result": None,
+                    "rollouts": [],
+                    "chains": [],
+                    "errors": [f"{type(exc).__name__}: {exc}"],
+                    "node_id": None,
+                }
             )
     return results
 
