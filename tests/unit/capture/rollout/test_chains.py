@@ -162,3 +162,22 @@ def test_any_script_is_covered_by_contiguous_chains_that_agree_with_the_rollout_
     if any(call["contiguity"]["kind"] == "breaks" for call in timeline["calls"][1:]):
         assert timeline["rollout"]["status"] != "whole"
     assert timeline["trainable_fraction"] == body["trainable_fraction"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    scripts=st.lists(st.lists(st.sampled_from(OPERATIONS), max_size=5), min_size=1, max_size=4),
+    parents=st.data(),
+)
+def test_a_tree_of_sessions_keeps_every_sessions_calls_in_its_own_chains(scripts, parents):
+    ids = [f"t{n}" for n in range(len(scripts))]
+    parent_of = {ids[n]: ids[parents.draw(st.integers(0, n - 1), label="parent")] for n in range(1, len(ids))}
+    records = {sid: scripted(sid, ops, parent=parent_of.get(sid)) for sid, ops in zip(ids, scripts)}
+    tree = chains_tree(
+        "t0", lambda sid: records[sid], lambda sid: [child for child, parent in parent_of.items() if parent == sid]
+    )
+    bodies = [tree, *tree["subagents"]]
+    assert sorted(body["session_id"] for body in bodies) == sorted(ids)
+    for body in bodies:
+        check_chains(records[body["session_id"]], body)
+        assert body["parent_session_id"] == parent_of.get(body["session_id"])
