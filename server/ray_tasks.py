@@ -4,7 +4,7 @@ The task runs on whichever node Ray picks (SPREAD by default), starts a `LocalSe
 capture directory of its own for this attempt, calls `agent_fn(base_url, *args)`, stops the server,
 rebuilds the rollouts from the now complete records, and returns them through the object store:
 
-    {"result": <agent_fn's return value>, "rollouts": [...], "errors": [...], "node_id": "..."}
+    {"result": <agent_fn's return value>, "rollouts": [...], "chains": [...], "errors": [...], "node_id": "..."}
 
 Nothing is shared between rollouts, so a dead node takes only its own rollouts with it. `server` is
 plain data (Settings fields plus `env` and the timeouts LocalServer takes), checked on the node.
@@ -71,7 +71,7 @@ def run_rollout(
     node_id = _node_id()
     attempt = f"{time.strftime('%Y%m%dT%H%M%S')}-{_task_id() or 'local'}-{uuid.uuid4().hex[:8]}"
     capture_dir = Path(capture_root or os.path.join(tempfile.gettempdir(), DEFAULT_CAPTURE_ROOT)) / attempt
-    outcome: dict[str, Any] = {"result": None, "rollouts": [], "errors": [], "node_id": node_id}
+    outcome: dict[str, Any] = {"result": None, "rollouts": [], "chains": [], "errors": [], "node_id": node_id}
     agent_error = None
     try:
         local = LocalServer(capture_dir=capture_dir, **server)
@@ -89,12 +89,15 @@ def run_rollout(
         outcome["errors"].append(f"{type(exc).__name__}: {exc}")
     collected = local.collect()
     outcome["rollouts"] = collected["rollouts"]
+    outcome["chains"] = collected["chains"]
     outcome["errors"] += [e for e in collected["errors"] if e not in outcome["errors"]]
     if agent_error is not None:
         # The episode did not finish: its tokens are real, but a trainer must not score it.
         for rollout in outcome["rollouts"]:
             rollout["mask_sample"] = True
             rollout["degraded_reason"] = rollout.get("degraded_reason") or agent_error
+        for body in outcome["chains"]:
+            body["mask_sample"], body["degraded_reason"] = True, agent_error
     if copy_to:
         try:
             shutil.copytree(capture_dir, Path(copy_to) / attempt, dirs_exist_ok=True)
@@ -113,7 +116,13 @@ def get_rollouts(refs: Sequence[ray.ObjectRef], timeout: float | None = None) ->
             results.append(ray.get(ref, timeout=remaining))
         except (ray.exceptions.RayError, TimeoutError) as exc:
             results.append(
-                {"result": None, "rollouts": [], "errors": [f"{type(exc).__name__}: {exc}"], "node_id": None}
+                {
+                    "result": None,
+                    "rollouts": [],
+                    "chains": [],
+                    "errors": [f"{type(exc).__name__}: {exc}"],
+                    "node_id": None,
+                }
             )
     return results
 

@@ -212,25 +212,31 @@ class LocalServer:
     # ---- after the block -------------------------------------------------------------------
 
     def collect(self) -> dict[str, Any]:
-        """Every session's rollout, and the errors met on the way. Never raises.
+        """Every session's rollout and chains, and the errors met on the way. Never raises.
 
         `rollouts` holds one entry per top session (no parent, or a parent nobody captured), each
         with its sub-agents under `subagents`. A rollout that could only be partly rebuilt is
         partial with `mask_sample: true` and its `partial_reason`; one that could not be rebuilt at
-        all is an empty masked sample with the reason. `errors` also says if the server failed to
-        start, crashed or had to be killed, or if record files were unreadable.
+        all is an empty masked sample with the reason. `chains` holds, per top session, its
+        `GET /chains` answer: every completed call in a whole token-contiguous chain, so a broken
+        session's tokens still train. `errors` also says if the server failed to start, crashed or
+        had to be killed, or if record files were unreadable.
         """
         errors = list(self.errors)
         rollouts: list[dict] = []
+        chains: list[dict] = []
         try:
-            rollouts = collect_rollouts(self.capture_dir, errors)
+            rollouts = collect_rollouts(self.capture_dir, errors, chains)
         except Exception as exc:  # the promise is "never raises": a broken directory is an error entry
             errors.append(f"reading {self.capture_dir}: {type(exc).__name__}: {exc}")
-        return {"rollouts": rollouts, "errors": errors}
+        return {"rollouts": rollouts, "chains": chains, "errors": errors}
 
 
-def collect_rollouts(capture_dir: str | os.PathLike[str], errors: list[str]) -> list[dict]:
-    """Rebuild every top session's rollout from a capture directory, read-only; problems go to `errors`."""
+def collect_rollouts(
+    capture_dir: str | os.PathLike[str], errors: list[str], chains: list[dict] | None = None
+) -> list[dict]:
+    """Rebuild every top session's rollout from a capture directory, read-only; problems go to
+    `errors`, and each top session's chains to `chains` when given."""
     from server.capture.rollout import RolloutError
     from server.capture.rollout.items import failed_rollout
     from server.capture.sessions import build_rollout
@@ -251,6 +257,11 @@ def collect_rollouts(capture_dir: str | os.PathLike[str], errors: list[str]) -> 
         except (RolloutError, UnknownSession) as exc:
             errors.append(f"session {session_id!r}: {exc}")
             rollouts.append(failed_rollout(session_id, parent, str(exc)))
+        if chains is not None:
+            try:
+                chains.append(build_rollout(store, session_id, view="chains"))
+            except (RolloutError, UnknownSession) as exc:
+                errors.append(f"session {session_id!r} chains: {exc}")
     skipped = store.stats()["skipped"]
     if skipped:
         errors.append(f"{skipped} record files under {capture_dir} were unreadable and left out")

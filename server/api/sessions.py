@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from server.api.cursor import limit_param
 from server.capture.index_view import IndexView
-from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
+from server.capture.rebuilds import CHAINS, RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
 from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import RolloutError, lost_session_rollout
 from server.capture.runs import ALL, LATEST, UnknownRun, parse_run
@@ -167,6 +167,31 @@ def session_routes(
             raise worker_failed(exc) from None
         return _body_response(body)
 
+    async def chains(request: Request) -> Response:
+        """Every captured call in a token-contiguous chain: the session split at each break."""
+        store = store_or_error()
+        session_id = path_session_id(request)
+        run = run_param(request, default=LATEST)
+
+        def snapshot() -> IndexView:
+            store.flush(READ_SETTLE_TIMEOUT_S)
+            return store.index_view()
+
+        index = await run_in_threadpool(snapshot)
+        try:
+            body = await rollouts_for(store).rollout(
+                index, session_id, lost_records=store.lost_records, run=run, view=CHAINS
+            )
+        except UnknownSession:
+            raise _unknown(session_id) from None
+        except UnknownRun:
+            raise _unknown_run(session_id, run) from None
+        except RolloutError as exc:
+            raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
+        except RebuildUnavailable as exc:
+            raise worker_failed(exc) from None
+        return _body_response(body)
+
     async def delete(request: Request) -> Response:
         store = store_or_error()
         session_id = path_session_id(request)
@@ -188,6 +213,7 @@ def session_routes(
         Route("/v1/sessions/{session_id:path}/completions", _as_error_responses(completions), methods=["GET"]),
         Route("/v1/sessions/{session_id:path}/tree", _as_error_responses(tree), methods=["GET"]),
         Route("/v1/sessions/{session_id:path}/rollout", _as_error_responses(rollout), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/chains", _as_error_responses(chains), methods=["GET"]),
         Route("/v1/sessions/{session_id:path}", _as_error_responses(delete), methods=["DELETE"]),
     ]
 

@@ -43,6 +43,7 @@ import orjson
 from server.capture.index_view import IndexView
 from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import reconstruct_tree
+from server.capture.rollout.chains import chains_tree
 from server.capture.runs import LATEST, RunChoice, children_in
 from server.capture.sessions import pick, tree_records
 from server.capture.store import UnknownSession, read_session_records
@@ -50,13 +51,15 @@ from server.files import process_temp_dir
 
 log = logging.getLogger("switchyard_model.capture")
 
+CHAINS = "chains"
+
 # Rollouts larger than this are spooled to a file rather than passed back and held as bytes.
 INLINE_BYTES = 1 << 20
 
 _T = TypeVar("_T")
 _Lost = tuple[tuple[str, int], ...]  # (session id, records lost to capture failures), non-zero only
 _State = tuple[tuple[str, int, str, str, tuple[str | None, ...]], ...]
-_CacheKey = tuple[str, bool, RunChoice | None, _State, _Lost]
+_CacheKey = tuple[str, bool, RunChoice | None, _State, _Lost, str]  # ..., "rollout" or "chains"
 
 
 class SpooledBody:
@@ -148,10 +151,11 @@ def rollout_json(
     lost: _Lost = (),
     choice: RunChoice | None = None,
     session_runs: dict[str, tuple[str | None, ...]] | None = None,
+    view: str = "rollout",
 ) -> bytes:
     """The serialized rollout of `session_id` with its sub-agents, from the records `choice` picks
     (None: all runs); `session_runs` are the runs of each session of `tree` (raises RolloutError,
-    UnknownSession).
+    UnknownSession). `view` "chains" gives every session's chains (`chains_tree`) instead.
 
     Runs in the worker process: it reads the records itself, so only the ids and the result cross.
     """
@@ -165,6 +169,9 @@ def rollout_json(
         return [child for child in children if not runs.isdisjoint(known_runs.get(child, (None,)))]
 
     lost_by_session = dict(lost)
+    if view == CHAINS:
+        body = chains_tree(session_id, load_records, children_of, lost_records=lambda sid: lost_by_session.get(sid, 0))
+        return orjson.dumps({"schema_version": SCHEMA_VERSION, **body})
     return orjson.dumps(
         reconstruct_tree(
             session_id,
@@ -277,10 +284,12 @@ class RolloutBuilder:
         allow_partial: bool = True,
         lost_records: Callable[[str], int] | None = None,
         run: str = LATEST,
+        view: str = "rollout",
     ) -> SessionBody:
         """The rollout JSON for `session_id` as of `index` (bytes, or a SpooledBody when large), from
         the records of the server run `run` picks (`latest`, a run id, `legacy`, `all`) (raises
         RolloutError, UnknownSession, UnknownRun, RebuildUnavailable). Call with an index snapshot taken after the store was flushed.
+        `view="chains"` builds the session's chains (`chains_tree`) instead, cached the same way.
 
         `lost_records` (the store's) says which sessions lost records to a capture failure: they are
         part of the cache key, so a mark made after a rollout was cached is never hidden by it.
@@ -291,7 +300,7 @@ class RolloutBuilder:
         if lost_records is not None:
             counts = await asyncio.to_thread(lambda: [(sid, lost_records(sid)) for sid in sorted(tree)])
             lost = tuple((sid, n) for sid, n in counts if n)
-        key: _CacheKey = (session_id, allow_partial, choice, _state_of(index, tree), lost)
+        key: _CacheKey = (session_id, allow_partial, choice, _state_of(index, tree), lost, view)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -316,7 +325,7 @@ class RolloutBuilder:
             raise RebuildUnavailable("the rollout worker process died; try again") from exc
 
     async def _build(self, key: _CacheKey, tree: dict[str, list[str]]) -> SessionBody:
-        session_id, allow_partial, choice, state, lost = key
+        session_id, allow_partial, choice, state, lost, view = key
         self.rebuilds += 1
         built = await self.run(
             build_rollout,
@@ -329,6 +338,7 @@ class RolloutBuilder:
             lost,
             choice,
             {sid: runs for sid, _, _, _, runs in state},
+            view,
         )
         body = await _opened(built)
         self._remember(key, body)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from server.capture.index_view import IndexView
 from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout import reconstruct_tree
+from server.capture.rollout.chains import chains_tree
 from server.capture.runs import ALL, LATEST, RunChoice, children_in, choose, narrow, run_of, runs_of
 from server.capture.store import CaptureStore, UnknownSession
 
@@ -88,12 +89,20 @@ def tree_records(
     return load_records, runs
 
 
-def build_rollout(store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST) -> dict:
+def build_rollout(
+    store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST, view: str = "rollout"
+) -> dict:
     """Reconstruct the session's rollout with its sub-agent sessions, from the records of one server
-    run (`latest`, a run id, `legacy`) or of `all` (raises RolloutError, UnknownSession, UnknownRun)."""
+    run (`latest`, a run id, `legacy`) or of `all` (raises RolloutError, UnknownSession, UnknownRun).
+    `view="chains"`: every session's chains instead (`chains_tree`)."""
     index = store.index_view()
     choice = pick(index, session_id, run)
     load_records, runs = tree_records(store.read_completions, session_id, choice)
+    if view == "chains":
+        body = chains_tree(
+            session_id, load_records, lambda sid: children_in(index, sid, runs), lost_records=store.lost_records
+        )
+        return {"schema_version": 1, **body}
     return reconstruct_tree(
         session_id,
         load_records,

@@ -11,8 +11,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from server.capture.index_view import IndexView, SessionEntry
-from server.capture.rollout import RolloutError, reconstruct_session
+from server.capture.rollout import RolloutError
 from server.capture.rollout.chain import CAPTURE_FAILED
+from server.capture.rollout.chains import session_chains
 from server.capture.runs import children_in, latest_conversation, runs_of
 from server.capture.store import CaptureStore, UnknownSession
 
@@ -79,14 +80,12 @@ def reply_has_tool_calls(record: dict) -> bool:
     return bool(messages[-1].get("tool_calls"))
 
 
-def rollout_outcome(session_id: str, records: list[dict]) -> tuple[dict | None, str | None]:
-    """The session's own rollout (without sub-agents), or None and why it could not be rebuilt.
-
-    Like GET /rollout by default, it covers the session's latest conversation only (its records
-    from the last server run that began it anew; see `runs.latest_conversation`).
-    """
+def chain_outcome(session_id: str, records: list[dict]) -> tuple[dict | None, str | None]:
+    """The session's chains and per-call decisions (`session_chains`, no flat token lists) over its
+    latest conversation (its records from the last server run that began it anew, as GET /rollout
+    covers by default; see `runs.latest_conversation`); None and why when nothing can be read."""
     try:
-        return reconstruct_session(session_id, latest_conversation(records)), None
+        return session_chains(session_id, latest_conversation(records), flat_tokens=False), None
     except RolloutError as exc:
         return None, str(exc)
 
@@ -106,15 +105,18 @@ def session_facts(
     session_id: str, records: list[dict], outcome: tuple[dict | None, str | None] | None = None
 ) -> SessionFacts:
     """Summarise one session's records (already in `(captured_at, uuid)` order); `outcome` is
-    `rollout_outcome(session_id, records)` if the caller has it already."""
+    `chain_outcome(session_id, records)` if the caller has it already."""
     summary = summary_columns(records)
-    rollout, error = outcome if outcome is not None else rollout_outcome(session_id, records)
-    if rollout is None:
+    chains, error = outcome if outcome is not None else chain_outcome(session_id, records)
+    if chains is None:
         status, reason = "failed", error
-    elif rollout["partial_reason"] is not None:
-        status, reason = "partial", rollout["partial_reason"]
     else:
-        status, reason = "whole", None
+        status, reason = chains["rollout"]["status"], chains["rollout"]["partial_reason"]
+        summary.update(
+            chains=len(chains["chains"]),
+            trainable_fraction=chains["trainable_fraction"],
+            rollout_fraction=chains["rollout_fraction"],
+        )
     summary.update(rollout=status, partial_reason=reason, mask_sample=status != "whole")
     calls = [
         (record.get("captured_at"), started_at(record), record.get("uuid"), reply_has_tool_calls(record))
@@ -180,6 +182,11 @@ def summary_columns(records: list[dict]) -> dict[str, Any]:
         # What GET /rollout would say, sub-agents included (None while pending).
         "mask_sample": None,
         "degraded_reason": None,
+        # Generated tokens of completed calls that are in some trainable chain, and in the rollout
+        # alone (0 when it is masked); None while pending or with no generated tokens.
+        "chains": None,
+        "trainable_fraction": None,
+        "rollout_fraction": None,
     }
     return summary
 

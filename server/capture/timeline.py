@@ -12,8 +12,8 @@ from server.capture.store import CaptureStore, read_session_records
 from server.capture.summary import (
     SessionFacts,
     SummaryCache,
+    chain_outcome,
     lost_session_facts,
-    rollout_outcome,
     session_facts,
     started_at,
     tokens_in,
@@ -34,7 +34,7 @@ def timeline_parts(sessions_dir: str, session_id: str) -> tuple[dict | None, Ses
     records, skipped = read_session_records(sessions_dir, session_id)
     if not records:
         return None, None, skipped
-    outcome = rollout_outcome(session_id, records)  # rebuilt once, for the timeline and the facts
+    outcome = chain_outcome(session_id, records)  # rebuilt once, for the timeline and the facts
     return build_timeline(session_id, records, outcome=outcome), session_facts(session_id, records, outcome), skipped
 
 
@@ -61,18 +61,25 @@ def build_timeline(
     outcome: tuple[dict | None, str | None] | None = None,
 ) -> dict:
     """The session's calls, each with the messages it added since the previous call, its reply,
-    timing, tokens, and how its prompt relates to the previous call's prompt + generation.
+    timing, tokens, and how its prompt relates to the call it continues, as the chains decided it.
 
     `records` are in `(captured_at, uuid)` order, as the store returns them. No token lists are
     included (a 200-call session would carry its whole history 200 times); ask for one call's
-    record to see its tokens. `outcome` is `rollout_outcome(session_id, records)` if already known.
+    record to see its tokens. `outcome` is `chain_outcome(session_id, records)` if already known.
     """
-    rollout, rollout_error = outcome if outcome is not None else rollout_outcome(session_id, records)
-    roles: dict[str, str] = {}
-    if rollout is not None:
-        roles.update(dict.fromkeys(rollout["side_calls"], "side"))
-        roles.update(dict.fromkeys(rollout["discarded_record_uuids"], "discarded"))
-        roles.update(dict.fromkeys(rollout["record_uuids"], "step"))
+    chains, error = outcome if outcome is not None else chain_outcome(session_id, records)
+    index_of = {record.get("uuid"): index for index, record in enumerate(records)}
+    decisions: dict = {}
+    rollout_uuids: set = set()
+    if chains is not None:
+        decisions = {call["uuid"]: call for call in chains["calls"]}
+        if chains["rollout"]["status"] != "failed":
+            rollout_uuids = set(chains["rollout"]["record_uuids"])
+
+    def timeline_index(chain_call_index: int | None) -> int | None:
+        if chains is None or chain_call_index is None:
+            return None
+        return index_of.get(chains["calls"][chain_call_index]["uuid"])
 
     calls = []
     previous: dict | None = None
@@ -84,10 +91,12 @@ def build_timeline(
             shared = _shared_prefix(request, previous.get("messages") or [])
         prompt = record.get("prompt_token_ids")
         generation = record.get("generation_token_ids")
+        uuid = record.get("uuid")
+        decision = decisions.get(uuid)
         calls.append(
             {
                 "index": index,
-                "uuid": record.get("uuid"),
+                "uuid": uuid,
                 "started_at": started_at(record),
                 "captured_at": record.get("captured_at"),
                 "server_run": record.get("server_run"),
@@ -106,26 +115,65 @@ def build_timeline(
                 "is_valid": record.get("is_valid"),
                 "invalid_reason": record.get("invalid_reason"),
                 "injection": record.get("injection"),
-                "in_rollout": roles.get(record.get("uuid") or "", "unused"),
+                "in_rollout": _role(decision, uuid in rollout_uuids),
+                "chain": decision["chain"] if decision is not None else None,
                 "kept_messages": shared,
                 "added_messages": request[shared:],
                 "reply": reply,
-                "contiguity": _contiguity(previous, record, window),
+                "contiguity": _contiguity(decision, records, timeline_index, record, window),
                 "spawned": [],
             }
         )
         previous = record
 
+    rollout = chains["rollout"] if chains is not None else None
     return {
         "session_id": session_id,
         "parent_session_id": _parent(records),
         "calls": calls,
         "rollout": {
-            "status": "failed" if rollout is None else ("partial" if rollout["partial_reason"] else "whole"),
-            "partial_reason": rollout_error if rollout is None else rollout["partial_reason"],
+            "status": "failed" if rollout is None else rollout["status"],
+            "partial_reason": error if rollout is None else rollout["partial_reason"],
+            "partial_break": None if rollout is None else _located(rollout["partial_break"], timeline_index),
             "mask_sample": True if rollout is None else rollout["mask_sample"],
             "record_uuids": [] if rollout is None else rollout["record_uuids"],
         },
+        "chains": []
+        if chains is None
+        else [_chain_view(chain, index_of, timeline_index) for chain in chains["chains"]],
+        "generated_tokens": None if chains is None else chains["generated_tokens"],
+        "trainable_fraction": None if chains is None else chains["trainable_fraction"],
+        "rollout_fraction": None if chains is None else chains["rollout_fraction"],
+    }
+
+
+def _role(decision: dict | None, in_rollout: bool) -> str:
+    if in_rollout:
+        return "step"
+    if decision is not None and decision["relation"] in ("side", "discarded"):
+        return decision["relation"]
+    return "unused"
+
+
+def _located(account: dict | None, timeline_index) -> dict | None:
+    """A break account with its call indices turned into this timeline's (all records, all runs)."""
+    if account is None:
+        return None
+    return {
+        **account,
+        "index": timeline_index(account["index"]),
+        "previous_index": timeline_index(account["previous_index"]),
+    }
+
+
+def _chain_view(chain: dict, index_of: dict, timeline_index) -> dict:
+    return {
+        "chain_index": chain["chain_index"],
+        "kind": chain["kind"],
+        "record_uuids": chain["record_uuids"],
+        "call_indices": [index_of.get(uuid) for uuid in chain["record_uuids"]],
+        "generated_tokens": chain["generated_tokens"],
+        "starts_after": _located(chain["starts_after"], timeline_index),
     }
 
 
@@ -136,16 +184,31 @@ def _parent(records: list[dict]) -> str | None:
     return None
 
 
-def _contiguity(previous: dict | None, record: dict, window: int) -> dict:
-    if previous is None:
-        return {"kind": "first"}
-    prior_prompt = previous.get("prompt_token_ids")
-    prior_generation = previous.get("generation_token_ids")
+def _contiguity(decision: dict | None, records: list[dict], timeline_index, record: dict, window: int) -> dict:
+    """The call's relation to the call it continues, from the chains' decision; token windows for a break."""
+    if decision is None:
+        return {"kind": "other_run"}  # outside the conversation the rollout covers
+    relation = decision["relation"]
+    if relation == "discarded":
+        return {"kind": "retry"}
+    if relation in ("first", "side"):
+        return {"kind": relation}
+    if relation == "extends":
+        return {"kind": "extends", "previous_index": timeline_index(decision["previous_index"])}
+    account = _located(decision["break"], timeline_index) or {}
+    result = {**account, "kind": "breaks", "break_kind": account.get("kind")}
+    previous_index = account.get("previous_index")
+    previous = records[previous_index] if previous_index is not None else None
+    prior_prompt = previous.get("prompt_token_ids") if previous is not None else None
+    prior_generation = previous.get("generation_token_ids") if previous is not None else None
     prompt = record.get("prompt_token_ids")
-    if not (isinstance(prior_prompt, list) and isinstance(prior_generation, list) and isinstance(prompt, list)):
-        return {"kind": "unknown"}  # a call without token ids (failed, or an upstream that gives none)
-    result = compare_calls(prior_prompt, prior_generation, prompt, window=window)
-    if result["kind"] == "breaks":
+    if previous is None or not (
+        isinstance(prior_prompt, list) and isinstance(prior_generation, list) and isinstance(prompt, list)
+    ):
+        return result
+    result.update(compare_calls(prior_prompt, prior_generation, prompt, window=window))
+    result["kind"] = "breaks"
+    if result["position"] is not None:
         # Text is known only for tokens the previous call generated (the upstream's token strings).
         texts = previous.get("generation_token_texts")
         position = result["position"]

@@ -79,11 +79,19 @@ def add_sessions_parser(subparsers: Any) -> None:
     rollout.add_argument("session_id")
     rollout.add_argument("--strict", action="store_true", help="fail instead of returning a partial rollout")
 
+    chains = commands.add_parser(
+        "chains", parents=[source, which_run], help="print a session's chains: every call in a token-contiguous sample"
+    )
+    chains.add_argument("session_id")
+
     export = commands.add_parser(
         "export", parents=[source, which_run], help="write one JSON line per root session's rollout"
     )
     export.add_argument("--out", help="output file (default: stdout); written atomically")
     export.add_argument("--strict", action="store_true", help="fail a session instead of exporting a partial rollout")
+    export.add_argument(
+        "--chains", action="store_true", help="one line per chain (sub-agents' too) instead of per root rollout"
+    )
 
     view = commands.add_parser(
         "view",
@@ -157,10 +165,11 @@ def run_sessions(args: argparse.Namespace) -> int:
                 print("\n".join(_tree_lines(node)))
         elif command == "show":
             _emit_json(source.completions(args.session_id))
-        elif command == "rollout":
-            _emit_json(source.rollout(args.session_id, allow_partial=not args.strict, run=run or LATEST))
+        elif command in ("rollout", "chains"):
+            strict = getattr(args, "strict", False)
+            _emit_json(source.rollout(args.session_id, allow_partial=not strict, run=run or LATEST, view=command))
         elif command == "export":
-            return _export(source, args.out, allow_partial=not args.strict, run=run or LATEST)
+            return _export(source, args.out, allow_partial=not args.strict, run=run or LATEST, chains=args.chains)
         else:
             print(f"error: unknown sessions command {command!r}", file=sys.stderr)
             return EXIT_USAGE
@@ -259,9 +268,9 @@ class _ServerSource:
     def completions(self, session_id: str) -> dict:
         return self._get(f"/v1/sessions/{_segment(session_id)}/completions")
 
-    def rollout(self, session_id: str, *, allow_partial: bool, run: str = LATEST) -> dict:
+    def rollout(self, session_id: str, *, allow_partial: bool, run: str = LATEST, view: str = "rollout") -> dict:
         return self._get(
-            f"/v1/sessions/{_segment(session_id)}/rollout",
+            f"/v1/sessions/{_segment(session_id)}/{view}",
             {"allow_partial": "true" if allow_partial else "false", "run": run},
         )
 
@@ -312,9 +321,9 @@ class _DirectorySource:
             "lost_records": self._store.lost_records(session_id),
         }
 
-    def rollout(self, session_id: str, *, allow_partial: bool, run: str = LATEST) -> dict:
+    def rollout(self, session_id: str, *, allow_partial: bool, run: str = LATEST, view: str = "rollout") -> dict:
         try:
-            return build_rollout(self._store, session_id, allow_partial=allow_partial, run=run)
+            return build_rollout(self._store, session_id, allow_partial=allow_partial, run=run, view=view)
         except UnknownSession:
             lost = self._store.lost_records(session_id)
             if not lost:
@@ -333,9 +342,15 @@ class _DirectorySource:
 
 
 def _export(
-    source: _ServerSource | _DirectorySource, out: str | None, *, allow_partial: bool, run: str = LATEST
+    source: _ServerSource | _DirectorySource,
+    out: str | None,
+    *,
+    allow_partial: bool,
+    run: str = LATEST,
+    chains: bool = False,
 ) -> int:
-    """One JSON line per root session's rollout, and an account of what could not be exported.
+    """One JSON line per root session's rollout (`chains`: per chain of the root and its sub-agents,
+    with its session, root, run and position), and an account of what could not be exported.
 
     A root is a session without a parent, or whose parent has no records (`parent_missing`). A root
     whose rollout cannot be rebuilt is reported and left out; so is a session no root reaches (only
@@ -356,10 +371,16 @@ def _export(
         for entry in roots:
             session_id = entry["session_id"]
             try:
-                rollout = source.rollout(session_id, allow_partial=allow_partial, run=run)
+                rollout = source.rollout(
+                    session_id, allow_partial=allow_partial, run=run, view="chains" if chains else "rollout"
+                )
             except (_NotFound, _Failed) as exc:
                 failures += 1
                 print(f"session {session_id}: {exc}", file=sys.stderr)
+                continue
+            if chains:
+                for line in _chain_lines(rollout, session_id):
+                    handle.write(orjson.dumps(line) + b"\n")
                 continue
             if isinstance(rollout, dict) and "session_id" not in rollout:
                 rollout = {"session_id": session_id, **rollout}
@@ -386,6 +407,16 @@ def _export(
         )
     print(summary, file=sys.stderr)
     return EXIT_FAILED if failures or unreached else EXIT_OK
+
+
+def _chain_lines(body: dict, root: str) -> list[dict]:
+    """Each chain of a `/chains` answer (root and sub-agents) as one export line."""
+    lines = []
+    for session in [body, *body.get("subagents", [])]:
+        for chain in session.get("chains", []):
+            where = {"session_id": session["session_id"], "root_session_id": root, "run": chain.get("server_run")}
+            lines.append({**where, "position": chain["chain_index"], **chain})
+    return lines
 
 
 def _unreached(sessions: list[dict], roots: list[dict]) -> list[str]:

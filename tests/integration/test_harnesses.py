@@ -219,3 +219,35 @@ def test_a_recipe_on_a_reasoning_model_is_one_token_chain_with_injection(reasoni
         assert reasons == [None, None]
         rollout = httpx.get(f"{chain.v1}/sessions/{session}/rollout", trust_env=False, timeout=30).json()
         assert rollout["mask_sample"] is True and "do not extend" in rollout["partial_reason"]
+
+
+WEATHER_CITY_TASK = 'What is the weather in Paris? [[mock:tool weather {"city": "Paris"}]]'
+
+
+def chains_of(chain: Chain, session_id: str) -> dict:
+    reply = httpx.get(f"{chain.v1}/sessions/{session_id}/chains", trust_env=False, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+@needs("pydantic_ai")
+def test_pydantic_ai_recipes_give_whole_rollouts_on_chat_and_responses(chain, tmp_path):
+    new, _ = run_recipe(chain, "pydantic-ai", WEATHER_CITY_TASK, tmp_path)
+    assert {session.rsplit("-", 1)[0] for session in new} == {"pydantic-ai-chat", "pydantic-ai-responses"}
+    for session in new:
+        assert_whole_rollout(chain, session, calls=2)
+        assert len(chains_of(chain, session)["chains"]) == 1
+
+
+@needs("smolagents")
+def test_smolagents_recipe_yields_chains_that_keep_every_token(chain, tmp_path):
+    new, out = run_recipe(chain, "smolagents-tool-calling", WEATHER_CITY_TASK, tmp_path)
+    (session,) = new
+    assert out.startswith(session)
+    body = chains_of(chain, session)
+    records = chain.records(session)
+    assert sorted(u for c in body["chains"] for u in c["record_uuids"]) == sorted(r["uuid"] for r in records)
+    assert len(body["chains"]) > 1 and body["trainable_fraction"] == 1.0
+    rollout = httpx.get(f"{chain.v1}/sessions/{session}/rollout", trust_env=False, timeout=30).json()
+    assert rollout["mask_sample"] is True
+    assert "the client re-sent a tool call as text" in rollout["partial_reason"]

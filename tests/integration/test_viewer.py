@@ -525,3 +525,92 @@ def test_live_chain_behind_a_key(tmp_path, mock_upstream, pages):
         assert page.locator(".break .window.expected .tok").first.text_content() == "<think>"
     finally:
         proc.stop()
+
+
+# ---- chains and the rollout's items ---------------------------------------------------------------
+
+
+def assert_no_object_text(page) -> None:
+    """Nothing the page renders is a stringified object (a list or node handed to a DOM call as text)."""
+    text = page.evaluate("document.body.innerText")
+    assert "[object" not in text and "null,null" not in text
+
+
+def show_rollout(page) -> list[dict]:
+    page.click("#show-rollout")
+    page.wait_for_selector("#rollout-verdict")
+    return page.eval_on_selector_all(
+        "#rollout-items .item",
+        "items => items.map(i => ({type: i.dataset.type, role: i.dataset.role, trained: i.dataset.trained,"
+        " text: i.querySelector('pre').textContent}))",
+    )
+
+
+def test_show_rollout_renders_the_items_of_a_whole_session(demo, pages):
+    page = pages.open(demo["url"] + "#/s/agent-main")
+    items = show_rollout(page)
+    pages.shot(page, "viewer-rollout-items", full_page=True)
+    assert_no_object_text(page)
+    assert items[0]["role"] == "system" and items[0]["trained"] == "false"
+    calls = [item for item in items if item["type"] == "function_call"]
+    assert calls and calls[0]["text"].startswith("→ read(") and calls[0]["trained"] == "true"
+    outputs = [item for item in items if item["type"] == "function_call_output"]
+    assert outputs and all(item["role"] == "tool" and item["trained"] == "false" for item in outputs)
+    assert items[-1]["role"] == "assistant" and "The test passes now." in items[-1]["text"]
+    assert "trainable" in page.text_content("#rollout-verdict")
+    chains = page.eval_on_selector_all("#chains li", "ls => ls.map(l => l.dataset.kind)")
+    assert chains == ["main"]
+    assert_no_object_text(page)
+
+
+@pytest.fixture(scope="module")
+def broken_view(tmp_path_factory):
+    from tests.support.scripted_sessions import scripted
+
+    capture_dir = tmp_path_factory.mktemp("chain-captures")
+    store = CaptureStore(capture_dir)
+    store.start()
+    records = scripted("tool-text", ["extend", "tool_call_as_text", "extend"])
+    for record in records:
+        assert store.submit(record)
+    assert store.flush(10)
+    store.close()
+    proc, url = start_view(capture_dir)
+    yield {"url": url, "records": records}
+    proc.stop()
+
+
+def test_a_broken_session_shows_its_chains_one_verdict_and_its_rollout_items(broken_view, pages):
+    page = pages.open(broken_view["url"] + "#/s/tool-text")
+    pages.shot(page, "viewer-chains", full_page=True)
+    assert_no_object_text(page)
+    records = broken_view["records"]
+    # The strip and the rollout agree: call 2 breaks, in words a user can act on.
+    kinds = page.eval_on_selector_all("#strip .cell", "cs => cs.map(c => c.dataset.kind)")
+    assert kinds == ["first", "extends", "breaks", "extends"]
+    assert page.locator("#no-breaks").count() == 0
+    detail = page.locator(".break")
+    assert detail.get_attribute("data-kind") == "tool_call_as_text"
+    assert "the client re-sent a tool call as text" in detail.text_content()
+    assert "call #1" in detail.text_content()
+    # The chains: every call in one, the second starting where the first broke.
+    chains = page.locator("#chains li")
+    assert chains.count() == 2
+    assert chains.nth(0).get_attribute("data-kind") == "main"
+    assert "calls #0, #1" in chains.nth(0).text_content()
+    assert "calls #2, #3" in chains.nth(1).text_content()
+    assert "starts after call #2: the client re-sent a tool call as text" in chains.nth(1).text_content()
+    assert "100.0%" in page.text_content(".session-head")
+    # The rollout: partial, masked, its reason in the same words, its items those of the first chain.
+    items = show_rollout(page)
+    assert_no_object_text(page)
+    assert "mask_sample" in page.text_content("#rollout-verdict")
+    assert "the client re-sent a tool call as text" in page.text_content("#partial-kind")
+    generated = [item for item in items if item["trained"] == "true"]
+    assert len(generated) == 2 and generated[0]["type"] == "function_call"
+    assert len(records) == 4
+
+
+def test_the_list_page_renders_no_object_text(demo, pages):
+    page = pages.open(demo["url"])
+    assert_no_object_text(page)

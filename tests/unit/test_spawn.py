@@ -81,7 +81,7 @@ def test_concurrent_starts_are_bounded_per_process(tmp_path, monkeypatch):
 def test_collect_never_raises(tmp_path):
     never_started = LocalServer(capture_dir=tmp_path / "missing", deployment="demo")
     never_started.errors.append("server did not start: boom")
-    assert never_started.collect() == {"rollouts": [], "errors": ["server did not start: boom"]}
+    assert never_started.collect() == {"rollouts": [], "chains": [], "errors": ["server did not start: boom"]}
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("x")
     result = LocalServer(capture_dir=not_a_directory, deployment="demo").collect()
@@ -102,3 +102,22 @@ def test_a_killed_parents_working_folder_is_removed_by_the_next_server_and_a_liv
     finally:
         server.stop()
     assert not any(path.name.startswith(f"{spawn.WORKDIR_PREFIX}{os.getpid()}-") for path in tmp_path.iterdir())
+
+
+def test_collect_carries_every_sessions_chains(tmp_path):
+    from server.capture.store import CaptureStore
+    from tests.support.scripted_sessions import scripted
+
+    store = CaptureStore(tmp_path / "capture")
+    store.start()
+    for record in scripted("broken", ["extend", "tool_call_as_text"]) + scripted("whole", ["extend"]):
+        assert store.submit(record)
+    assert store.flush(10)
+    store.close()
+    result = LocalServer(capture_dir=tmp_path / "capture", deployment="demo").collect()
+    by_id = {body["session_id"]: body for body in result["chains"]}
+    assert [len(chain["record_uuids"]) for chain in by_id["broken"]["chains"]] == [2, 1]
+    assert by_id["broken"]["trainable_fraction"] == 1.0 and by_id["whole"]["rollout_fraction"] == 1.0
+    rollouts = {rollout["session_id"]: rollout for rollout in result["rollouts"]}
+    assert rollouts["broken"]["mask_sample"] is True and rollouts["whole"]["mask_sample"] is False
+    assert result["errors"] == []

@@ -7,13 +7,23 @@ share the chain state held by `_Reconstruction`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from server.capture.record import INJECTION_BREAKING_FALLBACKS, SCHEMA_VERSION
+from server.capture.record import SCHEMA_VERSION
+from server.capture.rollout.breaks import KINDS, break_kind, describe_break
 from server.capture.rollout.continuation import ContinuationIndex
 from server.capture.rollout.continuation import extends as _extends
 from server.capture.rollout.items import failed_rollout, map_tools, message_items
 from server.capture.rollout.messages import ENVIRONMENT_ROLES, RolloutError, canonical, normalize
+from server.capture.rollout.records import (
+    injection_break,
+    is_title_call,
+    order_key,
+    prompt_of,
+    same_prompt,
+    signature,
+    split_items,
+    uuid_or_index,
+)
 from server.capture.tokens import is_finite_numbers, is_token_ids
 
 
@@ -101,7 +111,7 @@ class _Reconstruction:
     def __init__(self, session_id: str, records: list, allow_partial: bool) -> None:
         self.session_id = session_id
         self.allow_partial = allow_partial
-        self.ordered = sorted(records, key=_order_key)
+        self.ordered = sorted(records, key=order_key)
         self.total = len(self.ordered)
         # (sorted index, uuid): reported in record order whatever the order they were found in.
         self.side_calls: list[tuple[int, str]] = []
@@ -116,57 +126,80 @@ class _Reconstruction:
 
     # -- driver ---------------------------------------------------------------------------
 
-    def run(self) -> dict:
+    def _prepare(self) -> None:
+        """Set title calls aside and find the session's signature (raises when nothing is left)."""
         conversation: list[int] = []
         for i, record in enumerate(self.ordered):
-            if _is_title_call(record):
-                self.side_calls.append((i, _uuid_or_index(record, i)))
+            if is_title_call(record):
+                self.side_calls.append((i, uuid_or_index(record, i)))
             else:
                 conversation.append(i)
         if not conversation:
             raise RolloutError(f"session {self.session_id!r} has only side calls ({len(self.side_calls)})")
         self.conversation = conversation
-        self.continuations = ContinuationIndex([_prompt_of(self.ordered[i]) for i in conversation])
-        self.signature = _signature(self.ordered[self._anchor()])
+        self.continuations = ContinuationIndex([prompt_of(self.ordered[i]) for i in conversation])
+        self.signature = signature(self.ordered[self._anchor()])
+        self.chain_signature = self.signature  # what the current chain's calls must share
+
+    def run(self) -> dict:
+        self._prepare()
+        conversation = self.conversation
 
         partial_reason = None
+        partial_break = None
         for position, i in enumerate(conversation):
             try:
-                call = self._validate(i, self.ordered[i], position)
-                if call is not None:
-                    self._place(call, position)
+                self._consider(position, i)
             except RolloutError as exc:
                 if not self.allow_partial or not (self.steps or self.pending):
                     raise
-                partial_reason = f"record {i} of {self.total}: {exc}"
+                partial_break = self.explain(i, exc)
+                partial_reason = f"record {i} of {self.total}: {exc} ({KINDS[partial_break['kind']]})"
                 break
         if self.pending:
             self._commit(self.pending[-1])
 
         model, tools, _ = self.signature
-        items = self._items()
-        split = next(
-            (
-                k
-                for k, item in enumerate(items)
-                if item.get("role") == "assistant" or item["type"] in ("reasoning", "reasoning_item", "function_call")
-            ),
-            len(items),
-        )
         return {
             "session_id": self.session_id,
             "parent_session_id": self._parent_session_id(),
             "model": model,
             "tools": map_tools(tools),
-            "input": items[:split],
-            "output": items[split:],
+            **split_items(self._items(self.steps)),
             "record_uuids": [step.uuid for step in self.steps],
             "partial_reason": partial_reason,
+            "partial_break": partial_break,
             "mask_sample": partial_reason is not None,
             "degraded_reason": None,
             "side_calls": [uuid for _, uuid in sorted(self.side_calls)],
             "discarded_record_uuids": [uuid for _, uuid in sorted(self.discarded)],
         }
+
+    def _consider(self, position: int, i: int) -> None:
+        """Validate and place one conversation record (raises RolloutError where it breaks the chain)."""
+        call = self._validate(i, self.ordered[i], position)
+        if call is not None:
+            self._place(call, position)
+
+    def last_call(self) -> _Call | None:
+        """The call a new record is expected to continue: the open step's latest attempt, else the last step."""
+        if self.pending:
+            return self.pending[-1]
+        return self.steps[-1] if self.steps else None
+
+    def explain(self, i: int, exc: RolloutError) -> dict:
+        """The account of why record `i` does not continue the chain (`exc` is what stopped it)."""
+        record = self.ordered[i]
+        previous = self.last_call()
+        kind = break_kind(record, previous.raw if previous is not None else None, str(exc))
+        return describe_break(
+            kind,
+            record if isinstance(record, dict) else {},
+            i,
+            previous.record if previous is not None else None,
+            previous.index if previous is not None else None,
+            str(exc),
+        )
 
     def _anchor(self) -> int:
         """The record whose model/tools/tool_choice define the session.
@@ -217,7 +250,7 @@ class _Reconstruction:
 
         # Latest attempt first: with several that fit, the last one is the one we would keep anyway.
         continued = [c for c in reversed(self.pending) if _extends(prompt, c.prompt_ids, c.generation_ids)]
-        fallback = _injection_break(call.record)
+        fallback = injection_break(call.record)
         if not continued:
             if self._is_side_call(call, position):
                 return
@@ -257,7 +290,7 @@ class _Reconstruction:
         does continue the conversation stays an error (Gym's session-consistency rule), and a
         "side" conversation that later calls build on is a break, not a side call.
         """
-        if _signature(call.record) == self.signature or not self._dead_end(call.record, position):
+        if signature(call.record) == self.signature or not self._dead_end(call.record, position):
             return False
         self.side_calls.append((call.index, call.uuid))
         return True
@@ -293,7 +326,10 @@ class _Reconstruction:
             if self._is_failed_attempt(record, position):
                 self.discarded.append((i, uuid))
                 return None
-            raise RolloutError(f"record {uuid} is_valid is not true")
+            why = record.get("invalid_reason")
+            raise RolloutError(
+                f"record {uuid} is_valid is not true" + (f": {why}" if isinstance(why, str) and why else "")
+            )
         for name in ("request_id", "model"):
             value = record.get(name)
             if not isinstance(value, str) or not value:
@@ -328,7 +364,7 @@ class _Reconstruction:
         before (the open step, or an accepted one) or just after (past any further failed
         attempts), this record is set aside. Any other invalid record ends the rollout.
         """
-        if self.pending and _same_prompt(record, self.pending[0].record):
+        if self.pending and same_prompt(record, self.pending[0].record):
             return True
         prompt = record.get("prompt_token_ids")
         if isinstance(prompt, list):
@@ -337,14 +373,14 @@ class _Reconstruction:
                 return True
         for i in self.conversation[position + 1 :]:
             later = self.ordered[i]
-            if not isinstance(later, dict) or not _same_prompt(record, later):
+            if not isinstance(later, dict) or not same_prompt(record, later):
                 return False
             if later.get("is_valid") is True:
                 return True
         return False
 
     def _check_signature(self, call: _Call) -> None:
-        model, tools, tool_choice = self.signature
+        model, tools, tool_choice = self.chain_signature
         if call.record["model"] != model:
             raise RolloutError(f"record {call.index} model {call.record['model']!r} != session model {model!r}")
         if call.record.get("tools") != tools or call.record.get("tool_choice") != tool_choice:
@@ -400,9 +436,9 @@ class _Reconstruction:
 
     # -- output -----------------------------------------------------------------------------
 
-    def _items(self) -> list[dict]:
+    def _items(self, steps: list[_Call]) -> list[dict]:
         items: list[dict] = []
-        for step in self.steps:
+        for step in steps:
             for j, message, raw in step.context:
                 items.extend(message_items(message, raw, f"{step.uuid}_{j}", None))
             items.extend(message_items(step.reply, step.raw[-1], step.uuid, step))  # type: ignore[arg-type]
@@ -415,67 +451,3 @@ class _Reconstruction:
                 if isinstance(parent, str) and parent:
                     return parent
         return None
-
-
-def _order_key(record: object) -> tuple[int, str, str]:
-    # A record without a capture time cannot be placed in the conversation: it goes last, so a
-    # damaged entry ends the rollout there instead of failing the whole session up front.
-    if not isinstance(record, dict):
-        return (1, "", "")
-    captured_at, uuid = record.get("captured_at"), record.get("uuid")
-    uuid = uuid if isinstance(uuid, str) else ""
-    return (0, captured_at, uuid) if isinstance(captured_at, str) else (1, "", uuid)
-
-
-def _uuid_or_index(record: object, i: int) -> str:
-    uuid = record.get("uuid") if isinstance(record, dict) else None
-    return uuid if isinstance(uuid, str) and uuid else f"record {i}"
-
-
-def _signature(record: object) -> tuple[Any, Any, Any]:
-    if not isinstance(record, dict):
-        return (None, None, None)
-    return (record.get("model"), record.get("tools"), record.get("tool_choice"))
-
-
-def _is_title_call(record: object) -> bool:
-    """opencode's title request: no tools, and a system prompt that calls itself a title generator."""
-    if not isinstance(record, dict) or record.get("tools"):
-        return False
-    messages = record.get("messages")
-    if not isinstance(messages, list):
-        return False
-    for message in messages:
-        if isinstance(message, dict) and message.get("role") == "system":
-            content = message.get("content")
-            if isinstance(content, list):
-                content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-            if isinstance(content, str) and "title generator" in content.lower():
-                return True
-    return False
-
-
-def _prompt_of(record: object) -> list | None:
-    prompt = record.get("prompt_token_ids") if isinstance(record, dict) else None
-    return prompt if isinstance(prompt, list) else None
-
-
-def _same_prompt(record: dict, other: dict) -> bool:
-    """Both records ask the same thing: equal prompt tokens, or, lacking tokens, equal prompt messages."""
-    prompt, other_prompt = record.get("prompt_token_ids"), other.get("prompt_token_ids")
-    if isinstance(prompt, list) and prompt and isinstance(other_prompt, list) and other_prompt:
-        return len(prompt) == len(other_prompt) and prompt == other_prompt
-    messages, other_messages = record.get("messages"), other.get("messages")
-    return (
-        isinstance(messages, list)
-        and isinstance(other_messages, list)
-        and len(messages) > 1
-        and messages[:-1] == other_messages[:-1]
-    )
-
-
-def _injection_break(record: dict) -> str | None:
-    """The record's injection fallback reason when it broke a chain that was there to extend."""
-    info = record.get("injection")
-    reason = info.get("fallback_reason") if isinstance(info, dict) else None
-    return reason if reason in INJECTION_BREAKING_FALLBACKS else None

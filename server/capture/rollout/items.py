@@ -131,6 +131,7 @@ def failed_rollout(session_id: str, parent_session_id: str | None, reason: str) 
         "output": [],
         "record_uuids": [],
         "partial_reason": reason,
+        "partial_break": None,
         "mask_sample": True,
         "degraded_reason": None,
         "side_calls": [],

@@ -1,7 +1,7 @@
 // One session: summary and export, sub-agent tree, contiguity strip, call timeline, tokens, rollout.
 
 import { getJSON, ID_PATTERN, sessionPath } from "./api.js";
-import { badge, clear, contentText, fmtInt, fmtMs, fmtTime, h, prettyArgs } from "./dom.js";
+import { append, badge, clear, contentText, fmtInt, fmtMs, fmtTime, h, prettyArgs } from "./dom.js";
 import { renderTokens, tokenChip } from "./tokens.js";
 
 const sessionLink = (id) => h("a", { href: `#/s/${encodeURIComponent(id)}`, class: "id" }, id);
@@ -63,6 +63,11 @@ function exportButtons(sessionId) {
   );
 }
 
+// A share of the generated tokens, as a percentage ("–" when there is none to share).
+function fmtFraction(value) {
+  return typeof value === "number" ? `${(value * 100).toFixed(1)}%` : "–";
+}
+
 function header(data) {
   const s = data.summary || {};
   const reasons = Object.entries(s.finish_reasons || {}).map(([r, n]) => `${r}×${n}`).join(" ");
@@ -83,6 +88,8 @@ function header(data) {
         ["Finish", reasons || "–"],
         ["Model", (s.models || []).join(", ") || "–"],
         ["Route", (s.routes || []).join(", ") || "–"],
+        ["Trainable tokens", fmtFraction(data.trainable_fraction)],
+        ["In the rollout alone", fmtFraction(data.rollout_fraction)],
       ].map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]),
       h("dt", {}, "Rollout"),
       h("dd", { id: "rollout-status" }, rolloutBadge(data.rollout.status, s.mask_sample), " ", data.rollout.partial_reason || s.degraded_reason || ""),
@@ -135,6 +142,8 @@ function openCall(event, index) {
 
 const CONTIGUITY_LABEL = {
   first: "first call",
+  side: "a side call (a chain of its own)",
+  other_run: "outside the conversation the rollout covers",
   extends: "extends the previous prompt + generation",
   retry: "same prompt as the previous call (a retry)",
   breaks: "does not extend the previous prompt + generation",
@@ -146,7 +155,7 @@ function strip(calls) {
     const c = call.contiguity;
     const title =
       `call #${call.index}: ${CONTIGUITY_LABEL[c.kind] || c.kind}` +
-      (c.kind === "breaks" ? ` at position ${c.position}` : "") +
+      (c.kind === "breaks" ? `: ${c.summary || "?"}${c.position == null ? "" : ` at position ${c.position}`}` : "") +
       (call.in_rollout !== "step" ? ` · ${call.in_rollout}` : "");
     return h("a", {
       href: `#call-${call.index}`,
@@ -173,7 +182,7 @@ function strip(calls) {
     ),
     breaks.length
       ? h("div", { class: "breaks" }, breaks.map(breakDetail))
-      : h("p", { class: "muted", id: "no-breaks" }, "Every call's prompt extends the one before it."),
+      : h("p", { class: "muted", id: "no-breaks" }, "Every call's prompt extends the call it continues."),
   );
 }
 
@@ -189,20 +198,79 @@ function windowRow(label, ids, texts, cls) {
 function breakDetail(call) {
   const c = call.contiguity;
   const where = c.in_previous_generation ? "inside the previous call's generated tokens" : "inside the previous call's prompt";
+  const previous = c.previous_index;
+  const previousLink =
+    previous == null ? "no earlier call" : h("a", { href: `#call-${previous}`, onclick: (e) => openCall(e, previous) }, `call #${previous}`);
   return h(
     "div",
-    { class: "break", dataset: { index: String(call.index), position: String(c.position) } },
+    { class: "break", dataset: { index: String(call.index), position: String(c.position), kind: c.break_kind || "" } },
+    h("p", { class: "break-kind" }, h("strong", {}, `Call #${call.index}: `), c.summary || c.break_kind || "breaks the chain", "."),
+    c.position == null
+      ? h(
+          "p",
+          {},
+          h("a", { href: `#call-${call.index}`, onclick: (e) => openCall(e, call.index) }, `Call #${call.index}`),
+          "'s tokens carry on from ",
+          previousLink,
+          ", but its messages do not",
+          c.detail ? [" (", h("code", {}, c.detail), ")"] : "",
+          ".",
+        )
+      : h(
+          "p",
+          {},
+          h("a", { href: `#call-${call.index}`, onclick: (e) => openCall(e, call.index) }, `Call #${call.index}`),
+          " differs from ",
+          previousLink,
+          "'s prompt + generation at position ",
+          h("strong", { class: "position" }, String(c.position)),
+          ` (${where}; expected ${fmtInt(c.expected_length)} tokens to carry over).`,
+        ),
+    c.invalid_reason ? h("p", { class: "error inline" }, `The record says: ${c.invalid_reason}`) : null,
+    c.position == null ? null : windowRow("before", c.before, c.before_text, "shared"),
+    c.position == null ? null : windowRow("expected", c.expected, c.expected_text, "expected"),
+    c.position == null ? null : windowRow("actual", c.actual, undefined, "actual"),
+  );
+}
+
+const CHAIN_KIND = {
+  main: "main (the rollout's)",
+  continuation: "continues after a break",
+  side: "a side call",
+  retry: "an attempt the conversation did not continue from",
+};
+
+function chainsSection(data) {
+  const chains = data.chains || [];
+  const callLink = (index) =>
+    index == null ? "?" : h("a", { href: `#call-${index}`, class: "call-link", onclick: (e) => openCall(e, index) }, `#${index}`);
+  return h(
+    "section",
+    { class: "chains", id: "chains" },
+    h("h2", {}, `Trainable chains (${chains.length})`),
     h(
       "p",
-      {},
-      h("a", { href: `#call-${call.index}`, onclick: (e) => openCall(e, call.index) }, `Call #${call.index}`),
-      ` differs from call #${call.index - 1}'s prompt + generation at position `,
-      h("strong", { class: "position" }, String(c.position)),
-      ` (${where}; expected ${fmtInt(c.expected_length)} tokens to carry over).`,
+      { class: "muted" },
+      "Each chain is a whole token-contiguous sample; together they hold every completed call once. ",
+      `${fmtFraction(data.trainable_fraction)} of generated tokens are in a chain, ${fmtFraction(data.rollout_fraction)} in the rollout alone.`,
     ),
-    windowRow("before", c.before, c.before_text, "shared"),
-    windowRow("expected", c.expected, c.expected_text, "expected"),
-    windowRow("actual", c.actual, undefined, "actual"),
+    h(
+      "ol",
+      { start: "0" },
+      chains.map((chain) =>
+        h(
+          "li",
+          { dataset: { chain: String(chain.chain_index), kind: chain.kind } },
+          badge(chain.kind, chain.kind === "main" ? "ok" : "warn"),
+          ` ${CHAIN_KIND[chain.kind] || chain.kind} · calls `,
+          chain.call_indices.map((index, i) => [i ? ", " : "", callLink(index)]),
+          ` · ${fmtInt(chain.generated_tokens)} generated tokens`,
+          chain.starts_after
+            ? h("span", { class: "starts-after" }, " · starts after call ", callLink(chain.starts_after.index), ": ", chain.starts_after.summary)
+            : null,
+        ),
+      ),
+    ),
   );
 }
 
@@ -311,45 +379,53 @@ function callView(sessionId, call, sessionStart, isLast) {
 
 function rolloutItemText(item) {
   if (item.type === "message") return contentText(item.content);
-  if (item.type === "function_call") return `${item.name}(${prettyArgs(item.arguments)})`;
+  if (item.type === "function_call") return `→ ${item.name}(${prettyArgs(item.arguments)})`;
   if (item.type === "function_call_output") return contentText(item.output);
   if (Array.isArray(item.summary)) return item.summary.map((s) => s.text || "").join("\n");
   return JSON.stringify(item);
 }
 
+// One item of a rollout or chain: who said it, and whether a trainer learns from its tokens (the
+// token triple sits on the last item of each generated turn) or masks it (prompt, tool output).
 function rolloutItems(items, kind) {
-  return items.map((item) =>
-    h(
+  return items.map((item) => {
+    const generatedTurn = item.type === "reasoning" || item.type === "function_call" || item.role === "assistant";
+    const hasTriple = Array.isArray(item.generation_token_ids);
+    const who = item.role || (item.type === "function_call_output" ? "tool" : "assistant");
+    return h(
       "div",
-      { class: `item ${kind}` },
+      { class: `item ${kind} ${generatedTurn ? "trained" : "masked"}`, dataset: { type: item.type, role: who, trained: String(generatedTurn) } },
       h(
         "div",
         { class: "msg-head" },
-        `${kind} · ${item.type}${item.role ? ` · ${item.role}` : ""}`,
-        Array.isArray(item.generation_token_ids)
+        `${who} · ${item.type}`,
+        h("span", { class: "muted" }, generatedTurn ? " · generated (trained)" : " · prompt (masked)"),
+        hasTriple
           ? h("span", { class: "muted" }, ` · prompt ${fmtInt(item.prompt_token_ids.length)} + generated ${fmtInt(item.generation_token_ids.length)} tokens`)
           : null,
       ),
       h("pre", {}, rolloutItemText(item)),
-    ),
-  );
+    );
+  });
 }
 
 async function renderRollout(container, sessionId) {
   const rollout = await getJSON(sessionPath(sessionId, "/rollout"));
   const masked = rollout.mask_sample;
-  container.replaceChildren(
+  const why = rollout.partial_break;
+  // `append` flattens nested lists and skips null; replaceChildren would print them as text.
+  append(clear(container), [
     h(
       "p",
       { id: "rollout-verdict" },
       masked ? badge("mask_sample", "bad") : badge("trainable", "ok"),
       " ",
+      why ? h("strong", { id: "partial-kind" }, `${why.summary}. `) : "",
       rollout.partial_reason ? ["partial_reason: ", h("code", { id: "partial-reason" }, rollout.partial_reason)] : "",
       rollout.degraded_reason ? [" degraded_reason: ", h("code", {}, rollout.degraded_reason)] : "",
     ),
     h("p", { class: "muted" }, `${rollout.record_uuids.length} calls used; side calls ${rollout.side_calls.length}; discarded ${rollout.discarded_record_uuids.length}.`),
-    rolloutItems(rollout.input, "input"),
-    rolloutItems(rollout.output, "output"),
+    h("div", { class: "items", id: "rollout-items" }, rolloutItems(rollout.input, "input"), rolloutItems(rollout.output, "output")),
     (rollout.subagents || []).length
       ? h(
           "div",
@@ -364,7 +440,7 @@ async function renderRollout(container, sessionId) {
           ),
         )
       : null,
-  );
+  ]);
 }
 
 export async function renderSession(main, sessionId) {
@@ -381,6 +457,7 @@ export async function renderSession(main, sessionId) {
       ? h("section", { class: "tree", id: "tree" }, h("h2", {}, "Sub-agent tree"), h("ul", {}, treeNode(data.tree, sessionId, callIndex)))
       : null,
     strip(data.calls),
+    chainsSection(data),
     h(
       "section",
       { class: "timeline", id: "timeline" },
@@ -402,7 +479,7 @@ export async function renderSession(main, sessionId) {
             try {
               await renderRollout(rolloutBox, sessionId);
             } catch (error) {
-              rolloutBox.replaceChildren(h("p", { class: "error" }, error.message));
+              append(clear(rolloutBox), [h("p", { class: "error" }, error.message)]);
             }
           },
         },

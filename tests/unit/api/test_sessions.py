@@ -496,3 +496,34 @@ def test_a_spooled_body_is_handed_to_a_server_that_sends_files_itself(store):
     assert headers[b"content-length"] == str(len(body)).encode()
     assert headers[b"content-type"] == b"application/json"
     assert orjson.loads(body)["session_id"] == "big"
+
+
+# ---- chains endpoint --------------------------------------------------------------------------
+
+
+def test_chains_of_a_broken_session_cover_every_call_and_name_the_break(client, store):
+    from tests.support.scripted_sessions import scripted
+
+    records = scripted("broken-s", ["extend", "compact", "extend"])
+    kid = scripted("kid-s", ["extend"], parent="broken-s")
+    for record in records + kid:
+        assert store.submit(record)
+    assert store.flush(10)
+    body = client.get("/v1/sessions/broken-s/chains").json()
+    assert body["schema_version"] == 1 and body["session_id"] == "broken-s"
+    assert [chain["record_uuids"] for chain in body["chains"]] == [
+        [r["uuid"] for r in records[:2]],
+        [r["uuid"] for r in records[2:]],
+    ]
+    assert body["breaks"][0]["kind"] == "compacted"
+    assert body["trainable_fraction"] == 1.0 and body["rollout_fraction"] == 0.0
+    assert [sub["session_id"] for sub in body["subagents"]] == ["kid-s"]
+    rollout = client.get("/v1/sessions/broken-s/rollout").json()
+    assert rollout["record_uuids"] == body["chains"][0]["record_uuids"]
+    assert "the client compacted the history" in rollout["partial_reason"]
+
+
+def test_chains_refuse_unknown_and_invalid_sessions_like_the_rollout(client, store):
+    assert_openai_error(client.get("/v1/sessions/never/chains"), 404)
+    assert_openai_error(client.get("/v1/sessions/%2E%2E/chains"), 404)
+    assert_openai_error(client.get("/v1/sessions/never/chains", params={"run": "no such"}), 400)

@@ -260,3 +260,25 @@ def test_record_heads_refuse_files_they_cannot_vouch_for(tree_store, tmp_path):
     directory = tmp_path / "sessions" / session_dir_name("s")
     (directory / "foreign.json").write_text('{"uuid": "foreign", "schema_version": 1}')
     assert tree_store.read_record_heads("s") is None
+
+
+def test_the_strip_never_calls_green_what_the_rollout_calls_broken():
+    """The history sent twice carries the tokens on, but not the conversation: one verdict for both."""
+    from tests.support.scripted_sessions import scripted
+
+    records = scripted("s", ["extend", "history_twice"])
+    timeline = build_timeline("s", records)
+    cell = timeline["calls"][2]["contiguity"]
+    assert cell["kind"] == "breaks" and cell["break_kind"] == "history_sent_twice"
+    assert cell["previous_index"] == 1 and cell["summary"] in timeline["rollout"]["partial_reason"]
+    assert timeline["rollout"]["status"] == "partial"
+    assert [chain["call_indices"] for chain in timeline["chains"]] == [[0, 1], [2]]
+    assert timeline["trainable_fraction"] == 1.0
+
+
+def test_the_strip_compares_a_call_with_the_call_it_continues_not_the_side_call_before_it():
+    from tests.support.scripted_sessions import scripted
+
+    records = scripted("s", ["title", "extend"])
+    kinds = [call["contiguity"]["kind"] for call in build_timeline("s", records)["calls"]]
+    assert kinds == ["first", "side", "extends", "extends"]

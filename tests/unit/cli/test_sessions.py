@@ -338,3 +338,53 @@ def test_export_to_stdout_from_a_cli_process(live_server):
     assert done.returncode == 0, done.stderr
     assert [orjson.loads(line)["session_id"] for line in done.stdout.splitlines()] == ["root-1", "root-2"]
     assert b"exported 2 of 2" in done.stderr
+
+
+@pytest.fixture
+def broken_capture_dir(tmp_path):
+    """A root that compacts once (two chains) with a whole sub-agent, written with the store's writer."""
+    from tests.support.scripted_sessions import scripted
+
+    directory = tmp_path / "broken-captures"
+    store = CaptureStore(directory)
+    store.start()
+    for record in scripted("root-c", ["extend", "compact"]) + scripted("kid-c", ["extend"], parent="root-c"):
+        assert store.submit(record)
+    assert store.flush(10)
+    store.close()
+    return directory
+
+
+def test_chains_and_the_chains_export_hold_every_call(broken_capture_dir, tmp_path, capsys):
+    assert run("chains", "root-c", "--capture-dir", str(broken_capture_dir)) == 0
+    body = orjson.loads(capsys.readouterr().out)
+    assert [len(chain["record_uuids"]) for chain in body["chains"]] == [2, 1]
+    assert body["breaks"][0]["kind"] == "compacted" and body["trainable_fraction"] == 1.0
+    out = tmp_path / "chains.jsonl"
+    assert run("export", "--chains", "--capture-dir", str(broken_capture_dir), "--out", str(out)) == 0
+    lines = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert [(line["session_id"], line["root_session_id"], line["position"]) for line in lines] == [
+        ("root-c", "root-c", 0),
+        ("root-c", "root-c", 1),
+        ("kid-c", "root-c", 0),
+    ]
+    assert all("run" in line and line["generation_mask"] for line in lines)
+    # The plain export is still one masked rollout per root: the chains are what keeps the tokens.
+    assert run("export", "--capture-dir", str(broken_capture_dir), "--out", str(out)) == 0
+    (rollout,) = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert rollout["mask_sample"] is True and rollout["record_uuids"] == body["chains"][0]["record_uuids"]
+
+
+def test_chains_from_a_server_equal_chains_from_the_directory(tmp_path, broken_capture_dir, capsys):
+    script = tmp_path / "sessions_server.py"
+    script.write_text(SERVER_SCRIPT)
+    port = free_port()
+    proc = Proc([sys.executable, str(script), str(broken_capture_dir), str(port)], env={"PYTHONPATH": str(REPO)})
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/v1/sessions", timeout=30)
+        assert run("chains", "root-c", "--url", f"http://127.0.0.1:{port}") == 0
+        from_server = orjson.loads(capsys.readouterr().out)
+    finally:
+        proc.stop()
+    assert run("chains", "root-c", "--capture-dir", str(broken_capture_dir)) == 0
+    assert from_server == orjson.loads(capsys.readouterr().out)

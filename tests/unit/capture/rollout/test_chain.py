@@ -278,7 +278,10 @@ class TestPartial:
         assert rollout["record_uuids"] == [f"{SESSION_ID}-0", f"{SESSION_ID}-1"]
         assert rollout["partial_reason"] == (
             "record 2 of 4: record 2 prompt_token_ids do not extend the prior prompt+generation tokens"
+            " (the engine's template changed earlier tokens)"
         )
+        assert rollout["partial_break"]["kind"] == "template_changed"
+        assert rollout["partial_break"]["position"] == 0
         assert rollout["mask_sample"] is True
         assert triple_of(rollout["output"][-1])["generation_token_ids"] == [1001, 2001]
 
@@ -287,7 +290,10 @@ class TestPartial:
         records[2]["messages"][1]["content"] = "rewritten"
         rollout = reconstruct_session(SESSION_ID, records)
         assert len(rollout["record_uuids"]) == 2
-        assert rollout["partial_reason"] == ("record 2 of 3: record 2 prompt does not extend the reconstructed history")
+        assert rollout["partial_reason"] == (
+            "record 2 of 3: record 2 prompt does not extend the reconstructed history"
+            " (the client rewrote an earlier message)"
+        )
 
     def test_invalid_record_ends_prefix(self):
         records = linear_session(3)
@@ -295,7 +301,10 @@ class TestPartial:
         records[1]["invalid_reason"] = "no token ids"
         rollout = reconstruct_session(SESSION_ID, records)
         assert rollout["record_uuids"] == [f"{SESSION_ID}-0"]
-        assert rollout["partial_reason"] == f"record 1 of 3: record {SESSION_ID}-1 is_valid is not true"
+        assert rollout["partial_reason"] == (
+            f"record 1 of 3: record {SESSION_ID}-1 is_valid is not true: no token ids (the record is incomplete)"
+        )
+        assert rollout["partial_break"]["invalid_reason"] == "no token ids"
         assert rollout["mask_sample"] is True
 
     def test_first_record_failure_raises(self):
@@ -597,7 +606,7 @@ class TestFailedAttempts:
         failed = _failed_attempt(records[2], "failed-2", "2026-07-14T00:00:01.500000+00:00")
         rollout = reconstruct_session(SESSION_ID, [*records[:2], failed])
         assert rollout["record_uuids"] == [r["uuid"] for r in records[:2]]
-        assert rollout["partial_reason"] == "record 2 of 3: record failed-2 is_valid is not true"
+        assert rollout["partial_reason"].startswith("record 2 of 3: record failed-2 is_valid is not true: ")
         assert rollout["mask_sample"] is True
 
     def test_failure_followed_by_a_different_prompt_ends_the_rollout(self):

@@ -208,10 +208,14 @@ def test_a_cut_at_record_k_keeps_exactly_the_first_k(records, data):
         _break_tokens(broken[k], len(prior["prompt_token_ids"]) + len(prior["generation_token_ids"]), data.draw)
         expected_reason = (
             f"record {k} of {n}: record {k} prompt_token_ids do not extend the prior prompt+generation tokens"
+            " (the engine's template changed earlier tokens)"
         )
     else:
         _break_history(broken[k], len(prior["messages"]), data.draw)
-        expected_reason = f"record {k} of {n}: record {k} prompt does not extend the reconstructed history"
+        expected_reason = (
+            f"record {k} of {n}: record {k} prompt does not extend the reconstructed history"
+            " (the client rewrote an earlier message)"
+        )
 
     rollout = reconstruct_session(SESSION_ID, data.draw(st.permutations(broken), label="order"))
     prefix = reconstruct_session(SESSION_ID, records[:k], allow_partial=False)
