@@ -106,11 +106,16 @@ async def answered(
     gym_call = _current.get()
     if gym_call is None:
         return
-    payload = served() if served is not None else chat_with_gym_tokens(chat_response)
+    payload = None
     if gym_call.token is not None:
+        payload = served() if served is not None else chat_with_gym_tokens(chat_response)
         await GymTokenCapture.commit(payload, gym_call.items)
-    if state.gym_calls is not None and gym_call.request is not None and shown is not None:
+    if state.gym_calls is None or gym_call.request is None:
+        return
+    if shown is not None:
         payload = shown()
+    elif payload is None:
+        payload = served() if served is not None else chat_with_gym_tokens(chat_response)
     await _log(state, gym_call, api, 200, None, payload)
 
 
