@@ -370,7 +370,8 @@ def test_evaluation_capture_writes_gyms_exchanges_joined_to_the_token_entries(gy
     assert post(url, "/ng-rollout/eval-only-1/v1/chat/completions", chat).status_code == 200
     failing = {"model": "m", "messages": [{"role": "user", "content": "[[mock:error 429 0]]"}]}
     assert post(url, "/ng-rollout/eval-only-1/v1/chat/completions", failing).status_code == 429
-    lines = exchanges(tokens, "eval-only-1")
+    # A failed call's exchange is written once its error has gone out: the client may read first.
+    lines = wait_for(lambda: len(exchanges(tokens, "eval-only-1")) == 2 and exchanges(tokens, "eval-only-1"))
     assert [(line["dialect"], line["status_code"], line["error_category"]) for line in lines] == [
         ("chat", 200, None),
         ("chat", 429, "rate_limit"),
@@ -502,3 +503,20 @@ def test_messages_calls_off_the_training_path_leave_gyms_rollout_without_tokens(
     assert len(exchanges(tokens, "messages-eval-only")) == 2
     built = gym_rollout(gym, tokens, "messages-eval-only")
     assert built["mask_sample"] is True and built["error"] == "capture contains no token records"
+
+
+def test_a_cut_messages_stream_masks_the_rollout_in_gyms_eyes(gym, gym_server):
+    """A Messages stream that breaks off ends with an `error` event; Gym's store keeps an intent without an entry."""
+    url, tokens, _ = gym_server
+    body = {
+        "model": "m",
+        "max_tokens": 50,
+        "stream": True,
+        "messages": [{"role": "user", "content": "[[mock:streamcut 3]]"}],
+    }
+    with httpx.stream(
+        "POST", f"{url}/ng-rollout/cut-m/{TRAINING}/v1/messages", json=body, trust_env=False, timeout=30
+    ) as reply:
+        assert reply.status_code == 200 and "event: error" in reply.read().decode()
+    built = gym_rollout(gym, tokens, "cut-m")
+    assert built["mask_sample"] is True and built["metrics"].get("capture_incomplete") is True
