@@ -20,6 +20,7 @@ import orjson
 
 from middleware.correlation import Correlation, current_correlation, id_rule
 from server.api import gym_hooks
+from server.capture.gym_tokens import request_items
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.errors import OpenAIError
 from server.http import sse
@@ -171,6 +172,10 @@ class ModelEndpoint:
             added.clear()  # the client asked for them: nothing to strip from its answer
         return self.new_call(corr, route, request, stream, frozenset(added), want_ids)
 
+    def gym_items(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The items of a request as received that Gym's lineage reads on its training path."""
+        return request_items(body)
+
     async def begin_training_capture(self) -> None:
         """On Gym's training path, just before dispatch: Gym's capture begins (see server.api.gym_hooks)."""
         await gym_hooks.begin_training_capture(self.state)
@@ -269,15 +274,17 @@ class ModelEndpoint:
         chat_response: dict[str, Any],
         chat_request: dict[str, Any] | None = None,
         served: Callable[[], dict[str, Any]] | None = None,
+        shown: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         """A whole answer, before its last byte goes out: its record into its file first.
 
         The store's writer thread does the work; this only waits. Never raises, except the 503 of
         `capture_on_failure: refuse` when the record could not be kept. On Gym's training path the
-        answer also goes into Gym's token store: `served()` gives it as the client's API has it (a
-        Responses object), by default the chat answer with Gym's token fields.
+        answer also goes into Gym's token store: `served()` gives it as Gym holds it (a Responses
+        object), by default the chat answer with Gym's token fields; `shown()`, as the client got it
+        (for Gym's evaluation exchange), by default `served()` (see server.api.gym_hooks.answered).
         """
-        await gym_hooks.answered(self.state, self.api, chat_response, served)
+        await gym_hooks.answered(self.state, self.api, chat_response, served, shown)
         if call.capture and self.state.capture is not None:
             await self.state.capture.keep(self.record_kwargs(call, chat_response, "completed", chat_request))
 
@@ -307,7 +314,7 @@ class ModelEndpoint:
         failure: tuple[int | None, str | None] = (None, None)  # for Gym's evaluation exchange
         try:
             body, corr = await self._read_request(receive)
-            gym_token = gym_hooks.open_gym_call(self.state, body, corr)
+            gym_token = gym_hooks.open_gym_call(self.state, body, corr, self.gym_items)
             await run_until_disconnect(
                 receive, lambda: self.handle(body, corr, tracking_send, scope), answered=lambda: progress["answered"]
             )

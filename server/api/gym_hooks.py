@@ -42,8 +42,16 @@ class GymCall:
 _current: ContextVar[GymCall | None] = ContextVar("switchyard_model_gym_call", default=None)
 
 
-def open_gym_call(state: AppState, body: dict[str, Any], corr: Correlation) -> Token | None:
-    """Publish this call's GymCall when it has a rollout id and Gym's capture is on; undo with `close_gym_call`."""
+def open_gym_call(
+    state: AppState,
+    body: dict[str, Any],
+    corr: Correlation,
+    items_of: Callable[[dict[str, Any]], list[dict[str, Any]]] = request_items,
+) -> Token | None:
+    """Publish this call's GymCall when it has a rollout id and Gym's capture is on; undo with `close_gym_call`.
+
+    `items_of` gives the items Gym's lineage reads from the body as received (`request_items` of the
+    body, or of the Responses request a Messages body stands for)."""
     training = corr.training_capture and state.gym_tokens is not None
     if corr.rollout_id is None or not (training or state.gym_calls is not None):
         return None
@@ -51,7 +59,7 @@ def open_gym_call(state: AppState, body: dict[str, Any], corr: Correlation) -> T
         corr.rollout_id,
         uuid.uuid4().hex,
         time.time(),
-        items=request_items(body) if training else None,
+        items=items_of(body) if training else None,
         request=orjson.loads(orjson.dumps(body)) if state.gym_calls is not None else None,
     )
     return _current.set(gym_call)
@@ -83,19 +91,31 @@ async def begin_training_capture(state: AppState) -> None:
 
 
 async def answered(
-    state: AppState, api: str, chat_response: dict[str, Any], served: Callable[[], dict[str, Any]] | None
+    state: AppState,
+    api: str,
+    chat_response: dict[str, Any],
+    served: Callable[[], dict[str, Any]] | None,
+    shown: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     """The whole answer: into Gym's token store (training) and its exchange log (evaluation). Never raises.
 
-    `served()` gives it as the client's API has it (a Responses object with its triple); by default
-    it is the chat answer with Gym's token fields on `choices[0].message`.
+    `served()` gives it as Gym's token capture holds it (a Responses object with its triple); by
+    default it is the chat answer with Gym's token fields on `choices[0].message`. `shown()` gives it
+    as the client got it, for the exchange, where that differs (a Messages answer); by default `served()`.
     """
     gym_call = _current.get()
     if gym_call is None:
         return
-    payload = served() if served is not None else chat_with_gym_tokens(chat_response)
+    payload = None
     if gym_call.token is not None:
+        payload = served() if served is not None else chat_with_gym_tokens(chat_response)
         await GymTokenCapture.commit(payload, gym_call.items)
+    if state.gym_calls is None or gym_call.request is None:
+        return
+    if shown is not None:
+        payload = shown()
+    elif payload is None:
+        payload = served() if served is not None else chat_with_gym_tokens(chat_response)
     await _log(state, gym_call, api, 200, None, payload)
 
 

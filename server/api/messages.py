@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 import orjson
 
 from middleware.correlation import Correlation
 from server.api.call import Call, ModelEndpoint, chat_event_batches, new_id, parse_reply
+from server.capture.gym_messages import responses_request, served_response, with_call_ids
+from server.capture.gym_tokens import request_items
 from server.errors import OpenAIError, anthropic_error_dict, anthropic_error_json
 from server.http.asgi import SSE_HEADERS, send_json
 from server.state import AppState
@@ -80,6 +83,10 @@ class Messages(_AnthropicErrors):
         self._warned: set[str] = set()
         self._context_windows: dict[str, int] | None = None  # read from the deployment on first use
 
+    def gym_items(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        # Gym's own /v1/messages serves a Messages call as the Responses call it maps it to.
+        return request_items(responses_request(body))
+
     async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         want_triple = self.wants_token_ids(body)
         stream = body.get("stream") is True
@@ -115,9 +122,9 @@ class Messages(_AnthropicErrors):
             async with self.limit():
                 span.upstream_headers(headers)
                 if stream:
-                    await self._stream(call, translated, headers, send, span)
+                    await self._stream(call, body, translated, headers, send, span)
                 else:
-                    await self._answer(call, translated, headers, send, span)
+                    await self._answer(call, body, translated, headers, send, span)
         except BaseException as exc:
             span.finish(None, exc)
             raise
@@ -139,7 +146,8 @@ class Messages(_AnthropicErrors):
             call.request["max_tokens"] = limit
             call.payload = orjson.dumps(call.request)
 
-    async def _answer(self, call: Call, translated: MessagesChatRequest, headers, send, span) -> None:
+    async def _answer(self, call: Call, body, translated: MessagesChatRequest, headers, send, span) -> None:
+        created_at = int(time.time())
         reply = await self.post_chat(call, headers)
         chat = parse_reply(reply.body)
         self.injection_done(call, chat, span)
@@ -151,11 +159,20 @@ class Messages(_AnthropicErrors):
             stop_sequences=translated.stop_sequences,
             token_ids=call.wants_triple,
         )
-        await self.keep(call, chat)  # the record in its file before the answer goes out
+        call_ids = [block["id"] for block in message["content"] if block["type"] == "tool_use"]
+        # The record in its file before the answer goes out; on Gym's training path, the answer as
+        # Gym's own /v1/messages captures it (a Responses object) into Gym's token store.
+        await self.keep(
+            call,
+            chat,
+            served=lambda: served_response(chat, body, message["id"], call_ids, created_at),
+            shown=lambda: message,
+        )
         await send_json(send, 200, orjson.dumps(message), relayed_headers(reply.headers))
         span.finish(chat)
 
-    async def _stream(self, call: Call, translated: MessagesChatRequest, headers, send, span) -> None:
+    async def _stream(self, call: Call, body, translated: MessagesChatRequest, headers, send, span) -> None:
+        created_at = int(time.time())
         stream = await self.open_chat_stream(call, headers)
         writer = MessagesStreamWriter(
             message_id=call.response_id or "",
@@ -180,7 +197,25 @@ class Messages(_AnthropicErrors):
             result = writer.accumulator.result()
             self.injection_done(call, result, span)  # committed before the client sees the end
             injection_finished = kept = True  # once queued, the completed record is the call's only one
-            await self.keep(call, result)  # and the record is in its file
+            call_ids = writer.tool_use_ids()
+            message_id = call.response_id or ""
+
+            def shown() -> dict[str, Any]:  # for Gym's evaluation exchange: the message the events make up
+                return chat_to_message(
+                    with_call_ids(result, call_ids),
+                    message_id=message_id,
+                    seal=self._seals.get().seal,
+                    show_thinking=translated.show_thinking,
+                    stop_sequences=translated.stop_sequences,
+                    token_ids=call.wants_triple,
+                )
+
+            await self.keep(  # and the record is in its file (see _answer)
+                call,
+                result,
+                served=lambda: served_response(result, body, message_id, call_ids, created_at),
+                shown=shown,
+            )
             await send({"type": "http.response.body", "body": encode_events(last + writer.finish())})
             if writer.late_tool_deltas and "late-tool-delta" not in self._warned:
                 self._warned.add("late-tool-delta")

@@ -122,6 +122,11 @@ class MessagesStreamWriter:
         out.append({"type": "message_stop"})
         return out
 
+    def tool_use_ids(self) -> list[str | None]:
+        """The ids the tool_use blocks went out under, in the order of the upstream's tool calls
+        (None for a call not sent yet that has no id of its own)."""
+        return [block.call_id for _, block in sorted(self._calls.items())]
+
     def fail(self, error: OpenAIError) -> list[dict[str, Any]]:
         """The in-band `error` event; blocks still open are left unfinished (never a half call that looks whole)."""
         if self._ended:

@@ -370,7 +370,8 @@ def test_evaluation_capture_writes_gyms_exchanges_joined_to_the_token_entries(gy
     assert post(url, "/ng-rollout/eval-only-1/v1/chat/completions", chat).status_code == 200
     failing = {"model": "m", "messages": [{"role": "user", "content": "[[mock:error 429 0]]"}]}
     assert post(url, "/ng-rollout/eval-only-1/v1/chat/completions", failing).status_code == 429
-    lines = exchanges(tokens, "eval-only-1")
+    # A failed call's exchange is written once its error has gone out: the client may read first.
+    lines = wait_for(lambda: len(exchanges(tokens, "eval-only-1")) == 2 and exchanges(tokens, "eval-only-1"))
     assert [(line["dialect"], line["status_code"], line["error_category"]) for line in lines] == [
         ("chat", 200, None),
         ("chat", 429, "rate_limit"),
@@ -408,3 +409,114 @@ def test_several_workers_share_the_lineage_through_gyms_file_store(gym, mock_ups
             proc.stop()
     finally:
         host.stop()
+
+
+# ---- Anthropic Messages on the training path ------------------------------------------------------
+
+BASH = {
+    "name": "bash",
+    "description": "run a shell command",
+    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+}
+
+
+def messages_agent(url: str, rollout_id: str, *, stream: bool, training: bool = True) -> list:
+    """Two turns of a Claude-Code-shaped agent through Anthropic's SDK: thinking and a tool use, then
+    the blocks sent back as served (signed thinking included) with the tool's result, and an answer."""
+    import anthropic
+
+    prefix = f"/ng-rollout/{rollout_id}/{TRAINING}" if training else f"/ng-rollout/{rollout_id}"
+    sdk = anthropic.Anthropic(
+        base_url=url + prefix,
+        api_key="sk-test",
+        max_retries=0,
+        timeout=30,
+        http_client=anthropic.DefaultHttpxClient(trust_env=False),
+    )
+    request = {"model": "m", "max_tokens": 300, "system": "be brief", "tools": [BASH]}
+    request["thinking"] = {"type": "enabled", "budget_tokens": 100}
+    history: list[dict] = [
+        {
+            "role": "user",
+            "content": 'list it [[mock:reasoning]] [[mock:tool bash {"command": "ls"}]] [[mock:next]] [[mock:say done]]',
+        }
+    ]
+    answers = []
+    for _ in range(2):
+        if stream:
+            with sdk.messages.stream(**request, messages=history) as events:
+                message = events.get_final_message()
+        else:
+            message = sdk.messages.create(**request, messages=history)
+        answers.append(message)
+        history.append(
+            {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in message.content]}
+        )
+        uses = [block for block in message.content if block.type == "tool_use"]
+        if uses:
+            history.append(
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "a b"}]}
+            )
+    return answers
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["messages", "messages-stream"])
+def test_messages_calls_land_in_gyms_token_store_as_gym_writes_them(gym, gym_server, stream):
+    """As Gym's own /v1/messages captures them: Responses output items under the served message's id,
+    their parent found from the next request's tool_use blocks; Gym builds the same triples as /rollout."""
+    from nemo_gym.token_id_capture.store import TokenCaptureStore
+
+    url, tokens, _ = gym_server
+    rollout_id = f"messages-{'s' if stream else 'n'}"
+    first, second = messages_agent(url, rollout_id, stream=stream)
+    assert first.stop_reason == "tool_use" and [b.type for b in first.content] == ["thinking", "tool_use"]
+    assert second.content[-1].type == "text" and second.content[-1].text == "done"
+
+    entries = TokenCaptureStore(tokens).read_entries(rollout_id)
+    assert [entry.response_id for entry in entries] == [first.id, second.id]  # one id for both, as in Gym
+    assert [item["type"] for item in entries[0].output_items] == ["reasoning", "function_call"]
+    assert entries[0].output_items[1]["call_id"] == first.content[1].id
+    assert entries[1].parent_call_id == entries[0].model_call_id
+
+    built = gym_rollout(gym, tokens, rollout_id)
+    assert built["mask_sample"] is False, built["metrics"]
+    assert built["metrics"]["n_calls"] == 2 and built["metrics"]["chains"] == 1
+    ours = our_rollout(url, rollout_id)
+    assert ours["mask_sample"] is False
+    gym_triples = triples(built["rebuilt_response"]["output"])
+    assert len(gym_triples) == 2 and gym_triples == triples(ours["output"])
+
+    # Gym's evaluation exchanges hold the answers as the client got them, joined to the entries.
+    lines = exchanges(tokens, rollout_id)
+    assert [line["dialect"] for line in lines] == ["messages"] * 2
+    assert [line["response"]["id"] for line in lines] == [first.id, second.id]
+    assert [b["type"] for b in lines[0]["response"]["content"]] == ["thinking", "tool_use"]
+    assert [line["model_call_id"] for line in lines] == [entry.model_call_id for entry in entries]
+
+
+def test_messages_calls_off_the_training_path_leave_gyms_rollout_without_tokens(gym, gym_server):
+    """Negative control: the same agent on the evaluation prefix alone is served and logged, but Gym's
+    store gets nothing, so Gym's collector masks the rollout: the entries above come from the training path."""
+    url, tokens, _ = gym_server
+    first, _ = messages_agent(url, "messages-eval-only", stream=False, training=False)
+    assert first.stop_reason == "tool_use"
+    assert len(exchanges(tokens, "messages-eval-only")) == 2
+    built = gym_rollout(gym, tokens, "messages-eval-only")
+    assert built["mask_sample"] is True and built["error"] == "capture contains no token records"
+
+
+def test_a_cut_messages_stream_masks_the_rollout_in_gyms_eyes(gym, gym_server):
+    """A Messages stream that breaks off ends with an `error` event; Gym's store keeps an intent without an entry."""
+    url, tokens, _ = gym_server
+    body = {
+        "model": "m",
+        "max_tokens": 50,
+        "stream": True,
+        "messages": [{"role": "user", "content": "[[mock:streamcut 3]]"}],
+    }
+    with httpx.stream(
+        "POST", f"{url}/ng-rollout/cut-m/{TRAINING}/v1/messages", json=body, trust_env=False, timeout=30
+    ) as reply:
+        assert reply.status_code == 200 and "event: error" in reply.read().decode()
+    built = gym_rollout(gym, tokens, "cut-m")
+    assert built["mask_sample"] is True and built["metrics"].get("capture_incomplete") is True
