@@ -62,6 +62,8 @@ class Settings(BaseModel):
 
     # --- ours ---
     host: str = "127.0.0.1"
+    # Host names requests may carry besides the bound address and loopback ("*": any); DNS rebinding guard.
+    allowed_hosts: list[str] = Field(default_factory=list)
     port: int = Field(default=8080, ge=0, le=65535)  # vLLM itself defaults to 8000
     # Once ready, the bound port is written here (atomically): how a parent learns what port 0 gave.
     port_file: str | None = None

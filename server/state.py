@@ -11,6 +11,7 @@ from middleware.correlation import RefusedIds
 from server.capture.runs import new_run_id
 from server.config import Settings
 from server.errors import OpenAIError
+from server.owners import Owners
 from server.switchyard.proxy import SwitchyardProxy
 from server.telemetry.spans import Telemetry
 from server.upstream.client import Upstream
@@ -41,6 +42,7 @@ class AppState:
     max_model_lens: dict[str, int] = field(default_factory=dict)  # discovered from vLLM upstreams
     injector: Injector | None = None  # when token_injection is on
     closers: list[Callable[[], None]] = field(default_factory=list)  # released at shutdown
+    owners: Owners = field(default_factory=lambda: Owners([], []))  # the key behind each request
     refused_ids: RefusedIds = field(default_factory=RefusedIds)  # session ids the correlation rules refused
     # This server run's id, on every record it captures; the workers of one `serve` share it.
     server_run: str = field(default_factory=new_run_id)

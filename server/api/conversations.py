@@ -61,7 +61,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
             return {}
         return parse_json_object(raw)
 
-    def new_items(stateful: Stateful, value: Any, *, required: bool) -> list[dict[str, Any]]:
+    def new_items(stateful: Stateful, owner: str, value: Any, *, required: bool) -> list[dict[str, Any]]:
         if value is None and not required:
             return []
         if not isinstance(value, list):
@@ -71,7 +71,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
                 400, f"`items` must hold 1 to {MAX_ITEMS_PER_CALL} items", param="items", code="invalid_value"
             )
         items = normalize_input(value)
-        open_sealed_reasoning(items, stateful, param="items")
+        open_sealed_reasoning(items, stateful, owner, param="items")
         check_items(items, param="items")
         return items
 
@@ -83,8 +83,8 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
         stateful = stateful_or_error()
         body = await body_of(request, required=False)
         metadata = check_metadata(body.get("metadata"))
-        items = new_items(stateful, body.get("items"), required=False)
         owner = stateful.owner(request.scope)
+        items = new_items(stateful, owner, body.get("items"), required=False)
         return json_response(200, await asyncio.to_thread(stateful.conversations.create, owner, metadata, items))
 
     async def retrieve(request: Request) -> Response:
@@ -127,7 +127,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
     async def add_items(request: Request) -> Response:
         stateful, owner, conversation_id = target(request)
         body = await body_of(request, required=True)
-        items = new_items(stateful, body.get("items"), required=True)
+        items = new_items(stateful, owner, body.get("items"), required=True)
         added = await asyncio.to_thread(stateful.conversations.add_items, conversation_id, owner, items)
         if added is None:
             raise not_found("conversation", conversation_id)

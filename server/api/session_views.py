@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from server.api.session_access import SessionAccess
 from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown, worker_failed
 from server.capture.index_view import IndexView
 from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
@@ -31,6 +32,7 @@ def view_routes(
     get_store: Callable[[], CaptureStore | None],
     cache: SummaryCache,
     get_rollouts: Callable[[], RolloutBuilder | None] = lambda: None,
+    access: SessionAccess | None = None,
 ) -> list[Route]:
     """`GET /v1/sessions/{id}/timeline` and `GET /v1/sessions/{id}/completions/{uuid}`.
 
@@ -38,20 +40,18 @@ def view_routes(
     process), so looking at a long session never holds the interpreter that serves calls; without
     a builder, in a thread.
     """
+    scope = access if access is not None else SessionAccess(None)
     timelines: OrderedDict[tuple, bytes] = OrderedDict()
     lock = threading.Lock()
 
-    def store_and_id(request: Request) -> tuple[CaptureStore, str]:
+    async def store_and_id(request: Request) -> tuple[CaptureStore, str]:
         store = get_store()
         if store is None:
             raise OpenAIError(503, "session capture is not enabled on this server", code="capture_disabled")
-        session_id = request.path_params["session_id"]
-        if not is_valid_session_id(session_id):
-            raise _unknown(session_id)
-        return store, session_id
+        return store, await scope.session_id(request, store)
 
     async def timeline(request: Request) -> Response:
-        store, session_id = store_and_id(request)
+        store, session_id = await store_and_id(request)
 
         def cached() -> tuple[IndexView, tuple, bytes | None]:
             store.flush(READ_SETTLE_TIMEOUT_S)
@@ -101,7 +101,7 @@ def view_routes(
         return _json_bytes(await run_in_threadpool(finish))
 
     async def one_call(request: Request) -> Response:
-        store, session_id = store_and_id(request)
+        store, session_id = await store_and_id(request)
         record_uuid = request.path_params["uuid"]
         if not is_valid_session_id(record_uuid):  # uuids share the id charset; never used in a path unchecked
             raise _unknown_call(record_uuid)

@@ -30,6 +30,7 @@ from server.capture.delta import DELTA_SUFFIX
 from server.capture.delta_read import delta_header, read_with_deltas
 from server.capture.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, SessionIndex
 from server.capture.index_view import IndexView, RecordHeader
+from server.capture.owners import SessionOwners
 from server.capture.record import validate_record
 from server.capture.runs import LEGACY
 from server.capture.shared_prompts import SharedPrompts
@@ -148,6 +149,8 @@ class CaptureStore:
             fsync=fsync,
             fsync_window_ms=fsync_window_ms,
         )
+
+        self.owners = SessionOwners(self.sessions_dir)  # which key wrote each session, when keys are set
 
         self._count_lock = threading.Lock()
         self._skipped = 0
@@ -410,8 +413,23 @@ class CaptureStore:
                 self.writer.delta.forget(session_id)
             self.writer.made_dirs.discard(str(directory))
             self._index.forget(directory.name)
+            self.owners.forget(directory.name)
             self._journal_append({directory.name})  # so other processes drop it at once
         return count
+
+    def session_owner(self, session_id: str) -> str | None:
+        """The owner tag of the key that wrote the session (None: unowned or absent)."""
+        return self.owners.owner(session_dir_name(check_session_id(session_id)))
+
+    def claim_session(self, session_id: str, tag: str) -> bool:
+        """Record `tag` as the session's writer unless another key wrote it first (blocks: a thread)."""
+        if self._read_only:
+            raise RuntimeError("capture store is read-only")
+        return self.owners.claim(session_dir_name(check_session_id(session_id)), tag)
+
+    def known_claim(self, session_id: str) -> str | None:
+        """The owner remembered in memory, if any (never touches the disk: safe on the event loop)."""
+        return self.owners.known(session_dir_name(session_id))
 
     # ---- counters ----------------------------------------------------------------------------
 

@@ -242,12 +242,13 @@ class ResponseStore:
         )
 
     def cancel_requested(self, response_id: str) -> bool:
+        """Whether a running response should stop: flagged, or deleted (on any worker)."""
         row = (
             self.db.connection()
             .execute("SELECT cancel_requested FROM responses WHERE id = ?", (response_id,))
             .fetchone()
         )
-        return bool(row and row[0])
+        return row is None or bool(row[0])
 
     def events_after(self, response_id: str, after: int, limit: int = 500) -> list[tuple[int, bytes]]:
         return list(
