@@ -148,6 +148,9 @@ class Settings(BaseModel):
     conversation_store_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     # Base64 of 32 bytes; unset: a key generated once into <capture_dir>/reasoning-seal.key (0600).
     reasoning_seal_key: str | None = None
+    # Background responses running at once, per worker process: in all, and per API key (a 429 beyond).
+    background_max_runs: int = Field(default=64, ge=1)
+    background_max_runs_per_key: int = Field(default=16, ge=1)
     log_level: str = "info"
     # The HTTP server under the (pure ASGI) app: see docs/benchmarks.md for how the two compare.
     http_server: Literal["uvicorn", "granian"] = "granian"

@@ -46,7 +46,12 @@ class Stateful:
             ),
         )
         self.writer = StoreWriter(self.responses)  # how handlers store responses: batched, one commit per batch
-        self.runs = BackgroundRuns(self.responses)
+        # Background runs never take more than half the upstream pool: foreground calls keep the rest.
+        self.runs = BackgroundRuns(
+            self.responses,
+            max_runs=max(1, min(settings.background_max_runs, settings.upstream_max_connections // 2)),
+            max_per_key=settings.background_max_runs_per_key,
+        )
         self.seal: ReasoningSeal | None = None
         self.owners = Owners(settings.api_keys, settings.session_api_keys)
 

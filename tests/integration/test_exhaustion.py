@@ -1,0 +1,94 @@
+"""No request, or flood of requests, from one key exhausts the server for the others.
+
+Background runs are bounded per key and in all (a 429 beyond), so a flood of them neither fills the
+upstream pool nor slows a foreground call. The server runs attached to the mock upstream.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.procs import Proc, start_server
+
+pytestmark = pytest.mark.integration
+
+KEY_A, KEY_B = "key-a-0123456789", "key-b-0123456789"
+A = {"authorization": f"Bearer {KEY_A}"}
+B = {"authorization": f"Bearer {KEY_B}"}
+
+
+def serve(tmp_path, mock_upstream, **settings) -> tuple[Proc, str]:
+    config = tmp_path / "cfg.yaml"
+    values = {
+        "switchyard_base_url": mock_upstream + "/v1",
+        "switchyard_model": "route-a",
+        "capture_dir": str(tmp_path / "cap"),
+        "api_keys": [KEY_A, KEY_B],
+        **settings,
+    }
+    config.write_text(yaml.safe_dump(values))
+    return start_server("--config", str(config))
+
+
+def background(url: str, headers: dict, text: str = "slow [[mock:sleep 4000]]") -> httpx.Response:
+    return httpx.post(
+        url + "/v1/responses",
+        json={"model": "x", "input": text, "background": True},
+        headers=headers,
+        trust_env=False,
+        timeout=30,
+    )
+
+
+def foreground_ms(url: str) -> float:
+    started = time.perf_counter()
+    reply = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "x", "messages": [{"role": "user", "content": "quick"}]},
+        headers=B,
+        trust_env=False,
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    return (time.perf_counter() - started) * 1000
+
+
+def test_background_runs_are_bounded_per_key_and_in_all(mock_upstream, tmp_path):
+    proc, url = serve(tmp_path, mock_upstream, background_max_runs=5, background_max_runs_per_key=3)
+    try:
+        by_a = [background(url, A) for _ in range(4)]
+        assert [r.status_code for r in by_a] == [200, 200, 200, 429]
+        refused = by_a[-1]
+        assert refused.json()["error"]["code"] == "too_many_background_responses"
+        assert refused.headers.get("retry-after")
+        by_b = [background(url, B) for _ in range(3)]
+        assert [r.status_code for r in by_b] == [200, 200, 429]  # five in all
+        # Places come back when runs end: cancelling one of A's lets A start another.
+        cancelled = httpx.post(
+            f"{url}/v1/responses/{by_a[0].json()['id']}/cancel", headers=A, trust_env=False, timeout=30
+        )
+        assert cancelled.status_code == 200
+        time.sleep(0.5)
+        assert background(url, A).status_code == 200
+    finally:
+        proc.stop()
+
+
+def test_a_flood_of_background_runs_leaves_foreground_calls_fast(mock_upstream, tmp_path):
+    """At the defaults: 200 background runs sent at once by one key, then a foreground call by another."""
+    proc, url = serve(tmp_path, mock_upstream, upstream_max_connections=64)
+    try:
+        quiet = min(foreground_ms(url) for _ in range(3))
+        with ThreadPoolExecutor(32) as pool:
+            codes = list(pool.map(lambda _: background(url, A, "[[mock:sleep 60000]]").status_code, range(200)))
+        assert codes.count(200) <= 16 and codes.count(429) == 200 - codes.count(200), codes
+        loaded = min(foreground_ms(url) for _ in range(3))
+        print(f"foreground call: {quiet:.0f} ms quiet, {loaded:.0f} ms under the flood")
+        assert loaded < 1000
+    finally:
+        proc.stop()
