@@ -143,6 +143,9 @@ class Settings(BaseModel):
     response_store: bool = True
     response_store_max_count: int = Field(default=10000, ge=1)
     response_store_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    # Each API key's share of the response store (unset: all of it); a key's writes evict only its own.
+    response_store_max_count_per_key: int | None = Field(default=None, ge=1)
+    response_store_max_bytes_per_key: int | None = Field(default=None, ge=1024)
     response_store_max_age_s: float = Field(default=30 * 24 * 3600.0, gt=0)  # also conversations' idle limit
     conversation_store_max_count: int = Field(default=10000, ge=1)
     conversation_store_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)

@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS responses (
     body BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses(stored_at);
+CREATE INDEX IF NOT EXISTS responses_by_owner ON responses(owner, stored_at);
 CREATE TABLE IF NOT EXISTS response_events (
     response_id TEXT NOT NULL,
     seq INTEGER NOT NULL,

@@ -35,6 +35,8 @@ class Stateful:
                 max_count=settings.response_store_max_count,
                 max_bytes=settings.response_store_max_bytes,
                 max_age_s=settings.response_store_max_age_s,
+                max_count_per_key=settings.response_store_max_count_per_key,
+                max_bytes_per_key=settings.response_store_max_bytes_per_key,
             ),
         )
         self.conversations = ConversationStore(

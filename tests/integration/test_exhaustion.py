@@ -92,3 +92,39 @@ def test_a_flood_of_background_runs_leaves_foreground_calls_fast(mock_upstream, 
         assert loaded < 1000
     finally:
         proc.stop()
+
+
+def respond(url: str, headers: dict, text: str, **fields) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/responses",
+        json={"model": "x", "input": text, **fields},
+        headers=headers,
+        trust_env=False,
+        timeout=30,
+    )
+
+
+def test_one_key_cannot_evict_another_keys_stored_responses(mock_upstream, tmp_path):
+    proc, url = serve(tmp_path, mock_upstream, response_store_max_count=5)
+    try:
+        kept_by_a = [respond(url, A, f"A's {i}").json()["id"] for i in range(2)]
+        by_b = [respond(url, B, f"B's {i}").json() for i in range(5)]
+        for response_id in kept_by_a:
+            assert httpx.get(f"{url}/v1/responses/{response_id}", headers=A, trust_env=False).status_code == 200
+        # B made room by dropping its own oldest: its latest ones are there, the store within its bound.
+        assert httpx.get(f"{url}/v1/responses/{by_b[-1]['id']}", headers=B, trust_env=False).status_code == 200
+        assert httpx.get(f"{url}/v1/responses/{by_b[0]['id']}", headers=B, trust_env=False).status_code == 404
+    finally:
+        proc.stop()
+
+
+def test_metadata_is_bounded(mock_upstream, tmp_path):
+    proc, url = serve(tmp_path, mock_upstream)
+    try:
+        for metadata in ({"blob": "x" * 1_000_000}, {f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}):
+            refused = respond(url, A, "hi", metadata=metadata)
+            assert refused.status_code == 400, refused.text[:300]
+            assert refused.json()["error"]["param"] == "metadata"
+        assert respond(url, A, "hi", metadata={"run": "7", "task": "t" * 512}).status_code == 200
+    finally:
+        proc.stop()
