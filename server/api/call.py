@@ -27,6 +27,7 @@ from server.http.asgi import ClientGone, parse_json_object, read_body, run_until
 from server.ids import is_valid_session_id, uncorrelated_session_id
 from server.state import AppState
 from server.translate.accumulate import chunks_from_completion
+from server.translate.checks import check_counts
 from server.upstream.client import BufferedStream, UpstreamReply, UpstreamStream
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class ModelEndpoint:
 
     async def _read_request(self, receive) -> tuple[dict[str, Any], Correlation]:
         body = parse_json_object(await read_body(receive, self.state.settings.max_body_bytes))
+        check_counts(body)  # before any copy or translation multiplies what a huge list costs
         # Always removed: it is ours, never the upstream's.
         before = current_correlation()
         corr = before.with_body_session_id(body.pop("proxy_x_session_id", None))

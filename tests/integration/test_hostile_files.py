@@ -11,17 +11,16 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import threading
 import time
 import zlib
 
 import httpx
 import orjson
-import psutil
 import pytest
 import yaml
 import zstandard
 
+from tests.support.memory import TreePeak
 from tests.support.procs import start_server
 
 pytestmark = pytest.mark.integration
@@ -75,41 +74,6 @@ def plant_bombs(capture_dir) -> None:
         out.truncate(BOMB_BYTES)
     ordinary = session_dir(capture_dir, "ordinary")
     (ordinary / "x.json.gz").write_bytes(gzip.compress(b"{}"))
-
-
-class TreePeak:
-    """The peak RSS of a process and its children, sampled every 20 ms."""
-
-    def __init__(self, pid: int) -> None:
-        self.root = psutil.Process(pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def rss(self) -> int:
-        total = 0
-        for process in [self.root, *self.root.children(recursive=True)]:
-            try:
-                total += process.memory_info().rss
-            except psutil.Error:
-                pass
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.peak = max(self.peak, self.rss())
-            except psutil.Error:
-                return
-            time.sleep(0.02)
-
-    def __enter__(self) -> TreePeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def serve_dir(mock_upstream, tmp_path, capture_dir):
