@@ -17,7 +17,7 @@ from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _jso
 from server.capture.index_view import IndexView
 from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
 from server.capture.record import SCHEMA_VERSION
-from server.capture.store import CaptureStore, UnknownSession
+from server.capture.store import CaptureStore, UnknownSession, read_session_records
 from server.capture.summary import SummaryCache
 from server.capture.timeline import build_tree, link_children, timeline_parts
 from server.errors import OpenAIError
@@ -105,25 +105,37 @@ def view_routes(
         record_uuid = request.path_params["uuid"]
         if not is_valid_session_id(record_uuid):  # uuids share the id charset; never used in a path unchecked
             raise _unknown_call(record_uuid)
-
-        def read() -> bytes:
-            store.flush(READ_SETTLE_TIMEOUT_S)
-            try:
-                records, _ = store.read_completions(session_id)
-            except UnknownSession:
-                raise _unknown(session_id) from None
-            for record in records:
-                if record.get("uuid") == record_uuid:
-                    return orjson.dumps(record)
+        await run_in_threadpool(store.flush, READ_SETTLE_TIMEOUT_S)
+        builder = get_rollouts()
+        try:
+            # Where rollouts are rebuilt: a long session is tens of MB to parse, never in this interpreter.
+            if builder is not None:
+                found = await builder.run(one_record, str(store.sessions_dir), session_id, record_uuid)
+            else:
+                found = await run_in_threadpool(one_record, str(store.sessions_dir), session_id, record_uuid)
+        except UnknownSession:
+            raise _unknown(session_id) from None
+        except RebuildUnavailable as exc:
+            raise worker_failed(exc) from None
+        if found is None:
             raise _unknown_call(record_uuid)
-
-        return _json_bytes(await run_in_threadpool(read))
+        return _json_bytes(found)
 
     return [
-        Route("/v1/sessions/{session_id}/timeline", _as_error_responses(timeline), methods=["GET"]),
-        Route("/v1/sessions/{session_id}/completions/{uuid}", _as_error_responses(one_call), methods=["GET"]),
+        # `:path`: ids may hold `/`, as on the other session routes.
+        Route("/v1/sessions/{session_id:path}/timeline", _as_error_responses(timeline), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/completions/{uuid}", _as_error_responses(one_call), methods=["GET"]),
     ]
 
 
 def _unknown_call(record_uuid: str) -> OpenAIError:
     return OpenAIError(404, f"unknown call: {record_uuid[:200]!r}", param="uuid", code="call_not_found")
+
+
+def one_record(sessions_dir: str, session_id: str, record_uuid: str) -> bytes | None:
+    """One call's record of a session, serialised, or None (run in the rollout worker)."""
+    records, _ = read_session_records(sessions_dir, session_id)
+    for record in records:
+        if record.get("uuid") == record_uuid:
+            return orjson.dumps(record)
+    return None

@@ -81,3 +81,39 @@ def test_sessions_view_refuses_a_rebound_host(keyless):
         assert httpx.get(root + "/v1/sessions", trust_env=False, timeout=30).status_code == 200
     finally:
         proc.stop()
+
+
+def test_session_ids_the_server_accepts_reach_every_view_route(keyless):
+    url, _ = keyless
+    session_id = "swe:django/1234:0"  # a `/` and `:` inside: valid as a header id
+    reply = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "x", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-session-id": session_id},
+        trust_env=False,
+        timeout=30,
+    )
+    assert reply.status_code == 200
+    encoded = httpx.URL(url).copy_with(raw_path=b"/v1/sessions/swe:django%2F1234:0/timeline")
+    timeline = httpx.get(encoded, trust_env=False, timeout=30)
+    assert timeline.status_code == 200, timeline.text
+    record_uuid = timeline.json()["calls"][0]["uuid"]
+    one = httpx.get(
+        httpx.URL(url).copy_with(raw_path=f"/v1/sessions/swe:django%2F1234:0/completions/{record_uuid}".encode()),
+        trust_env=False,
+        timeout=30,
+    )
+    assert one.status_code == 200 and one.json()["session_id"] == session_id
+    for bad in ("/v1/sessions/%20bad/timeline", f"/v1/sessions/%20bad/completions/{record_uuid}"):
+        missing = httpx.get(httpx.URL(url).copy_with(raw_path=bad.encode()), trust_env=False, timeout=30)
+        assert missing.status_code == 404, (bad, missing.text)
+
+
+def test_the_viewer_redirect_is_relative_and_every_viewer_answer_has_its_policy(keyless):
+    url, _ = keyless
+    redirect = httpx.get(url + "/ui", headers={"host": "localhost"}, trust_env=False, timeout=30)
+    assert redirect.status_code in (302, 307) and redirect.headers["location"] == "/ui/"
+    missing = httpx.get(url + "/ui/nope.js", trust_env=False, timeout=30)
+    assert missing.status_code == 404
+    for reply in (redirect, missing):
+        assert "default-src 'none'" in reply.headers.get("content-security-policy", "")
