@@ -106,9 +106,20 @@ def respond(url: str, headers: dict, text: str, **fields) -> httpx.Response:
     )
 
 
-def test_one_key_cannot_evict_another_keys_stored_responses(mock_upstream, tmp_path):
-    proc, url = serve(tmp_path, mock_upstream, response_store_max_count=5)
+def test_one_key_cannot_evict_another_keys_stored_state(mock_upstream, tmp_path):
+    proc, url = serve(tmp_path, mock_upstream, response_store_max_count=5, conversation_store_max_count=3)
     try:
+
+        def conversation(headers: dict) -> str:
+            return httpx.post(url + "/v1/conversations", json={}, headers=headers, trust_env=False).json()["id"]
+
+        conversations_of_a = [conversation(A) for _ in range(2)]
+        for _ in range(4):
+            conversation(B)
+        for conversation_id in conversations_of_a:
+            reply = httpx.get(f"{url}/v1/conversations/{conversation_id}", headers=A, trust_env=False)
+            assert reply.status_code == 200
+
         kept_by_a = [respond(url, A, f"A's {i}").json()["id"] for i in range(2)]
         by_b = [respond(url, B, f"B's {i}").json() for i in range(5)]
         for response_id in kept_by_a:

@@ -158,27 +158,39 @@ def test_deleting_a_running_background_response_sticks(keyed):
         assert get(url, path, A).status_code == 404, get(url, path, A).text
 
 
-def test_sealed_reasoning_opens_only_for_the_key_that_sealed_it(keyed):
-    url = keyed
-    body = {"model": "x", "input": "think [[mock:reasoning]]", "store": False}
+def sealed_item(url: str, headers: dict = A) -> dict:
+    """A reasoning item sealed for `headers`' key, as a stateless client keeps it."""
     first = httpx.post(
         url + "/v1/responses",
-        json={**body, "include": ["reasoning.encrypted_content"]},
-        headers=A,
+        json={
+            "model": "x",
+            "input": "think [[mock:reasoning]]",
+            "store": False,
+            "include": ["reasoning.encrypted_content"],
+        },
+        headers=headers,
         trust_env=False,
         timeout=30,
     ).json()
     (reasoning,) = [item for item in first["output"] if item["type"] == "reasoning"]
-    sent_back = {
+    return {
         "type": "reasoning",
         "id": reasoning["id"],
         "summary": [],
         "encrypted_content": reasoning["encrypted_content"],
     }
-    follow_up = {"model": "x", "store": False, "input": [sent_back, {"role": "user", "content": "again"}]}
-    by_b = httpx.post(url + "/v1/responses", json=follow_up, headers=B, trust_env=False, timeout=30)
+
+
+def send_back(url: str, headers: dict, item: dict) -> httpx.Response:
+    follow_up = {"model": "x", "store": False, "input": [item, {"role": "user", "content": "again"}]}
+    return httpx.post(url + "/v1/responses", json=follow_up, headers=headers, trust_env=False, timeout=30)
+
+
+def test_sealed_reasoning_opens_only_for_the_key_that_sealed_it(keyed):
+    sealed = sealed_item(keyed, A)
+    by_b = send_back(keyed, B, sealed)
     assert by_b.status_code == 400 and by_b.json()["error"]["code"] == "invalid_encrypted_content"
-    by_a = httpx.post(url + "/v1/responses", json=follow_up, headers=A, trust_env=False, timeout=30)
+    by_a = send_back(keyed, A, sealed)
     assert by_a.status_code == 200, by_a.text
 
 
@@ -199,7 +211,8 @@ def _serve_until_exit(config: str) -> tuple[int | None, str]:
 def test_the_seal_key_file_is_checked_and_never_silently_replaced(mock_upstream, tmp_path):
     config = write_config(tmp_path, mock_upstream)
     key_file = tmp_path / "cap" / "reasoning-seal.key"
-    proc, _ = start_server("--config", config)
+    proc, url = start_server("--config", config)
+    sealed = sealed_item(url)
     proc.stop()
     original = key_file.read_bytes()
     assert oct(key_file.stat().st_mode & 0o777) == "0o600"
@@ -228,5 +241,11 @@ def test_the_seal_key_file_is_checked_and_never_silently_replaced(mock_upstream,
     assert code == 2 and "base64" in output, output
 
     key_file.write_bytes(original)
-    proc, _ = start_server("--config", config)  # the original key back: it starts again
-    proc.stop()
+    proc, url = start_server("--config", config)  # the original key back: it starts again
+    try:
+        # Same key file, same API key, but a later server run: what the first run sealed stays shut.
+        late = send_back(url, A, sealed)
+        assert late.status_code == 400 and late.json()["error"]["code"] == "invalid_encrypted_content"
+        assert send_back(url, A, sealed_item(url)).status_code == 200
+    finally:
+        proc.stop()
