@@ -14,6 +14,8 @@ import orjson
 import pytest
 import yaml
 
+from server.capture.store import CaptureStore
+from tests.support.captures import captured_call, chat_response, records_in, submit_all
 from tests.support.memory import TreePeak
 from tests.support.procs import Proc, start_server
 
@@ -170,5 +172,44 @@ def test_a_huge_list_is_refused_with_memory_proportional_to_the_body(mock_upstre
         for reply in replies:
             assert reply.status_code == 400, reply.text[:300]
             assert reply.json()["error"]["param"] == "input"
+    finally:
+        proc.stop()
+
+
+def test_one_call_of_a_long_session_is_read_outside_the_serving_process(mock_upstream, tmp_path):
+    """40 reads of one call of a long session (30 calls of 60,000 prompt ids each): the interpreter that
+    serves calls never parses the session (before: +190 MiB at the peak)."""
+    store = CaptureStore(tmp_path / "cap")
+    store.start()
+    calls = (
+        captured_call(
+            "long",
+            messages=[{"role": "user", "content": f"turn {i}"}],
+            response=chat_response(prompt=range(1000, 61000), generation=(7, 8)),
+        )
+        for i in range(30)
+    )
+    submit_all(store, *calls)
+    store.close()
+    uuids = [record["uuid"] for record in records_in(tmp_path / "cap")[0]]
+    proc, url = serve(tmp_path, mock_upstream, api_keys=[])
+    try:
+        serving = TreePeak(proc.pid, children=False)
+        baseline = serving.rss()
+        with serving, ThreadPoolExecutor(8) as pool:
+            codes = list(
+                pool.map(
+                    lambda i: (
+                        httpx.get(
+                            f"{url}/v1/sessions/long/completions/{uuids[i % len(uuids)]}", trust_env=False, timeout=120
+                        ).status_code
+                    ),
+                    range(40),
+                )
+            )
+        growth = serving.peak - baseline
+        print(f"serving process: +{growth >> 20} MiB at the peak")
+        assert codes == [200] * 40
+        assert growth < 100 * 1024 * 1024
     finally:
         proc.stop()

@@ -9,17 +9,18 @@ import psutil
 
 
 class TreePeak:
-    """The peak RSS of a process and its children, sampled every 20 ms."""
+    """The peak RSS of a process and (unless `children=False`) its children, sampled every 20 ms."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, children: bool = True) -> None:
         self.root = psutil.Process(pid)
+        self.children = children
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def rss(self) -> int:
         total = 0
-        for process in [self.root, *self.root.children(recursive=True)]:
+        for process in [self.root, *(self.root.children(recursive=True) if self.children else ())]:
             try:
                 total += process.memory_info().rss
             except psutil.Error:
