@@ -11,6 +11,7 @@ never can, since it always sends `Origin` on such a POST).
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 from server.errors import OpenAIError
 from server.http.asgi import send_error
@@ -38,8 +39,9 @@ def _is_ip_literal(name: str) -> bool:
 
 class HostAllowList:
     """The names a request's `Host` may carry: the bound address, `localhost`, `127.0.0.1`, `[::1]`, and
-    `allowed_hosts`. Bound to every interface (`0.0.0.0`, `::`), any IP address is allowed too: a
-    rebinding attack needs a name, and a client that dials an address sends that address.
+    `allowed_hosts`. Bound to every interface (`0.0.0.0`, `::`), any IP address and the machine's
+    host name are allowed too: a rebinding attack needs a name of the attacker's, and a client that
+    dials an address sends that address.
     `"*"` in `allowed_hosts` turns the check off."""
 
     def __init__(self, bound_host: str, allowed_hosts: list[str] | tuple[str, ...] = ()) -> None:
@@ -49,7 +51,9 @@ class HostAllowList:
         extra = [h.strip().lower() for h in allowed_hosts]
         self.any_host = "*" in extra
         self.any_ip = bound_host in _WILDCARDS or bound in ("[::]",)
-        self.names = frozenset((*_LOOPBACK_NAMES, bound, *extra))
+        # Bound to every interface, this machine's own name is one clients use too.
+        own = (socket.gethostname().lower(),) if self.any_ip else ()
+        self.names = frozenset((*_LOOPBACK_NAMES, bound, *own, *extra))
 
     def allows(self, scope) -> bool:
         if self.any_host:
