@@ -21,6 +21,19 @@ def _matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
     return found
 
 
+def presented_key(scope) -> bytes:
+    """The key a request presents: `Authorization: Bearer <key>`, else Anthropic's `x-api-key`; b"" if none."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            if value[:7].lower() == b"bearer ":
+                return value[7:].strip()
+            break
+    for name, value in scope["headers"]:
+        if name == b"x-api-key":
+            return value.strip()
+    return b""
+
+
 class BearerKeys:
     """Which requests may go on: model endpoints take `api_keys`; session endpoints (`/v1/sessions...`,
     which expose prompts) take `session_api_keys` when set, else the `api_keys` rule. With no keys
@@ -32,24 +45,14 @@ class BearerKeys:
         self.session_keys = tuple(k.encode() for k in session_api_keys) or self.model_keys
 
     def allows(self, scope) -> bool:
-        """An open path, no keys configured, or a matching `Authorization: Bearer <key>`."""
+        """An open path, no keys configured, or a matching key (`presented_key`)."""
         path = scope["path"]
         if path in _OPEN_PATHS or path == "/ui" or path.startswith(_OPEN_PREFIX):
             return True
         keys = self.session_keys if path.startswith("/v1/sessions") else self.model_keys
         if not keys:
             return True
-        presented = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                if value[:7].lower() == b"bearer ":
-                    presented = value[7:].strip()
-                break
-        if not presented:  # Anthropic's clients send the key as `x-api-key`
-            for name, value in scope["headers"]:
-                if name == b"x-api-key":
-                    presented = value.strip()
-                    break
+        presented = presented_key(scope)
         return bool(presented) and _matches(presented, keys)
 
 

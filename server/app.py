@@ -15,6 +15,7 @@ from starlette.routing import Match, Route
 
 from middleware.auth import AuthMiddleware, BearerKeys, reject
 from middleware.correlation import RefusedIds, correlate, publish, unpublish
+from middleware.hosts import HostAllowList, is_json_request, refuse_content_type, refuse_host
 from server.api.chat import ChatCompletions
 from server.api.conversations import conversation_routes
 from server.api.messages import messages_handlers
@@ -24,6 +25,7 @@ from server.api.stored_responses import stored_response_routes
 from server.config import Settings
 from server.errors import OpenAIError
 from server.lifespan import lifespan
+from server.owners import Owners
 from server.state import AppState
 from server.switchyard.proxy import build_proxy
 from server.telemetry.prometheus import metrics_route
@@ -96,16 +98,21 @@ class ServerApp(Starlette):
         model_handlers: dict[str, Any],
         refused_ids: RefusedIds,
         auth: BearerKeys,
+        hosts: HostAllowList,
         **starlette: Any,
     ) -> None:
         super().__init__(**starlette)
         self.model_handlers = model_handlers
         self.refused_ids = refused_ids
         self.auth = auth
+        self.hosts = hosts
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
+            return
+        if not self.hosts.allows(scope):  # before anything else: a rebound name gets nothing
+            await refuse_host(send)
             return
         # Outermost: the Gym prefix is stripped before auth and dispatch look at the path.
         scope, send, corr = correlate(scope, send, self.refused_ids)
@@ -114,10 +121,12 @@ class ServerApp(Starlette):
             handler = self.model_handlers.get(scope["path"]) if scope["method"] == "POST" else None
             if handler is None:
                 await super().__call__(scope, receive, send)
-            elif self.auth.allows(scope):
-                await handler(scope, receive, send)
-            else:
+            elif not self.auth.allows(scope):
                 await reject(send, scope)
+            elif not is_json_request(scope):  # a cross-site form or text/plain POST
+                await refuse_content_type(send)
+            else:
+                await handler(scope, receive, send)
         finally:
             unpublish(token)
 
@@ -132,6 +141,7 @@ def create_app(
     state = AppState(settings=settings, proxy=build_proxy(settings), telemetry=Telemetry(settings), on_ready=on_ready)
     if server_run is not None:
         state.server_run = server_run
+    state.owners = Owners(settings.api_keys, settings.session_api_keys)
     state.telemetry.refused_ids_source(state.refused_ids.counts)
 
     model_handlers = {
@@ -145,14 +155,16 @@ def create_app(
         metrics_route(state.telemetry),
     ]
     if settings.capture:
+        from server.api.session_access import SessionAccess
         from server.api.session_views import view_routes
         from server.api.sessions import session_routes
         from server.capture.summary import SummaryCache
         from server.viewer import ui_routes
 
         summaries = SummaryCache()
-        routes += session_routes(lambda: state.store, lambda: state.rollouts, cache=summaries)
-        routes += view_routes(lambda: state.store, summaries, lambda: state.rollouts)
+        access = SessionAccess(state.owners)  # every session route checks the caller's key with it
+        routes += session_routes(lambda: state.store, lambda: state.rollouts, cache=summaries, access=access)
+        routes += view_routes(lambda: state.store, summaries, lambda: state.rollouts, access=access)
         routes += ui_routes()
     # Registered whatever the settings: with the store off they answer why in an OpenAI error.
     routes += stored_response_routes(lambda: state.stateful)
@@ -168,6 +180,7 @@ def create_app(
         model_handlers=model_handlers,
         refused_ids=state.refused_ids,
         auth=BearerKeys(**keys),
+        hosts=HostAllowList(settings.host, settings.allowed_hosts),
         routes=routes,
         middleware=[Middleware(AuthMiddleware, **keys)],
         lifespan=lambda app: lifespan(state),

@@ -69,6 +69,8 @@ class Settings(BaseModel):
 
     # --- ours ---
     host: str = "127.0.0.1"
+    # Host names requests may carry besides the bound address and loopback ("*": any); DNS rebinding guard.
+    allowed_hosts: list[str] = Field(default_factory=list)
     port: int = Field(default=8080, ge=0, le=65535)  # vLLM itself defaults to 8000
     # Once ready, the bound port is written here (atomically): how a parent learns what port 0 gave.
     port_file: str | None = None
@@ -151,11 +153,17 @@ class Settings(BaseModel):
     response_store: bool = True
     response_store_max_count: int = Field(default=10000, ge=1)
     response_store_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    # Each API key's share of the response store (unset: all of it); a key's writes evict only its own.
+    response_store_max_count_per_key: int | None = Field(default=None, ge=1)
+    response_store_max_bytes_per_key: int | None = Field(default=None, ge=1024)
     response_store_max_age_s: float = Field(default=30 * 24 * 3600.0, gt=0)  # also conversations' idle limit
     conversation_store_max_count: int = Field(default=10000, ge=1)
     conversation_store_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     # Base64 of 32 bytes; unset: a key generated once into <capture_dir>/reasoning-seal.key (0600).
     reasoning_seal_key: str | None = None
+    # Background responses running at once, per worker process: in all, and per API key (a 429 beyond).
+    background_max_runs: int = Field(default=64, ge=1)
+    background_max_runs_per_key: int = Field(default=16, ge=1)
     log_level: str = "info"
     # The HTTP server under the (pure ASGI) app: see docs/benchmarks.md for how the two compare.
     http_server: Literal["uvicorn", "granian"] = "granian"

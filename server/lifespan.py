@@ -106,7 +106,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
         if settings.response_store:
             from server.stateful.service import Stateful
 
-            stateful = Stateful(settings)
+            stateful = Stateful(settings, state.server_run)
             await asyncio.to_thread(stateful.open)
             state.stateful = stateful
         state.ready = True

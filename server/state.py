@@ -11,6 +11,7 @@ from middleware.correlation import RefusedIds
 from server.capture.runs import new_run_id
 from server.config import Settings
 from server.errors import OpenAIError
+from server.owners import Owners
 from server.switchyard.proxy import SwitchyardProxy
 from server.telemetry.spans import Telemetry
 from server.upstream.client import Upstream
@@ -45,6 +46,7 @@ class AppState:
     gym_tokens: GymTokenCapture | None = None  # when Gym's token_id_capture is on (its training path)
     gym_calls: GymCallLog | None = None  # when Gym's observability_enabled is on (its evaluation capture)
     closers: list[Callable[[], None]] = field(default_factory=list)  # released at shutdown
+    owners: Owners = field(default_factory=lambda: Owners([], []))  # the key behind each request
     refused_ids: RefusedIds = field(default_factory=RefusedIds)  # session ids the correlation rules refused
     # This server run's id, on every record it captures; the workers of one `serve` share it.
     server_run: str = field(default_factory=new_run_id)

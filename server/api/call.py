@@ -7,6 +7,7 @@ data events, because both APIs translate from it.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -25,9 +26,10 @@ from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.errors import OpenAIError
 from server.http import sse
 from server.http.asgi import ClientGone, parse_json_object, read_body, run_until_disconnect, send_error
-from server.ids import uncorrelated_session_id
+from server.ids import is_valid_session_id, uncorrelated_session_id
 from server.state import AppState
 from server.translate.accumulate import chunks_from_completion
+from server.translate.checks import check_counts
 from server.upstream.client import BufferedStream, UpstreamReply, UpstreamStream
 
 if TYPE_CHECKING:
@@ -102,6 +104,7 @@ class ModelEndpoint:
 
     async def _read_request(self, receive) -> tuple[dict[str, Any], Correlation]:
         body = parse_json_object(await read_body(receive, self.state.settings.max_body_bytes))
+        check_counts(body)  # before any copy or translation multiplies what a huge list costs
         # Always removed: it is ours, never the upstream's.
         before = current_correlation()
         corr = before.with_body_session_id(body.pop("proxy_x_session_id", None))
@@ -110,6 +113,22 @@ class ModelEndpoint:
         if corr.refused and self.state.settings.refused_session_ids == "reject":
             raise refused_id_error(corr.refused[0])
         return body, corr
+
+    async def check_session_owner(self, corr: Correlation, scope) -> None:
+        """With keys set, a call may write only into a session its own key started (a new id claims it),
+        and name as parent only a session no other key wrote; else a 403 before anything goes upstream."""
+        owners, store = self.state.owners, self.state.store
+        if not owners.scoped or store is None:
+            return
+        tag = owners.tag(scope)
+        session_id, parent = corr.session_id, corr.parent_session_id
+        if session_id is not None and is_valid_session_id(session_id) and store.known_claim(session_id) != tag:
+            if not await asyncio.to_thread(store.claim_session, session_id, tag):
+                raise _foreign_session(session_id)
+        if parent is not None and parent != session_id and is_valid_session_id(parent):
+            owner = store.known_claim(parent) or await asyncio.to_thread(store.session_owner, parent)
+            if owner is not None and owner != tag:
+                raise _foreign_session(parent)
 
     def wants_token_ids(self, body: dict[str, Any]) -> bool:
         """The client asked for the token triple in its answer (the field is ours: always removed)."""
@@ -314,6 +333,7 @@ class ModelEndpoint:
         failure: tuple[int | None, str | None] = (None, None)  # for Gym's evaluation exchange
         try:
             body, corr = await self._read_request(receive)
+            await self.check_session_owner(corr, scope)
             gym_token = gym_hooks.open_gym_call(self.state, body, corr, self.gym_items)
             await run_until_disconnect(
                 receive, lambda: self.handle(body, corr, tracking_send, scope), answered=lambda: progress["answered"]
@@ -403,6 +423,14 @@ async def chat_event_batches(
 # connection, a truncated chunk): "upstream transport error: error decoding response body". Said as
 # it is, that reads as malformed data; what happened is that the engine's stream ended early.
 _SWITCHYARD_TRANSPORT_ERROR = "upstream transport error"
+
+
+def _foreign_session(session_id: str) -> OpenAIError:
+    return OpenAIError(
+        403,
+        f"session {session_id[:200]!r} was written with another API key; send this call under a session id of its own",
+        code="session_forbidden",
+    )
 
 
 def _in_band_error(chunk: dict[str, Any]) -> OpenAIError:

@@ -17,33 +17,12 @@ from server.http.asgi import parse_json_object, read_body
 from server.stateful.context import check_items, open_sealed_reasoning
 from server.stateful.items import cursor_page, list_object, normalize_input
 from server.stateful.service import Stateful
+from server.translate.checks import check_metadata
 
 MAX_ITEMS_PER_CALL = 20
+
+
 # OpenAI's metadata rule: at most 16 pairs, keys up to 64 characters, string values up to 512.
-MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
-
-
-def check_metadata(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise OpenAIError(400, "`metadata` must be an object of strings", param="metadata", code="invalid_type")
-    if len(value) > MAX_METADATA_PAIRS:
-        raise OpenAIError(
-            400, f"`metadata` holds at most {MAX_METADATA_PAIRS} pairs", param="metadata", code="invalid_value"
-        )
-    for key, item in value.items():
-        if len(key) > MAX_METADATA_KEY or not isinstance(item, str) or len(item) > MAX_METADATA_VALUE:
-            raise OpenAIError(
-                400,
-                f"`metadata.{key[:64]}`: keys are at most {MAX_METADATA_KEY} characters, values strings of at most "
-                f"{MAX_METADATA_VALUE}",
-                param="metadata",
-                code="invalid_value",
-            )
-    return value
-
-
 def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_bytes: int) -> list[Route]:
     def stateful_or_error() -> Stateful:
         stateful = get_stateful()
@@ -61,7 +40,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
             return {}
         return parse_json_object(raw)
 
-    def new_items(stateful: Stateful, value: Any, *, required: bool) -> list[dict[str, Any]]:
+    def new_items(stateful: Stateful, owner: str, value: Any, *, required: bool) -> list[dict[str, Any]]:
         if value is None and not required:
             return []
         if not isinstance(value, list):
@@ -71,7 +50,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
                 400, f"`items` must hold 1 to {MAX_ITEMS_PER_CALL} items", param="items", code="invalid_value"
             )
         items = normalize_input(value)
-        open_sealed_reasoning(items, stateful, param="items")
+        open_sealed_reasoning(items, stateful, owner, param="items")
         check_items(items, param="items")
         return items
 
@@ -83,8 +62,8 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
         stateful = stateful_or_error()
         body = await body_of(request, required=False)
         metadata = check_metadata(body.get("metadata"))
-        items = new_items(stateful, body.get("items"), required=False)
         owner = stateful.owner(request.scope)
+        items = new_items(stateful, owner, body.get("items"), required=False)
         return json_response(200, await asyncio.to_thread(stateful.conversations.create, owner, metadata, items))
 
     async def retrieve(request: Request) -> Response:
@@ -127,7 +106,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
     async def add_items(request: Request) -> Response:
         stateful, owner, conversation_id = target(request)
         body = await body_of(request, required=True)
-        items = new_items(stateful, body.get("items"), required=True)
+        items = new_items(stateful, owner, body.get("items"), required=True)
         added = await asyncio.to_thread(stateful.conversations.add_items, conversation_id, owner, items)
         if added is None:
             raise not_found("conversation", conversation_id)

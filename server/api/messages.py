@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -41,13 +42,23 @@ class _Seals:
         with self._lock:
             if self._own is None:
                 settings = self._state.settings
-                self._own = ReasoningSeal(load_key(settings.reasoning_seal_key, settings.capture_dir))
+                self._own = ReasoningSeal(
+                    load_key(settings.reasoning_seal_key, settings.capture_dir), self._state.server_run
+                )
             return self._own
 
-    def open(self, token: Any, param: str) -> str:
-        """The reasoning a thinking block's signature seals; a 400 when this server did not seal it."""
+    def sealer(self, owner: str) -> Callable[[str], str]:
+        """Signs reasoning for the key (owner tag) of the call: only that key can send it back."""
+        return lambda text: self.get().seal(text, owner)
+
+    def opener(self, owner: str) -> Callable[[Any, str], str]:
+        return lambda token, param: self.open(token, param, owner)
+
+    def open(self, token: Any, param: str, owner: str = "") -> str:
+        """The reasoning a thinking block's signature seals; a 400 when this server did not seal it
+        for this key in this server run."""
         try:
-            return self.get().open(token, param)
+            return self.get().open(token, param, owner)
         except SealError:
             raise OpenAIError(
                 400,
@@ -92,7 +103,8 @@ class Messages(_AnthropicErrors):
         stream = body.get("stream") is True
         if self._extra_for_messages:
             body = {**self._extra_for_messages, **body}
-        translated = messages_to_chat(body, self._seals.open)
+        owner = self.state.owners.tag(scope)
+        translated = messages_to_chat(body, self._seals.opener(owner))
         for kind in translated.dropped_tool_types:
             if kind not in self._warned:
                 self._warned.add(kind)
@@ -121,10 +133,11 @@ class Messages(_AnthropicErrors):
         try:
             async with self.limit():
                 span.upstream_headers(headers)
+                seal = self._seals.sealer(owner)
                 if stream:
-                    await self._stream(call, body, translated, headers, send, span)
+                    await self._stream(call, body, translated, headers, send, span, seal)
                 else:
-                    await self._answer(call, body, translated, headers, send, span)
+                    await self._answer(call, body, translated, headers, send, span, seal)
         except BaseException as exc:
             span.finish(None, exc)
             raise
@@ -146,7 +159,9 @@ class Messages(_AnthropicErrors):
             call.request["max_tokens"] = limit
             call.payload = orjson.dumps(call.request)
 
-    async def _answer(self, call: Call, body, translated: MessagesChatRequest, headers, send, span) -> None:
+    async def _answer(
+        self, call: Call, body, translated: MessagesChatRequest, headers, send, span, seal: Callable[[str], str]
+    ) -> None:
         created_at = int(time.time())
         reply = await self.post_chat(call, headers)
         chat = parse_reply(reply.body)
@@ -154,7 +169,7 @@ class Messages(_AnthropicErrors):
         message = chat_to_message(
             chat,
             message_id=call.response_id or "",
-            seal=self._seals.get().seal,
+            seal=seal,
             show_thinking=translated.show_thinking,
             stop_sequences=translated.stop_sequences,
             token_ids=call.wants_triple,
@@ -171,13 +186,15 @@ class Messages(_AnthropicErrors):
         await send_json(send, 200, orjson.dumps(message), relayed_headers(reply.headers))
         span.finish(chat)
 
-    async def _stream(self, call: Call, body, translated: MessagesChatRequest, headers, send, span) -> None:
+    async def _stream(
+        self, call: Call, body, translated: MessagesChatRequest, headers, send, span, seal: Callable[[str], str]
+    ) -> None:
         created_at = int(time.time())
         stream = await self.open_chat_stream(call, headers)
         writer = MessagesStreamWriter(
             message_id=call.response_id or "",
             model=stream.headers.get("x-model-router-selected-model") or call.route,
-            seal=self._seals.get().seal,
+            seal=seal,
             show_thinking=translated.show_thinking,
             stop_sequences=translated.stop_sequences,
             token_ids=call.wants_triple,
@@ -204,7 +221,7 @@ class Messages(_AnthropicErrors):
                 return chat_to_message(
                     with_call_ids(result, call_ids),
                     message_id=message_id,
-                    seal=self._seals.get().seal,
+                    seal=seal,
                     show_thinking=translated.show_thinking,
                     stop_sequences=translated.stop_sequences,
                     token_ids=call.wants_triple,
@@ -266,7 +283,7 @@ class CountTokens(_AnthropicErrors):
     async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
         body = {**body, "max_tokens": 1}  # count_tokens takes no max_tokens; the translation wants one
         body.pop("stream", None)
-        translated = messages_to_chat(body, self._seals.open)
+        translated = messages_to_chat(body, self._seals.opener(self.state.owners.tag(scope)))
         route = self.state.route_for(body.get("model"))
         client = self._client_for(route)
         if client is None:

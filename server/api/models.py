@@ -48,7 +48,13 @@ def model_routes(state: AppState) -> list[Route]:
             "mode": state.proxy.mode,
             "http_server": state.settings.http_server,
             "route": state.route or None,
-            "proxy": {"url": state.proxy.root_url, "up": up, "threads": state.proxy.threads},
+            # Switchyard takes calls with no key and no record: with keys set, its address is not
+            # published on this open route.
+            "proxy": {
+                "url": None if state.settings.api_keys else state.proxy.root_url,
+                "up": up,
+                "threads": state.proxy.threads,
+            },
             # Ids the correlation rules refused: those calls were served but not tied to a session.
             "correlation": {"refused_ids": state.refused_ids.counts()},
         }

@@ -67,6 +67,7 @@ class Responses(ModelEndpoint):
         expanded = await expand(body, stateful, owner, has_session=corr.session_id is not None)
         if expanded.session_id is not None:  # the previous response's, or the conversation's
             corr = replace(corr, session_id=expanded.session_id, source="stored:" + expanded.session_source)
+            await self.check_session_owner(corr, scope)
         body = expanded.body
         translated = responses_to_chat(body)
         for kind in translated.dropped_tool_types:

@@ -12,11 +12,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from server.api.session_access import SessionAccess
 from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown, worker_failed
 from server.capture.index_view import IndexView
 from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
 from server.capture.record import SCHEMA_VERSION
-from server.capture.store import CaptureStore, UnknownSession
+from server.capture.store import CaptureStore, UnknownSession, read_session_records
 from server.capture.summary import SummaryCache
 from server.capture.timeline import build_tree, link_children, lost_session_timeline, timeline_parts
 from server.errors import OpenAIError
@@ -31,6 +32,7 @@ def view_routes(
     get_store: Callable[[], CaptureStore | None],
     cache: SummaryCache,
     get_rollouts: Callable[[], RolloutBuilder | None] = lambda: None,
+    access: SessionAccess | None = None,
 ) -> list[Route]:
     """`GET /v1/sessions/{id}/timeline` and `GET /v1/sessions/{id}/completions/{uuid}`.
 
@@ -38,20 +40,18 @@ def view_routes(
     process), so looking at a long session never holds the interpreter that serves calls; without
     a builder, in a thread.
     """
+    scope = access if access is not None else SessionAccess(None)
     timelines: OrderedDict[tuple, bytes] = OrderedDict()
     lock = threading.Lock()
 
-    def store_and_id(request: Request) -> tuple[CaptureStore, str]:
+    async def store_and_id(request: Request) -> tuple[CaptureStore, str]:
         store = get_store()
         if store is None:
             raise OpenAIError(503, "session capture is not enabled on this server", code="capture_disabled")
-        session_id = request.path_params["session_id"]
-        if not is_valid_session_id(session_id):
-            raise _unknown(session_id)
-        return store, session_id
+        return store, await scope.session_id(request, store)
 
     async def timeline(request: Request) -> Response:
-        store, session_id = store_and_id(request)
+        store, session_id = await store_and_id(request)
 
         def cached() -> tuple[IndexView, tuple, bytes | None]:
             store.flush(READ_SETTLE_TIMEOUT_S)
@@ -105,29 +105,41 @@ def view_routes(
         return _json_bytes(await run_in_threadpool(finish))
 
     async def one_call(request: Request) -> Response:
-        store, session_id = store_and_id(request)
+        store, session_id = await store_and_id(request)
         record_uuid = request.path_params["uuid"]
         if not is_valid_session_id(record_uuid):  # uuids share the id charset; never used in a path unchecked
             raise _unknown_call(record_uuid)
-
-        def read() -> bytes:
-            store.flush(READ_SETTLE_TIMEOUT_S)
-            try:
-                records, _ = store.read_completions(session_id)
-            except UnknownSession:
-                raise _unknown(session_id) from None
-            for record in records:
-                if record.get("uuid") == record_uuid:
-                    return orjson.dumps(record)
+        await run_in_threadpool(store.flush, READ_SETTLE_TIMEOUT_S)
+        builder = get_rollouts()
+        try:
+            # Where rollouts are rebuilt: a long session is tens of MB to parse, never in this interpreter.
+            if builder is not None:
+                found = await builder.run(one_record, str(store.sessions_dir), session_id, record_uuid)
+            else:
+                found = await run_in_threadpool(one_record, str(store.sessions_dir), session_id, record_uuid)
+        except UnknownSession:
+            raise _unknown(session_id) from None
+        except RebuildUnavailable as exc:
+            raise worker_failed(exc) from None
+        if found is None:
             raise _unknown_call(record_uuid)
-
-        return _json_bytes(await run_in_threadpool(read))
+        return _json_bytes(found)
 
     return [
-        Route("/v1/sessions/{session_id}/timeline", _as_error_responses(timeline), methods=["GET"]),
-        Route("/v1/sessions/{session_id}/completions/{uuid}", _as_error_responses(one_call), methods=["GET"]),
+        # `:path`: ids may hold `/`, as on the other session routes.
+        Route("/v1/sessions/{session_id:path}/timeline", _as_error_responses(timeline), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/completions/{uuid}", _as_error_responses(one_call), methods=["GET"]),
     ]
 
 
 def _unknown_call(record_uuid: str) -> OpenAIError:
     return OpenAIError(404, f"unknown call: {record_uuid[:200]!r}", param="uuid", code="call_not_found")
+
+
+def one_record(sessions_dir: str, session_id: str, record_uuid: str) -> bytes | None:
+    """One call's record of a session, serialised, or None (run in the rollout worker)."""
+    records, _ = read_session_records(sessions_dir, session_id)
+    for record in records:
+        if record.get("uuid") == record_uuid:
+            return orjson.dumps(record)
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -12,6 +13,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from server.api.cursor import limit_param
+from server.api.session_access import SessionAccess, unknown_session
 from server.capture.index_view import IndexView
 from server.capture.rebuilds import CHAINS, RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
 from server.capture.record import SCHEMA_VERSION
@@ -38,13 +40,16 @@ def session_routes(
     get_rollouts: Callable[[], RolloutBuilder | None] = lambda: None,
     *,
     cache: SummaryCache | None = None,
+    access: SessionAccess | None = None,
 ) -> list[Route]:
     """The session endpoints; `get_store` is called per request (None means capture is off).
 
     `get_rollouts` gives the builder that rebuilds rollouts off the event loop (a worker process,
     cached); without one, each rollout is built in a thread of this process. `cache` holds
-    per-session summaries for the list's `summary`, `model`, `route` and `status`.
+    per-session summaries for the list's `summary`, `model`, `route` and `status`. `access` says
+    which sessions a request's key may see (None: all of them).
     """
+    scope = access if access is not None else SessionAccess(None)
     summaries = cache if cache is not None else SummaryCache()
     fallback: list[RolloutBuilder] = []
 
@@ -62,13 +67,6 @@ def session_routes(
             raise OpenAIError(503, "session capture is not enabled on this server", code="capture_disabled")
         return store
 
-    def path_session_id(request: Request) -> str:
-        session_id = request.path_params["session_id"]
-        # Refused before any store call: an invalid id never reaches the filesystem.
-        if not is_valid_session_id(session_id):
-            raise _unknown(session_id)
-        return session_id
-
     async def list_sessions(request: Request) -> Response:
         store = store_or_error()
         query = request.query_params
@@ -77,6 +75,7 @@ def session_routes(
             query.get("limit"), default=DEFAULT_LIST_LIMIT, maximum=MAX_LIST_LIMIT, code="invalid_request"
         )
         filters = _list_query(query)
+        filters = replace(filters, visible=scope.visible(request, store))
 
         def page() -> bytes:
             store.flush(READ_SETTLE_TIMEOUT_S)
@@ -94,7 +93,7 @@ def session_routes(
 
     async def completions(request: Request) -> Response:
         store = store_or_error()
-        session_id = path_session_id(request)
+        session_id = await scope.session_id(request, store)
 
         def settle() -> int:
             store.flush(READ_SETTLE_TIMEOUT_S)
@@ -116,7 +115,7 @@ def session_routes(
 
     async def tree(request: Request) -> Response:
         store = store_or_error()
-        session_id = path_session_id(request)
+        session_id = await scope.session_id(request, store)
         run = run_param(request, default=ALL)
 
         def build() -> bytes:
@@ -138,7 +137,7 @@ def session_routes(
 
     async def rollout(request: Request) -> Response:
         store = store_or_error()
-        session_id = path_session_id(request)
+        session_id = await scope.session_id(request, store)
         allow_partial = _bool_param(request.query_params.get("allow_partial"), "allow_partial", default=True)
         run = run_param(request, default=LATEST)
 
@@ -170,7 +169,7 @@ def session_routes(
     async def chains(request: Request) -> Response:
         """Every captured call in a token-contiguous chain: the session split at each break."""
         store = store_or_error()
-        session_id = path_session_id(request)
+        session_id = await scope.session_id(request, store)
         run = run_param(request, default=LATEST)
 
         def snapshot() -> IndexView:
@@ -194,7 +193,7 @@ def session_routes(
 
     async def delete(request: Request) -> Response:
         store = store_or_error()
-        session_id = path_session_id(request)
+        session_id = await scope.session_id(request, store)
 
         def remove() -> int:
             store.flush(READ_SETTLE_TIMEOUT_S)  # so records queued for the session go too
@@ -254,11 +253,7 @@ def worker_failed(exc: RebuildUnavailable) -> OpenAIError:
     return OpenAIError(503, str(exc), type="server_error", code="rollout_worker_failed")
 
 
-def _unknown(session_id: str, *, skipped: int = 0) -> OpenAIError:
-    message = f"unknown session: {session_id[:200]!r}"
-    if skipped:
-        message += f" ({skipped} unreadable record files skipped)"
-    return OpenAIError(404, message, param="session_id", code="session_not_found")
+_unknown = unknown_session
 
 
 def run_param(request: Request, *, default: str) -> str:

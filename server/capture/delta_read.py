@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import zstandard
 
+from server.capture.bounded import TooBig, unzstd
 from server.capture.delta import DELTA_SUFFIX
 from server.capture.record import validate_record
 from server.ids import is_valid_session_id
@@ -26,7 +27,7 @@ def _decompress(data: bytes) -> bytes:
     decompressor = getattr(_local, "decompressor", None)
     if decompressor is None:
         decompressor = _local.decompressor = zstandard.ZstdDecompressor()
-    return decompressor.decompress(data)
+    return unzstd(decompressor, data)
 
 
 class DeltaFileError(ValueError):
@@ -67,7 +68,7 @@ def parse_delta_file(data: bytes) -> DeltaFile:
     try:
         meta = orjson.loads(parts[1])
         body = orjson.loads(_decompress(parts[2]))
-    except (orjson.JSONDecodeError, zstandard.ZstdError) as exc:
+    except (orjson.JSONDecodeError, zstandard.ZstdError, TooBig) as exc:
         raise DeltaFileError(f"damaged delta record: {exc}") from None
     if not (isinstance(meta, dict) and isinstance(body, dict) and isinstance(header.get("uuid"), str)):
         raise DeltaFileError("not a delta record file")

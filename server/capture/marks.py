@@ -16,7 +16,8 @@ from server.files import write_atomic
 # Beside the `<uuid>.json` records; not `*.json`, so readers of the record layout never take it for one.
 MARK_NAME = "capture-failed.mark"
 
-_OPEN_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: a FIFO put in its place cannot block the open.
+_OPEN_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
 class LostRecords:

@@ -10,7 +10,6 @@ layout and the file checks, so they stay together.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import logging
 import os
@@ -26,10 +25,12 @@ from typing import Any
 import orjson
 
 from server.capture import journal
+from server.capture.bounded import TooBig, gunzip, open_regular, read_file
 from server.capture.delta import DELTA_SUFFIX
 from server.capture.delta_read import delta_header, read_with_deltas
 from server.capture.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, SessionIndex
 from server.capture.index_view import IndexView, RecordHeader
+from server.capture.owners import SessionOwners
 from server.capture.record import validate_record
 from server.capture.runs import LEGACY
 from server.capture.shared_prompts import SharedPrompts
@@ -43,8 +44,6 @@ SESSIONS_SUBDIR = "sessions"
 _SESSION_DIR_NAME = re.compile(r"[0-9a-f]{64}")
 # A record's uuid becomes its file name: same charset as session ids, so never hidden or a path.
 _RECORD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-
-_OPEN_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class UnknownSession(KeyError):
@@ -148,6 +147,8 @@ class CaptureStore:
             fsync=fsync,
             fsync_window_ms=fsync_window_ms,
         )
+
+        self.owners = SessionOwners(self.sessions_dir)  # which key wrote each session, when keys are set
 
         self._count_lock = threading.Lock()
         self._skipped = 0
@@ -410,8 +411,23 @@ class CaptureStore:
                 self.writer.delta.forget(session_id)
             self.writer.made_dirs.discard(str(directory))
             self._index.forget(directory.name)
+            self.owners.forget(directory.name)
             self._journal_append({directory.name})  # so other processes drop it at once
         return count
+
+    def session_owner(self, session_id: str) -> str | None:
+        """The owner tag of the key that wrote the session (None: unowned or absent)."""
+        return self.owners.owner(session_dir_name(check_session_id(session_id)))
+
+    def claim_session(self, session_id: str, tag: str) -> bool:
+        """Record `tag` as the session's writer unless another key wrote it first (blocks: a thread)."""
+        if self._read_only:
+            raise RuntimeError("capture store is read-only")
+        return self.owners.claim(session_dir_name(check_session_id(session_id)), tag)
+
+    def known_claim(self, session_id: str) -> str | None:
+        """The owner remembered in memory, if any (never touches the disk: safe on the event loop)."""
+        return self.owners.known(session_dir_name(session_id))
 
     # ---- counters ----------------------------------------------------------------------------
 
@@ -535,8 +551,10 @@ _HEAD_BYTES = 1024
 
 def _first_block(path: str) -> tuple[bytes, bytes] | None:
     """A record file's first block and its last byte (to see that the file is whole), or None."""
+    fd = open_regular(path)
+    if fd is None:
+        return None
     try:
-        fd = os.open(path, _OPEN_READ)
         try:
             size = os.fstat(fd).st_size
             return os.pread(fd, _HEAD_BYTES, 0), (os.pread(fd, 1, size - 1) if size > 0 else b"")
@@ -615,22 +633,17 @@ def _peek_head(path: str) -> dict | None:
 
 
 def _read_bytes(path: str) -> bytes | None:
-    """A file's bytes (never through a symlink), or None."""
-    try:
-        fd = os.open(path, _OPEN_READ)
-        with os.fdopen(fd, "rb") as handle:
-            return handle.read()
-    except OSError:
-        return None
+    """A record file's bytes (a regular file, never through a symlink, within the size cap), or None."""
+    return read_file(path)
 
 
 def _parse_record(data: bytes, path: str, loads: Callable[[bytes], Any] = orjson.loads) -> dict | None:
     """A full record file's bytes as a record, or None for anything torn or foreign."""
     try:
         if path.endswith(".gz"):
-            data = gzip.decompress(data)
+            data = gunzip(data)
         record = loads(data)
-    except (OSError, EOFError, zlib.error, orjson.JSONDecodeError):  # gzip raises OSError for a bad header
+    except (TooBig, EOFError, zlib.error, orjson.JSONDecodeError):
         return None
     if validate_record(record) is not None:
         return None

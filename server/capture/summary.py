@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -350,6 +351,7 @@ class ListQuery:
     route: str | None = None  # a piece of a route name, any case
     status: str | None = None  # one of STATUSES
     summary: bool = False  # attach each session's summary
+    visible: Callable[[str], bool] | None = None  # the sessions the caller's key may see (None: all)
 
     def needs_summary(self) -> bool:
         return bool(self.model or self.route or self.status)
@@ -373,6 +375,8 @@ def list_page(
         if query.kind == "child" and (entry.parent_session_id is None or missing):
             continue
         if needle is not None and needle not in entry.session_id.lower():
+            continue
+        if query.visible is not None and not query.visible(entry.session_id):
             continue
         if query.since is not None and (entry.last_captured_at or "") < query.since:
             continue

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from server.errors import OpenAIError
 from server.stateful.responses import ResponseStore
 
 log = logging.getLogger("switchyard_model.stateful")
@@ -57,18 +58,53 @@ class EventLog:
 
 
 class BackgroundRuns:
-    """This worker's running background tasks, by response id."""
+    """This worker's running background tasks, by response id, bounded in all and per key.
 
-    def __init__(self, store: ResponseStore, poll_s: float = 0.25) -> None:
+    A run holds one of `max_runs` places (and one of its key's `max_per_key`) from `reserve`, before
+    anything is stored, until its task ends; a run beyond either bound gets a 429. So background runs
+    never hold more upstream connections than that, whatever a client sends.
+    """
+
+    def __init__(
+        self, store: ResponseStore, poll_s: float = 0.25, *, max_runs: int = 64, max_per_key: int = 16
+    ) -> None:
         self.store = store
         self.poll_s = poll_s
+        self.max_runs = max_runs
+        self.max_per_key = max_per_key
         self._tasks: dict[str, asyncio.Task] = {}
         self._watcher: asyncio.Task | None = None
+        self._places: dict[str, int] = {}  # owner tag -> places held
+        self._held = 0
 
-    def start(self, response_id: str, run: Coroutine[Any, Any, None]) -> None:
+    def reserve(self, owner: str) -> None:
+        """Take a place for one run of `owner`, or raise the 429; give it back with `release` if the
+        run never starts (`start` gives it back when the run ends)."""
+        if self._held >= self.max_runs:
+            raise _too_many(f"this server already runs {self.max_runs} background responses")
+        if self._places.get(owner, 0) >= self.max_per_key:
+            raise _too_many(f"this API key already has {self.max_per_key} background responses running")
+        self._held += 1
+        self._places[owner] = self._places.get(owner, 0) + 1
+
+    def release(self, owner: str) -> None:
+        self._held -= 1
+        left = self._places.get(owner, 1) - 1
+        if left > 0:
+            self._places[owner] = left
+        else:
+            self._places.pop(owner, None)
+
+    def start(self, response_id: str, run: Coroutine[Any, Any, None], owner: str) -> None:
+        """Run a reserved run as a task; its place is released when it ends."""
         task = asyncio.get_running_loop().create_task(run, name=f"background {response_id}")
         self._tasks[response_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(response_id, None))
+
+        def ended(_: asyncio.Task) -> None:
+            self._tasks.pop(response_id, None)
+            self.release(owner)
+
+        task.add_done_callback(ended)
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.ensure_future(self._watch())
 
@@ -103,3 +139,13 @@ class BackgroundRuns:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+def _too_many(why: str) -> OpenAIError:
+    return OpenAIError(
+        429,
+        f"{why}; wait for one to finish, or cancel one",
+        type="rate_limit_error",
+        code="too_many_background_responses",
+        headers={"retry-after": "1"},
+    )

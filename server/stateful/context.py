@@ -62,8 +62,8 @@ def _conversation_id(value: Any) -> str | None:
     return value
 
 
-def open_sealed_reasoning(items: Any, stateful: Stateful | None, param: str = "input") -> None:
-    """Replace each sealed reasoning item's content by what it seals (in place); 400 if it does not open."""
+def open_sealed_reasoning(items: Any, stateful: Stateful | None, owner: str, param: str = "input") -> None:
+    """Replace each sealed reasoning item's content by what it seals for this key (in place); 400 if it does not open."""
     if not isinstance(items, list):
         return
     for index, item in enumerate(items):
@@ -77,7 +77,7 @@ def open_sealed_reasoning(items: Any, stateful: Stateful | None, param: str = "i
                 param=where,
                 code="invalid_encrypted_content",
             )
-        text = stateful.seal.open(item["encrypted_content"], where)
+        text = stateful.seal.open(item["encrypted_content"], where, owner)
         items[index] = {**item, "content": [{"type": "reasoning_text", "text": text}]}
 
 
@@ -132,7 +132,7 @@ async def expand(body: dict[str, Any], stateful: Stateful | None, owner: str, ha
         raise OpenAIError(400, "`background: true` needs `store: true`", param="background", code="invalid_request")
 
     new_items = normalize_input(body.get("input"))
-    open_sealed_reasoning(new_items, stateful)
+    open_sealed_reasoning(new_items, stateful, owner)
     expanded = Expanded(
         body={k: v for k, v in body.items() if k not in STATEFUL_FIELDS},
         store=store,

@@ -38,7 +38,7 @@ class ConversationStore:
                 (conversation_id, owner, int(now), now, orjson.dumps(metadata)),
             )
             self._append(conn, conversation_id, items)
-            self._evict(conn, now, keep=conversation_id)
+            self._evict(conn, now, keep=conversation_id, owner=owner)
         return {"id": conversation_id, "object": "conversation", "created_at": int(now), "metadata": metadata}
 
     def get(self, conversation_id: str, owner: str) -> dict[str, Any] | None:
@@ -94,7 +94,7 @@ class ConversationStore:
                 return None
             added = self._append(conn, conversation_id, items)
             conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
-            self._evict(conn, now, keep=conversation_id)
+            self._evict(conn, now, keep=conversation_id, owner=owner)
         return added
 
     def get_item(self, conversation_id: str, owner: str, item_id: str) -> tuple[bool, dict[str, Any] | None]:
@@ -159,15 +159,18 @@ class ConversationStore:
         )
         return added
 
-    def _evict(self, conn, now: float, keep: str) -> None:
-        """Expire, then drop least recently used conversations; never the one just written."""
+    def _evict(self, conn, now: float, keep: str, owner: str) -> None:
+        """Expire, then drop the writing key's least recently used conversations (never another key's,
+        never the one just written)."""
         bounds = self.bounds
         conn.execute("DELETE FROM conversations WHERE updated_at < ? AND id != ?", (now - bounds.max_age_s, keep))
         count, size = conn.execute("SELECT count, bytes FROM totals WHERE name = 'conversations'").fetchone()
         if count <= bounds.max_count and size <= bounds.max_bytes:
             return
         victims = []
-        cursor = conn.execute("SELECT id FROM conversations WHERE id != ? ORDER BY updated_at, id", (keep,))
+        cursor = conn.execute(
+            "SELECT id FROM conversations WHERE id != ? AND owner = ? ORDER BY updated_at, id", (keep, owner)
+        )
         while count > bounds.max_count or size > bounds.max_bytes:
             row = cursor.fetchone()
             if row is None:

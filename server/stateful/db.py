@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS responses (
     body BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses(stored_at);
+CREATE INDEX IF NOT EXISTS responses_by_owner ON responses(owner, stored_at);
 CREATE TABLE IF NOT EXISTS response_events (
     response_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -60,6 +61,8 @@ CREATE TABLE IF NOT EXISTS conversation_items (
     PRIMARY KEY (conversation_id, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS conversation_item_ids ON conversation_items(conversation_id, id);
+-- Facts about the directory's state that outlive a run (the seal key's fingerprint).
+CREATE TABLE IF NOT EXISTS facts (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, count INTEGER NOT NULL, bytes INTEGER NOT NULL);
 INSERT OR IGNORE INTO totals VALUES ('responses', 0, 0), ('conversations', 0, 0);
 CREATE TRIGGER IF NOT EXISTS responses_added AFTER INSERT ON responses BEGIN

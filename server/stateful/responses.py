@@ -29,6 +29,10 @@ class Bounds:
     max_count: int
     max_bytes: int
     max_age_s: float
+    # Each key's share (None: the whole store). Whatever the shares, a write makes room only by
+    # dropping its own key's oldest: one key never evicts another's.
+    max_count_per_key: int | None = None
+    max_bytes_per_key: int | None = None
 
 
 @dataclass(slots=True)
@@ -137,7 +141,7 @@ class ResponseStore:
             # New ids (nearly all) are one INSERT; replacing keeps the row's age and its events, whose
             # bytes stay counted in its size (a delete would drop them with it).
             conn.executemany(_UPSERT, rows)
-            evicted = self._evict(conn, now)
+            evicted = self._evict(conn, now, {put.owner for put in puts})
         dropped = evicted.union(row[0] for row in oversized)
         return [put.id not in dropped for put in puts]
 
@@ -146,7 +150,9 @@ class ResponseStore:
         body = _body(response, input_items)
         now = time.time()
         with self.db.transaction() as conn:
-            row = conn.execute("SELECT size - LENGTH(body) FROM responses WHERE id = ?", (response["id"],)).fetchone()
+            row = conn.execute(
+                "SELECT size - LENGTH(body), owner FROM responses WHERE id = ?", (response["id"],)
+            ).fetchone()
             if row is None:
                 return False
             conn.execute(
@@ -154,7 +160,7 @@ class ResponseStore:
                 (response.get("status") or "completed", now, row[0] + len(body), body, response["id"]),
             )
             if response.get("status") not in RUNNING:
-                self._evict(conn, now)
+                self._evict(conn, now, {row[1]})
             return True
 
     def append_events(self, response_id: str, events: list[tuple[int, bytes]]) -> None:
@@ -187,8 +193,11 @@ class ResponseStore:
             )
         return self.get(response_id, owner)
 
-    def _evict(self, conn, now: float) -> set[str]:
-        """Apply the bounds: expired responses first, then the oldest finished until count and bytes hold; their ids."""
+    def _evict(self, conn, now: float, writers: set[str]) -> set[str]:
+        """Apply the bounds: expired responses first; then, while a writer is over its key's share or
+        the store over its bounds, the writers' own oldest finished responses (never another key's).
+        Returns the ids dropped (a response just written is among them when its key has nothing
+        older to give up)."""
         bounds = self.bounds
         gone = {
             row[0]
@@ -196,21 +205,19 @@ class ResponseStore:
                 f"DELETE FROM responses WHERE stored_at < ? AND {_NOT_RUNNING} RETURNING id", (now - bounds.max_age_s,)
             )
         }
+        for owner in sorted(writers):
+            count, size = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM responses WHERE owner = ?", (owner,)
+            ).fetchone()
+            max_count = bounds.max_count_per_key or bounds.max_count
+            max_bytes = bounds.max_bytes_per_key or bounds.max_bytes
+            gone |= _drop_oldest(conn, "owner = ?", (owner,), count, size, max_count, max_bytes)
         count, size = conn.execute("SELECT count, bytes FROM totals WHERE name = 'responses'").fetchone()
-        if count <= bounds.max_count and size <= bounds.max_bytes:
-            return gone
-        victims: list[tuple[str]] = []
-        cursor = conn.execute(f"SELECT id, size FROM responses WHERE {_NOT_RUNNING} ORDER BY stored_at, id")
-        while count > bounds.max_count or size > bounds.max_bytes:
-            row = cursor.fetchone()
-            if row is None:
-                break
-            victims.append((row[0],))
-            count -= 1
-            size -= row[1]
-        cursor.close()
-        conn.executemany("DELETE FROM responses WHERE id = ?", victims)
-        gone.update(victim for (victim,) in victims)
+        if writers and (count > bounds.max_count or size > bounds.max_bytes):
+            marks = ", ".join("?" * len(writers))
+            gone |= _drop_oldest(
+                conn, f"owner IN ({marks})", tuple(sorted(writers)), count, size, bounds.max_count, bounds.max_bytes
+            )
         return gone
 
     # ---- reads -------------------------------------------------------------------------------
@@ -242,12 +249,13 @@ class ResponseStore:
         )
 
     def cancel_requested(self, response_id: str) -> bool:
+        """Whether a running response should stop: flagged, or deleted (on any worker)."""
         row = (
             self.db.connection()
             .execute("SELECT cancel_requested FROM responses WHERE id = ?", (response_id,))
             .fetchone()
         )
-        return bool(row and row[0])
+        return row is None or bool(row[0])
 
     def events_after(self, response_id: str, after: int, limit: int = 500) -> list[tuple[int, bytes]]:
         return list(
@@ -263,3 +271,23 @@ class ResponseStore:
             self.db.connection().execute("SELECT count, bytes FROM totals WHERE name = 'responses'").fetchone()
         )
         return count, size
+
+
+def _drop_oldest(conn, where: str, args: tuple, count: int, size: int, max_count: int, max_bytes: int) -> set[str]:
+    """Delete the oldest finished responses matching `where` until count and size are within bounds."""
+    if count <= max_count and size <= max_bytes:
+        return set()
+    victims: list[tuple[str]] = []
+    cursor = conn.execute(
+        f"SELECT id, size FROM responses WHERE {where} AND {_NOT_RUNNING} ORDER BY stored_at, id", args
+    )
+    while count > max_count or size > max_bytes:
+        row = cursor.fetchone()
+        if row is None:
+            break
+        victims.append((row[0],))
+        count -= 1
+        size -= row[1]
+    cursor.close()
+    conn.executemany("DELETE FROM responses WHERE id = ?", victims)
+    return {victim for (victim,) in victims}

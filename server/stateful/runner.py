@@ -33,7 +33,19 @@ async def start_background(
     assert stateful is not None  # expand() refuses background without the store
     queued = response_base(body, response_id=turn.response_id, created_at=created_at, model=call.route, echo=turn.echo)
     queued["status"] = "queued"
-    if not await turn.keep(queued):
+    owner = turn.expanded.owner
+    try:
+        stateful.runs.reserve(owner)  # the 429 beyond the bounds, before anything is stored
+    except OpenAIError as exc:
+        span.finish(None, exc)
+        raise
+    try:
+        kept = await turn.keep(queued)
+    except BaseException:
+        stateful.runs.release(owner)
+        raise
+    if not kept:
+        stateful.runs.release(owner)
         span.finish(None, None)
         raise OpenAIError(
             503, "the response store could not take the background run", code="response_store_unavailable"
@@ -60,7 +72,7 @@ async def start_background(
         await events.flush()
         await turn.keep_final(ended)
 
-    stateful.runs.start(turn.response_id, run())
+    stateful.runs.start(turn.response_id, run(), owner)
     if body.get("stream") is not True:
         await send_json(send, 200, orjson.dumps(queued))
         return

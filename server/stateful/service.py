@@ -6,14 +6,15 @@ Responses handler reach it through `AppState.stateful`. Also: whose stored objec
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING
 
+from server.config import ConfigError
+from server.owners import Owners
 from server.stateful.background import BackgroundRuns
 from server.stateful.conversations import ConversationStore
 from server.stateful.db import StateDB
 from server.stateful.responses import Bounds, ResponseStore
-from server.stateful.sealing import ReasoningSeal, load_key
+from server.stateful.sealing import KEY_FILE, ReasoningSeal, fingerprint, load_key
 from server.stateful.writer import StoreWriter
 
 if TYPE_CHECKING:
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
 class Stateful:
     """The stores and the seal; `open()` and `close()` block (call them from a thread)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, server_run: str = "") -> None:
         self.settings = settings
+        self.server_run = server_run  # sealed reasoning opens only in the run that sealed it
         # Stored responses are as durable as capture records: `capture_fsync: always` fsyncs each one.
         self.db = StateDB(settings.capture_dir, fsync_each_commit=settings.capture_fsync == "always")
         self.responses = ResponseStore(
@@ -33,6 +35,8 @@ class Stateful:
                 max_count=settings.response_store_max_count,
                 max_bytes=settings.response_store_max_bytes,
                 max_age_s=settings.response_store_max_age_s,
+                max_count_per_key=settings.response_store_max_count_per_key,
+                max_bytes_per_key=settings.response_store_max_bytes_per_key,
             ),
         )
         self.conversations = ConversationStore(
@@ -44,25 +48,42 @@ class Stateful:
             ),
         )
         self.writer = StoreWriter(self.responses)  # how handlers store responses: batched, one commit per batch
-        self.runs = BackgroundRuns(self.responses)
+        # Background runs never take more than half the upstream pool: foreground calls keep the rest.
+        self.runs = BackgroundRuns(
+            self.responses,
+            max_runs=max(1, min(settings.background_max_runs, settings.upstream_max_connections // 2)),
+            max_per_key=settings.background_max_runs_per_key,
+        )
         self.seal: ReasoningSeal | None = None
-        self.auth_on = bool(settings.api_keys)
+        self.owners = Owners(settings.api_keys, settings.session_api_keys)
 
     def open(self) -> None:
         self.db.open()
-        self.seal = ReasoningSeal(load_key(self.settings.reasoning_seal_key, self.settings.capture_dir))
+        self.seal = ReasoningSeal(self._seal_key(), self.server_run)
         self.writer.start()
+
+    def _seal_key(self) -> bytes:
+        """The seal key; a key file that went missing after this directory's state was sealed is an error."""
+        setting = self.settings.reasoning_seal_key
+        if setting:
+            return load_key(setting, self.settings.capture_dir)
+        conn = self.db.connection()
+        row = conn.execute("SELECT value FROM facts WHERE name = 'seal_key'").fetchone()
+        key = load_key(None, self.settings.capture_dir, may_create=row is None)
+        if row is None:
+            with self.db.transaction() as tx:
+                tx.execute("INSERT OR IGNORE INTO facts (name, value) VALUES ('seal_key', ?)", (fingerprint(key),))
+        elif row[0] != fingerprint(key):
+            raise ConfigError(
+                f"{self.settings.capture_dir}/{KEY_FILE} is not the key this capture directory's state was sealed "
+                "with: restore the original file"
+            )
+        return key
 
     def close(self) -> None:
         self.writer.close()  # what is queued is committed first
         self.db.close()
 
     def owner(self, scope) -> str:
-        """Whose objects this request may see: a digest of its API key when auth is on, else everyone's ("")."""
-        if not self.auth_on:
-            return ""
-        for name, value in scope.get("headers") or ():
-            if name == b"authorization":
-                token = value[7:].strip() if value[:7].lower() == b"bearer " else b""
-                return hashlib.sha256(b"switchyard-model owner\0" + token).hexdigest()
-        return hashlib.sha256(b"switchyard-model owner\0").hexdigest()
+        """Whose objects this request may see: its key's owner tag when auth is on, else everyone's ("")."""
+        return self.owners.tag(scope)

@@ -35,7 +35,8 @@ class Turn:
         self.session_id = session_id
         self.echo = echo_fields(expanded, stored=expanded.store)
         seal = stateful.seal if stateful is not None and expanded.seal_reasoning else None
-        self.seal = seal.seal if seal is not None else None
+        owner = expanded.owner
+        self.seal = (lambda text: seal.seal(text, owner)) if seal is not None else None
         self.final: dict[str, Any] | None = None
 
     @property
@@ -63,14 +64,19 @@ class Turn:
         if not expanded.store or self.stateful is None:
             return False
         try:
-            put = Put.of(
-                response,
-                owner=expanded.owner,
-                session_id=self.session_id,
-                input_items=expanded.input_items,
-                background=expanded.background,
-            )
-            stored = await self.stateful.writer.put(put)
+            if expanded.background and response.get("status") != "queued":
+                # Only the queued write creates a background run's row: a run deleted meanwhile
+                # stays deleted, its private input never written back.
+                stored = await asyncio.to_thread(self.stateful.responses.update_running, response, expanded.input_items)
+            else:
+                put = Put.of(
+                    response,
+                    owner=expanded.owner,
+                    session_id=self.session_id,
+                    input_items=expanded.input_items,
+                    background=expanded.background,
+                )
+                stored = await self.stateful.writer.put(put)
             if stored and expanded.conversation_id and response.get("status") in _FINISHED:
                 turn = expanded.new_items + stored_output(response.get("output") or [])
                 await asyncio.to_thread(

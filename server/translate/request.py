@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.translate.checks import invalid, is_int, is_number, unsupported, wrong_type
+from server.translate.checks import check_metadata, invalid, is_int, is_number, unsupported, wrong_type
 from server.translate.custom_tools import encode_input
 from server.translate.tools import ToolMap, translate_tool_choice, translate_tools
 
@@ -417,9 +417,7 @@ def responses_to_chat(body: dict[str, Any], *, developer_role: str = "system") -
                 raise wrong_type("reasoning.effort", "a string")
             chat["reasoning_effort"] = effort
 
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise wrong_type("metadata", "an object")
+    check_metadata(body.get("metadata"))
     if body.get("user") is not None:
         chat["user"] = body["user"]
 

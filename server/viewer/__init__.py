@@ -45,14 +45,15 @@ def ui_routes() -> list[Route]:
     files = _load_files()
 
     async def to_folder(request: Request) -> Response:
-        return RedirectResponse(request.url.replace(path=request.url.path + "/"))
+        # Relative: never built from the request's Host header.
+        return RedirectResponse("/ui/", headers=SECURITY_HEADERS)
 
     async def static(request: Request) -> Response:
         name = request.path_params["path"] or "index.html"
         found = files.get(name)
         if found is None:
             error = OpenAIError(404, f"no such viewer file: {name[:200]!r}", code="endpoint_not_found")
-            return Response(error.to_json(), status_code=404, media_type="application/json")
+            return Response(error.to_json(), status_code=404, media_type="application/json", headers=SECURITY_HEADERS)
         body, media_type = found
         return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
 

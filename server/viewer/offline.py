@@ -10,10 +10,12 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from middleware.hosts import HostAllowList, HostCheckMiddleware
 from server.api.session_views import view_routes
 from server.api.sessions import session_routes
 from server.capture.store import CaptureStore
@@ -22,10 +24,13 @@ from server.errors import OpenAIError
 from server.viewer import ui_routes
 
 
-def create_view_app(capture_dir: str | Path, *, summary_full_read_bytes: int = 4_000_000) -> Starlette:
+def create_view_app(
+    capture_dir: str | Path, *, summary_full_read_bytes: int = 4_000_000, host: str = "127.0.0.1"
+) -> Starlette:
     """An app that reads `capture_dir` and never writes to it: GET session endpoints and `/ui/`.
 
-    `summary_full_read_bytes`: see `SummaryCache` (larger sessions are listed pending at first)."""
+    `summary_full_read_bytes`: see `SummaryCache` (larger sessions are listed pending at first).
+    `host`: the bound address; requests naming another host (DNS rebinding) get a 421."""
     store = CaptureStore.open_read_only(capture_dir)
     cache = SummaryCache(full_read_bytes=summary_full_read_bytes)
     read_routes: list[BaseRoute] = [
@@ -38,6 +43,7 @@ def create_view_app(capture_dir: str | Path, *, summary_full_read_bytes: int = 4
         return RedirectResponse("/ui/")
 
     return Starlette(
+        middleware=[Middleware(HostCheckMiddleware, hosts=HostAllowList(host))],
         exception_handlers={HTTPException: _as_openai_error},
         routes=[
             *read_routes,
@@ -67,7 +73,7 @@ def serve(
     whoever reads the URL (a person, a test) can connect at once; port 0 picks a free port."""
     if not Path(capture_dir).is_dir():
         raise FileNotFoundError(f"no such capture directory: {capture_dir}")
-    app = create_view_app(capture_dir, summary_full_read_bytes=summary_full_read_bytes)
+    app = create_view_app(capture_dir, summary_full_read_bytes=summary_full_read_bytes, host=host)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -5,7 +5,8 @@ const KEY_NAME = "switchyard-viewer-key";
 // The API lives at the server root, one level above /ui/ (also under an /ng-rollout/<id>/ prefix).
 const API_ROOT = new URL("../", document.baseURI);
 
-export const ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$/;
+// The server's own rule: printable ASCII without spaces, at most 200 characters, not only dots.
+export const ID_PATTERN = /^(?!\.+$)[\x21-\x7e]{1,200}$/;
 
 export class AuthNeeded extends Error {}
 

@@ -15,7 +15,7 @@ FILLERS = 12
 def client(tmp_path_factory):
     capture_dir = tmp_path_factory.mktemp("captures")
     write_demo_sessions(capture_dir, fillers=FILLERS)
-    with TestClient(create_view_app(capture_dir)) as client:
+    with TestClient(create_view_app(capture_dir), base_url="http://127.0.0.1") as client:
         yield client
 
 
