@@ -82,7 +82,7 @@ def test_a_key_reads_and_deletes_only_its_own_sessions(keyed):
     )
     assert reply.status_code == 200, reply.text
     for session_id in ("thread-a", conversation["id"]):
-        for suffix in ("/completions", "/tree", "/rollout", "/timeline"):
+        for suffix in ("/completions", "/tree", "/rollout", "/chains", "/timeline"):
             seen = get(url, f"/v1/sessions/{session_id}{suffix}", B)
             assert seen.status_code == 404, (session_id, suffix, seen.text)
             assert seen.json()["error"]["code"] == "session_not_found"
@@ -97,6 +97,7 @@ def test_a_key_reads_and_deletes_only_its_own_sessions(keyed):
     # A still has everything: B's delete did nothing.
     assert session_texts(url, "thread-a", A) == ["secret of A"]
     assert get(url, f"/v1/sessions/{conversation['id']}/rollout", A).status_code == 200
+    assert get(url, f"/v1/sessions/{conversation['id']}/chains", A).status_code == 200
 
 
 def test_a_call_under_another_keys_session_is_refused_and_never_lands_there(keyed):
