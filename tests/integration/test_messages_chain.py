@@ -113,22 +113,22 @@ def _thinking_turns(sdk, session: str, send_back, streamed: bool = False) -> lis
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_thinking_with_its_signed_block_sent_back_keeps_the_token_chain(sdk, chain, streamed):
-    before = len(chain.engine_calls())
+    before = chain.engine_mark()
     first, _ = _thinking_turns(
         sdk, f"think-{uuid.uuid4().hex[:8]}", lambda content: [b.model_dump() for b in content], streamed
     )
     Message.model_validate(first.model_dump())
     thinking = first.content[0]
     assert thinking.type == "thinking" and thinking.thinking and thinking.signature
-    calls = chain.engine_calls()[before:]
+    calls = chain.engine_calls(after=before)
     assert len(calls) == 2 and token_breaks(calls) == []
     # Negative control: the same turns without the thinking block break the chain (the engine sees
     # a history without its reasoning).
-    before = len(chain.engine_calls())
+    before = chain.engine_mark()
     _thinking_turns(
         sdk, f"nothink-{uuid.uuid4().hex[:8]}", lambda content: [b.model_dump() for b in content[1:]], streamed
     )
-    assert token_breaks(chain.engine_calls()[before:]) == [1]
+    assert token_breaks(chain.engine_calls(after=before)) == [1]
 
 
 def test_omitted_thinking_display_still_seals_the_reasoning(sdk, chain):
@@ -317,8 +317,8 @@ def test_metrics_name_the_messages_api(sdk, chain):
 def test_token_injection_keeps_a_messages_chain_whole_on_a_template_that_drops_reasoning(reasoning_chains, injection):
     """With injection the engine continues from its own ids; without (the control) the re-rendered turn breaks."""
     chain = reasoning_chains[injection]
-    before = len(chain.engine_calls())
+    before = chain.engine_mark()
     _thinking_turns(
         client_for(chain.url), f"inj-{uuid.uuid4().hex[:8]}", lambda content: [b.model_dump() for b in content]
     )
-    assert token_breaks(chain.engine_calls()[before:]) == ([] if injection else [1])
+    assert token_breaks(chain.engine_calls(after=before)) == ([] if injection else [1])

@@ -82,7 +82,7 @@ def _launch(phoenix: Phoenix, mock_upstream: str, tmp_path, project: str, captur
 
 
 def _engine_tokens(chain: Chain, since: int) -> tuple[int, int]:
-    calls = chain.engine_calls()[since:]
+    calls = chain.engine_calls(after=since)
     return sum(len(c["prompt_token_ids"]) for c in calls), sum(len(c["generation_token_ids"]) for c in calls)
 
 
@@ -92,7 +92,7 @@ def _drive(chain: Chain, run: str) -> dict[str, tuple[int, int]]:
     needs its own ids.)"""
     client = httpx.Client(base_url=chain.v1, trust_env=False, timeout=60)
     tokens = {}
-    before = len(chain.engine_calls())
+    before = chain.engine_mark()
     alpha = {"x-session-id": f"{run}-alpha"}
     reply = client.post(
         "/chat/completions",
@@ -112,7 +112,7 @@ def _drive(chain: Chain, run: str) -> dict[str, tuple[int, int]]:
     assert streamed.status_code == 200 and "[DONE]" in streamed.text
     tokens[f"{run}-alpha"] = _engine_tokens(chain, before)
 
-    before = len(chain.engine_calls())
+    before = chain.engine_mark()
     beta = {"x-session-id": f"{run}-beta"}
     history: list = [{"role": "user", "content": 'Weather in Paris? [[mock:tool get_weather {"city": "Paris"}]]'}]
     first = client.post("/responses", headers=beta, json={"model": "demo", "input": history, "tools": [WEATHER]})

@@ -41,9 +41,20 @@ class Chain:
         assert reply.status_code == 200, reply.text
         return reply.json()["completions"]
 
-    def engine_calls(self) -> list[dict]:
-        """The chat calls the mock served, in order, with the prompt and generated ids it used."""
-        return [e for e in self.mock_requests() if e["path"] == "/v1/chat/completions" and "prompt_token_ids" in e]
+    def engine_calls(self, after: int = 0) -> list[dict]:
+        """The chat calls the mock served, in order, with the prompt and generated ids it used; only
+        those after the request numbered `after` (see `engine_mark`)."""
+        return [
+            e
+            for e in self.mock_requests()
+            if e["seq"] > after and e["path"] == "/v1/chat/completions" and "prompt_token_ids" in e
+        ]
+
+    def engine_mark(self) -> int:
+        """The number of the mock's latest request: `engine_calls(after=mark)` is what came since. (The
+        mock keeps only its last 200 requests, so counting entries breaks on a busy shared chain.)"""
+        requests = self.mock_requests()
+        return requests[-1]["seq"] if requests else 0
 
 
 def token_breaks(calls: list[dict]) -> list[int]:
