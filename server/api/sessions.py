@@ -135,11 +135,9 @@ def session_routes(
 
         return _json_bytes(await run_in_threadpool(build))
 
-    async def rollout(request: Request) -> Response:
-        store = store_or_error()
-        session_id = await scope.session_id(request, store)
-        allow_partial = _bool_param(request.query_params.get("allow_partial"), "allow_partial", default=True)
-        run = run_param(request, default=LATEST)
+    async def rebuilt(store: CaptureStore, session_id: str, run: str, **options: Any) -> SessionBody:
+        """The session's rollout (or `view=CHAINS`, its chains) as rebuilt off the serving process;
+        `UnknownSession` is left to the caller, which knows what a session without records means."""
 
         def snapshot() -> IndexView:
             store.flush(READ_SETTLE_TIMEOUT_S)
@@ -147,9 +145,23 @@ def session_routes(
 
         index = await run_in_threadpool(snapshot)
         try:
-            body = await rollouts_for(store).rollout(
-                index, session_id, allow_partial=allow_partial, lost_records=store.lost_records, run=run
+            return await rollouts_for(store).rollout(
+                index, session_id, lost_records=store.lost_records, run=run, **options
             )
+        except UnknownRun:
+            raise _unknown_run(session_id, run) from None
+        except RolloutError as exc:
+            raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
+        except RebuildUnavailable as exc:
+            raise worker_failed(exc) from None
+
+    async def rollout(request: Request) -> Response:
+        store = store_or_error()
+        session_id = await scope.session_id(request, store)
+        allow_partial = _bool_param(request.query_params.get("allow_partial"), "allow_partial", default=True)
+        run = run_param(request, default=LATEST)
+        try:
+            body = await rebuilt(store, session_id, run, allow_partial=allow_partial)
         except UnknownSession:
             lost = await run_in_threadpool(store.lost_records, session_id)
             if not lost:
@@ -158,37 +170,16 @@ def session_routes(
                 body = orjson.dumps(lost_session_rollout(session_id, lost, allow_partial))
             except RolloutError as exc:
                 raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
-        except UnknownRun:
-            raise _unknown_run(session_id, run) from None
-        except RolloutError as exc:
-            raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
-        except RebuildUnavailable as exc:
-            raise worker_failed(exc) from None
         return _body_response(body)
 
     async def chains(request: Request) -> Response:
         """Every captured call in a token-contiguous chain: the session split at each break."""
         store = store_or_error()
         session_id = await scope.session_id(request, store)
-        run = run_param(request, default=LATEST)
-
-        def snapshot() -> IndexView:
-            store.flush(READ_SETTLE_TIMEOUT_S)
-            return store.index_view()
-
-        index = await run_in_threadpool(snapshot)
         try:
-            body = await rollouts_for(store).rollout(
-                index, session_id, lost_records=store.lost_records, run=run, view=CHAINS
-            )
+            body = await rebuilt(store, session_id, run_param(request, default=LATEST), view=CHAINS)
         except UnknownSession:
             raise _unknown(session_id) from None
-        except UnknownRun:
-            raise _unknown_run(session_id, run) from None
-        except RolloutError as exc:
-            raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
-        except RebuildUnavailable as exc:
-            raise worker_failed(exc) from None
         return _body_response(body)
 
     async def delete(request: Request) -> Response:

@@ -98,7 +98,7 @@ def test_the_viewer_shows_it_from_the_mark_a_server_left(tmp_path):
     forged.add("someone-else", session_dir_name("forged-dir"), DISK_FULL)
     assert forged.write_pending() is None
 
-    with TestClient(create_view_app(capture_dir)) as viewer:
+    with TestClient(create_view_app(capture_dir), base_url="http://127.0.0.1") as viewer:
         listed = [row["session_id"] for row in viewer.get("/v1/sessions").json()["sessions"]]
         assert listed == ["all-lost", "kept"]
         timeline = viewer.get(f"/v1/sessions/{LOST}/timeline")
