@@ -149,7 +149,7 @@ class ZipfText:
 
 
 def disk(bench: Bench) -> None:
-    """Point 7 of the hot-path issue: disk that grows with the tokens, not the turns (`capture_encoding`)."""
+    """Disk that grows with the tokens, not the turns (`capture_encoding`)."""
     bench.log("capture disk bytes vs unique tokens: full records (.json, .json.gz) and delta records (.delta)")
     turns, long_turns, singles = (8, 40, 3) if bench.quick else (20, 200, 8)
     servers: dict[str, tuple[Server, Path]] = {}

@@ -285,7 +285,7 @@ def dir_bytes(path: Path) -> int:
 
 
 def reads(bench: Bench) -> None:
-    """Point 6 of the hot-path issue: reads (rollout rebuilds, the session list) beside streaming calls."""
+    """Reads (rollout rebuilds, the session list) beside streaming calls."""
     bench.log("reads: rollout rebuilds and session listing beside streams; startup on a full directory")
     sessions = 1000 if bench.quick else 10_000
     full_dir, empty_dir = bench.log_dir / "captures-reads", bench.log_dir / "captures-empty"
