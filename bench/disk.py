@@ -23,9 +23,9 @@ from bench.calls import CHAT, words
 from bench.chain import Server
 from bench.harness import Bench
 from bench.stats import median, verdict
-from server.capture.delta import DeltaEncoder
-from server.capture.sessions import build_rollout
-from server.capture.store import CaptureStore, read_session_records, session_dir_name
+from server.capture.catalog.sessions import build_rollout
+from server.capture.read.store import CaptureStore, read_session_records, session_dir_name
+from server.capture.write.delta import DeltaEncoder
 
 
 def _files(capture_dir: Path, session_id: str) -> dict[str, int]:

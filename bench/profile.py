@@ -149,7 +149,7 @@ def hot_spots(raw: Path, top: int = 15) -> str:
 
 def _thread_name(frames: list[str]) -> str:
     for frame in frames:
-        if "capture/writer.py" in frame or "capture/durable.py" in frame:
+        if "capture/write/writer.py" in frame or "capture/write/durable.py" in frame:
             return "capture writer"
         if "opentelemetry" in frame:
             return "telemetry export"

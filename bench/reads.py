@@ -33,7 +33,7 @@ from bench.calls import CHAT, CHAT_TOKEN_MARK, chat_body, template
 from bench.chain import Server
 from bench.harness import Bench
 from bench.stats import errors, fmt_lat, median, pct, pool, summary, verdict
-from server.capture.record import build_record
+from server.capture.write.record import build_record
 
 # The reads section's streams: paced like a model's tokens (the first one comes after one pace).
 READS_STREAM = "Explain the plan step by step. [[mock:tokens 20]] [[mock:slow 100]]"

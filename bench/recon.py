@@ -20,8 +20,8 @@ import orjson
 
 from bench.harness import Bench
 from bench.stats import verdict
-from server.capture.record import build_record
 from server.capture.rollout import reconstruct_session, reconstruct_tree
+from server.capture.write.record import build_record
 
 _WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "

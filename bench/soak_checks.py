@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 
 from bench.soak_load import OK, UNCERTAIN, CallResult, Options, fault_table
-from server.capture.delta import DELTA_SUFFIX
-from server.capture.delta_read import DeltaFileError, parse_delta_file
-from server.capture.store import read_session_records
+from server.capture.read.delta_read import DeltaFileError, parse_delta_file
+from server.capture.read.store import read_session_records
+from server.capture.write.delta import DELTA_SUFFIX
 
 MiB = 1024 * 1024
 

@@ -158,7 +158,7 @@ def create_app(
         from server.api.session_access import SessionAccess
         from server.api.session_views import view_routes
         from server.api.sessions import session_routes
-        from server.capture.summary import SummaryCache
+        from server.capture.catalog.summary import SummaryCache
         from server.viewer import ui_routes
 
         summaries = SummaryCache()

@@ -54,8 +54,8 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
         if settings.max_concurrent_requests:
             state.semaphore = asyncio.Semaphore(settings.max_concurrent_requests)
         if settings.gym is not None:
-            from server.capture.gym_calls import GymCallLog
-            from server.capture.gym_tokens import GymTokenCapture
+            from server.capture.gym.calls import GymCallLog
+            from server.capture.gym.tokens import GymTokenCapture
 
             try:
                 state.gym_tokens = GymTokenCapture.from_gym_settings(settings.gym, settings.workers)
@@ -63,8 +63,8 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
             except (ValueError, OSError) as exc:
                 raise RuntimeError(f"Gym's capture settings: {exc}") from exc
         if settings.capture:
-            from server.capture.handoff import CaptureHandoff
-            from server.capture.store import CaptureStore
+            from server.capture.read.store import CaptureStore
+            from server.capture.write.handoff import CaptureHandoff
 
             state.store = CaptureStore(
                 settings.capture_dir,
@@ -79,7 +79,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
             )
             # Earlier runs' records are indexed in the background: calls are served meanwhile.
             await asyncio.to_thread(state.store.start, index_in_background=True)
-            from server.capture.rebuilds import RolloutBuilder
+            from server.capture.read.rebuilds import RolloutBuilder
 
             state.rollouts = RolloutBuilder(
                 state.store.sessions_dir,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from middleware.correlation import RefusedIds
-from server.capture.runs import new_run_id
+from server.capture.catalog.runs import new_run_id
 from server.config import Settings
 from server.errors import OpenAIError
 from server.owners import Owners
@@ -17,11 +17,11 @@ from server.telemetry.spans import Telemetry
 from server.upstream.client import Upstream
 
 if TYPE_CHECKING:
-    from server.capture.gym_calls import GymCallLog
-    from server.capture.gym_tokens import GymTokenCapture
-    from server.capture.handoff import CaptureHandoff
-    from server.capture.rebuilds import RolloutBuilder
-    from server.capture.store import CaptureStore
+    from server.capture.gym.calls import GymCallLog
+    from server.capture.gym.tokens import GymTokenCapture
+    from server.capture.read.rebuilds import RolloutBuilder
+    from server.capture.read.store import CaptureStore
+    from server.capture.write.handoff import CaptureHandoff
     from server.injection.injector import Injector
     from server.stateful.service import Stateful
 

@@ -21,7 +21,7 @@ import orjson
 
 from middleware.correlation import Correlation, current_correlation, id_rule
 from server.api import gym_hooks
-from server.capture.gym_tokens import request_items
+from server.capture.gym.tokens import request_items
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.errors import OpenAIError
 from server.http import sse

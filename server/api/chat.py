@@ -9,7 +9,7 @@ import orjson
 
 from middleware.correlation import Correlation
 from server.api.call import Call, ModelEndpoint, chat_event_batches, parse_reply
-from server.capture.gym_tokens import chat_with_gym_tokens
+from server.capture.gym.tokens import chat_with_gym_tokens
 from server.capture.tokens import strip_token_fields
 from server.errors import OpenAIError
 from server.http import sse

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from middleware.correlation import Correlation
-from server.capture.gym_tokens import GymTokenCapture, chat_with_gym_tokens, request_items
+from server.capture.gym.tokens import GymTokenCapture, chat_with_gym_tokens, request_items
 from server.errors import OpenAIError
 from server.state import AppState
 

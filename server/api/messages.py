@@ -13,8 +13,8 @@ import orjson
 
 from middleware.correlation import Correlation
 from server.api.call import Call, ModelEndpoint, chat_event_batches, new_id, parse_reply
-from server.capture.gym_messages import responses_request, served_response, with_call_ids
-from server.capture.gym_tokens import request_items
+from server.capture.gym.messages import responses_request, served_response, with_call_ids
+from server.capture.gym.tokens import request_items
 from server.errors import OpenAIError, anthropic_error_dict, anthropic_error_json
 from server.http.asgi import SSE_HEADERS, send_json
 from server.state import AppState

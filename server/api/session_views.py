@@ -14,12 +14,12 @@ from starlette.routing import Route
 
 from server.api.session_access import SessionAccess
 from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown, worker_failed
-from server.capture.index_view import IndexView
-from server.capture.rebuilds import RebuildUnavailable, RolloutBuilder
-from server.capture.record import SCHEMA_VERSION
-from server.capture.store import CaptureStore, UnknownSession, read_session_records
-from server.capture.summary import SummaryCache
-from server.capture.timeline import build_tree, link_children, lost_session_timeline, timeline_parts
+from server.capture.catalog.index_view import IndexView
+from server.capture.catalog.summary import SummaryCache
+from server.capture.read.rebuilds import RebuildUnavailable, RolloutBuilder
+from server.capture.read.store import CaptureStore, UnknownSession, read_session_records
+from server.capture.read.timeline import build_tree, link_children, lost_session_timeline, timeline_parts
+from server.capture.write.record import SCHEMA_VERSION
 from server.errors import OpenAIError
 from server.ids import is_valid_session_id
 

@@ -14,14 +14,14 @@ from starlette.routing import Route
 
 from server.api.cursor import limit_param
 from server.api.session_access import SessionAccess, unknown_session
-from server.capture.index_view import IndexView
-from server.capture.rebuilds import CHAINS, RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
-from server.capture.record import SCHEMA_VERSION
+from server.capture.catalog.index_view import IndexView
+from server.capture.catalog.runs import ALL, LATEST, UnknownRun, parse_run
+from server.capture.catalog.sessions import build_tree, lost_session_envelope, lost_session_node
+from server.capture.catalog.summary import KINDS, STATUSES, ListQuery, SummaryCache, format_time, list_page, parse_time
+from server.capture.read.rebuilds import CHAINS, RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
+from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError, lost_session_rollout
-from server.capture.runs import ALL, LATEST, UnknownRun, parse_run
-from server.capture.sessions import build_tree, lost_session_envelope, lost_session_node
-from server.capture.store import CaptureStore, UnknownSession
-from server.capture.summary import KINDS, STATUSES, ListQuery, SummaryCache, format_time, list_page, parse_time
+from server.capture.write.record import SCHEMA_VERSION
 from server.errors import OpenAIError
 from server.ids import is_valid_session_id
 

@@ -1,1 +1,1 @@
-"""Token-exact capture: records, the durable store, and rollout reconstruction."""
+"""Token-exact capture, by job: write/, catalog/, read/, rollout/ and gym/; tokens.py the token triple rules they share."""

@@ -11,10 +11,10 @@ from urllib.parse import quote, urlsplit
 import httpx
 import orjson
 
+from server.capture.catalog.runs import ALL, LATEST, LEGACY, UnknownRun, parse_run
+from server.capture.catalog.sessions import build_rollout, build_tree, lost_session_envelope, lost_session_node
+from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError, lost_session_rollout
-from server.capture.runs import ALL, LATEST, LEGACY, UnknownRun, parse_run
-from server.capture.sessions import build_rollout, build_tree, lost_session_envelope, lost_session_node
-from server.capture.store import CaptureStore, UnknownSession
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, server_url
 from server.files import atomic_writer

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from server.capture.runs import new_run_id
+from server.capture.catalog.runs import new_run_id
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, Settings, resolve_deployment
 from server.files import process_temp_dir

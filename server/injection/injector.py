@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from server.capture.record import INJECTION_BREAKING_FALLBACKS
+from server.capture.write.record import INJECTION_BREAKING_FALLBACKS
 from server.injection.breaker import RouteBreaker
 from server.injection.chains import (
     Chain,

@@ -18,8 +18,8 @@ from starlette.routing import BaseRoute, Route
 from middleware.hosts import HostAllowList, HostCheckMiddleware
 from server.api.session_views import view_routes
 from server.api.sessions import session_routes
-from server.capture.store import CaptureStore
-from server.capture.summary import SummaryCache
+from server.capture.catalog.summary import SummaryCache
+from server.capture.read.store import CaptureStore
 from server.errors import OpenAIError
 from server.viewer import ui_routes
 

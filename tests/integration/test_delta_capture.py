@@ -13,9 +13,9 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from server.capture.delta import DELTA_SUFFIX
-from server.capture.delta_read import parse_delta_file
-from server.capture.store import session_dir_name
+from server.capture.read.delta_read import parse_delta_file
+from server.capture.read.store import session_dir_name
+from server.capture.write.delta import DELTA_SUFFIX
 from tests.support.chain import launch_chain
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import yaml
 
-from server.capture.store import CaptureStore
+from server.capture.read.store import CaptureStore
 from tests.support.captures import captured_call, chat_response, records_in, submit_all
 from tests.support.memory import TreePeak
 from tests.support.procs import Proc, start_server

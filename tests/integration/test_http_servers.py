@@ -15,8 +15,8 @@ import httpx
 import orjson
 import pytest
 
-from server.capture.rebuilds import rollout_json
-from server.capture.store import CaptureStore
+from server.capture.read.rebuilds import rollout_json
+from server.capture.read.store import CaptureStore
 from tests.support.procs import start_server
 from tests.support.tcp import NaglingStreamServer, delayed_acks
 

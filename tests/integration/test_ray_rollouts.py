@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from server.capture.sessions import build_rollout
-from server.capture.store import CaptureStore
+from server.capture.catalog.sessions import build_rollout
+from server.capture.read.store import CaptureStore
 from tests.support import scripted_agent
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from server.capture.store import CaptureStore
+from server.capture.read.store import CaptureStore
 
 
 def chat_response(prompt=(1, 2, 3), generation=(7, 8), content="hi", tool_calls=None) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from server.capture.contiguity import compare_calls
+from server.capture.read.contiguity import compare_calls
 
 # Each kind names what the client (or engine) did, so a user knows what to change.
 KINDS: dict[str, str] = {

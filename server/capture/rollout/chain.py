@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from server.capture.record import SCHEMA_VERSION
 from server.capture.rollout.breaks import KINDS, break_kind, describe_break
 from server.capture.rollout.continuation import ContinuationIndex
 from server.capture.rollout.continuation import extends as _extends
@@ -25,6 +24,7 @@ from server.capture.rollout.records import (
     uuid_or_index,
 )
 from server.capture.tokens import is_finite_numbers, is_token_ids
+from server.capture.write.record import SCHEMA_VERSION
 
 
 def reconstruct_envelope(envelope: object, session_id: str, *, allow_partial: bool = True) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.capture.record import INJECTION_BREAKING_FALLBACKS
+from server.capture.write.record import INJECTION_BREAKING_FALLBACKS
 
 
 def split_items(items: list[dict]) -> dict:

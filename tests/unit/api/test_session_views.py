@@ -161,9 +161,9 @@ def test_a_timeline_is_built_in_the_rebuild_worker_and_matches_the_one_built_in_
     from starlette.applications import Starlette
 
     from server.api.session_views import view_routes
-    from server.capture.rebuilds import RolloutBuilder
-    from server.capture.store import CaptureStore
-    from server.capture.summary import SummaryCache
+    from server.capture.catalog.summary import SummaryCache
+    from server.capture.read.rebuilds import RolloutBuilder
+    from server.capture.read.store import CaptureStore
 
     capture_dir = tmp_path / "captures"
     write_demo_sessions(capture_dir, fillers=FILLERS)

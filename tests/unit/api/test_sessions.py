@@ -11,9 +11,9 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from server.api.sessions import session_routes
-from server.capture import rebuilds
+from server.capture.read import rebuilds
+from server.capture.read.store import CaptureStore
 from server.capture.rollout import RolloutError
-from server.capture.store import CaptureStore
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response
 from tests.support.captures import submit_all as add
@@ -416,7 +416,7 @@ def test_real_rollout_rejects_a_broken_chain_when_strict(client, store):
 def test_a_large_rollout_and_records_are_streamed_from_a_spool_file_with_their_length(store):
     """Over the inline size the body never sits in the server whole: it is sent from an unlinked
     file, piece by piece, with its Content-Length, and the bytes are those of a rollout kept whole."""
-    from server.capture.rebuilds import RolloutBuilder
+    from server.capture.read.rebuilds import RolloutBuilder
 
     add(
         store,
@@ -448,7 +448,7 @@ def test_a_spooled_body_is_handed_to_a_server_that_sends_files_itself(store):
     and no byte of the body passes through the app; the file holds exactly the rollout."""
     import asyncio
 
-    from server.capture.rebuilds import RolloutBuilder
+    from server.capture.read.rebuilds import RolloutBuilder
 
     add(store, call("big", response=chat_response(list(range(1, 4000)), [4000, 4001])))
     spooling = RolloutBuilder(store.sessions_dir, workers=0, inline_bytes=0)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.capture.contiguity import compare_calls, first_difference
+from server.capture.read.contiguity import compare_calls, first_difference
 
 
 def test_a_prompt_that_extends_prompt_plus_generation_extends():

@@ -8,13 +8,13 @@ import random
 import orjson
 import pytest
 
-from server.capture import delta as delta_encoder
-from server.capture import delta_read as delta_module
-from server.capture import store as store_module
-from server.capture.delta import DELTA_SUFFIX
-from server.capture.delta_read import parse_delta_file
-from server.capture.sessions import build_rollout
-from server.capture.store import CaptureStore, session_dir_name
+from server.capture.catalog.sessions import build_rollout
+from server.capture.read import delta_read as delta_module
+from server.capture.read import store as store_module
+from server.capture.read.delta_read import parse_delta_file
+from server.capture.read.store import CaptureStore, session_dir_name
+from server.capture.write import delta as delta_encoder
+from server.capture.write.delta import DELTA_SUFFIX
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 

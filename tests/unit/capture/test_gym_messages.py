@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from server.capture.gym_messages import responses_request, served_response
-from server.capture.gym_tokens import request_items
+from server.capture.gym.messages import responses_request, served_response
+from server.capture.gym.tokens import request_items
 
 CALL = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls"}}
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from server.capture.gym_tokens import GymTokenCapture, chat_with_gym_tokens, request_items
+from server.capture.gym.tokens import GymTokenCapture, chat_with_gym_tokens, request_items
 from tests.support.captures import chat_response
 
 pytest.importorskip("nemo_gym.token_id_capture", reason="NeMo Gym 0.7.0 is installed by `make venv`")
@@ -50,7 +50,7 @@ def test_chat_bundle_moves_to_the_message():
 
 
 def test_a_gym_release_other_than_the_tested_one_is_named_in_a_warning(monkeypatch, caplog):
-    from server.capture import gym_tokens
+    from server.capture.gym import tokens as gym_tokens
 
     assert gym_tokens.check_gym_version() == "0.7.0" and not caplog.records
     monkeypatch.setattr(gym_tokens.importlib.metadata, "version", lambda name: "0.9.1")

@@ -7,7 +7,7 @@ import os
 import re
 import threading
 
-from server.capture import journal
+from server.capture.write import journal
 
 IS_NAME = re.compile(r"[0-9a-f]{64}").fullmatch
 

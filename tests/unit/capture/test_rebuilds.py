@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from server.capture import rebuilds
-from server.capture.rebuilds import RolloutBuilder, rollout_json, tree_of
-from server.capture.store import CaptureStore, UnknownSession
+from server.capture.read import rebuilds
+from server.capture.read.rebuilds import RolloutBuilder, rollout_json, tree_of
+from server.capture.read.store import CaptureStore, UnknownSession
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response, two_turns
 from tests.support.captures import submit_all as add

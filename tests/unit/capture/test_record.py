@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from server.capture.record import (
+from server.capture.write.record import (
     build_record,
     format_tool_choice,
     format_tools,
@@ -405,7 +405,7 @@ def test_session_id_charset(value, ok):
 
 
 def test_the_injection_object_is_kept_only_when_given():
-    from server.capture.record import build_record as build
+    from server.capture.write.record import build_record as build
 
     kwargs = dict(
         session_id="s",

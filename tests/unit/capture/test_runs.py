@@ -10,13 +10,13 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from server.api.sessions import session_routes
-from server.capture import runs
-from server.capture import store as store_module
-from server.capture.index import TALLY_KEPT_S
-from server.capture.rebuilds import RolloutBuilder
-from server.capture.runs import RunChoice, UnknownRun
-from server.capture.sessions import build_rollout, build_tree
-from server.capture.store import CaptureStore, session_dir_name
+from server.capture.catalog import runs
+from server.capture.catalog.index import TALLY_KEPT_S
+from server.capture.catalog.runs import RunChoice, UnknownRun
+from server.capture.catalog.sessions import build_rollout, build_tree
+from server.capture.read import store as store_module
+from server.capture.read.rebuilds import RolloutBuilder
+from server.capture.read.store import CaptureStore, session_dir_name
 from server.cli.sessions import main as sessions_main
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response, two_turns

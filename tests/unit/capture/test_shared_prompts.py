@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.capture.shared_prompts import MAX_CANDIDATES, SharedPrompts
+from server.capture.read.shared_prompts import MAX_CANDIDATES, SharedPrompts
 
 
 def _chain(calls: int, seed: int = 1) -> list[bytes]:
@@ -133,7 +133,7 @@ def test_any_sequence_of_prompts_parses_as_orjson(steps):
 def test_unrelated_prompts_are_compared_with_a_bounded_number_of_earlier_ones(monkeypatch):
     """A session of independent calls stays linear: each record is compared with at most
     MAX_CANDIDATES earlier prompts, however many were read."""
-    import server.capture.shared_prompts as module
+    import server.capture.read.shared_prompts as module
 
     compared = []
     real_extend = module._extend

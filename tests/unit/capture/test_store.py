@@ -12,10 +12,10 @@ import time
 import orjson
 import pytest
 
-from server.capture import store as store_module
-from server.capture import writer as writer_module
-from server.capture.record import build_record
-from server.capture.store import CaptureStore, InvalidSessionId, UnknownSession, session_dir_name
+from server.capture.read import store as store_module
+from server.capture.read.store import CaptureStore, InvalidSessionId, UnknownSession, session_dir_name
+from server.capture.write import writer as writer_module
+from server.capture.write.record import build_record
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response
 from tests.support.captures import submit_all as write

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from server.capture.record import build_record
-from server.capture.store import CaptureStore
-from server.capture.summary import SummaryCache, session_facts, started_at
-from server.capture.timeline import build_timeline, build_tree, link_children, spawning_call
+from server.capture.catalog.summary import SummaryCache, session_facts, started_at
+from server.capture.read.store import CaptureStore
+from server.capture.read.timeline import build_timeline, build_tree, link_children, spawning_call
+from server.capture.write.record import build_record
 
 SYSTEM = {"role": "system", "content": "be brief"}
 
@@ -221,7 +221,7 @@ def _wait_for_background(cache):
 
 
 def test_a_large_session_is_listed_from_record_heads_and_filled_in_later(tree_store):
-    from server.capture.summary import ListQuery, list_page
+    from server.capture.catalog.summary import ListQuery, list_page
 
     full = SummaryCache().summary(tree_store, tree_store.index_view(), "s")
     cache = SummaryCache(full_read_bytes=0)  # every session counts as large
@@ -238,7 +238,7 @@ def test_a_large_session_is_listed_from_record_heads_and_filled_in_later(tree_st
 
 
 def test_the_status_filter_never_sees_pending(tree_store):
-    from server.capture.summary import ListQuery, list_page
+    from server.capture.catalog.summary import ListQuery, list_page
 
     tree_store.submit(
         record("s-sub-sub", [{"role": "user", "content": "go"}], {"content": "z"}, [99], [2], at=5, parent="s-sub")
@@ -253,7 +253,7 @@ def test_the_status_filter_never_sees_pending(tree_store):
 
 
 def test_record_heads_refuse_files_they_cannot_vouch_for(tree_store, tmp_path):
-    from server.capture.store import session_dir_name
+    from server.capture.read.store import session_dir_name
 
     assert len(tree_store.read_record_heads("s")) == 2
     # A record written by something else (keys in another order) is not read by its first block.

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.capture.record import build_record
 from server.capture.rollout.items import message_items
 from server.capture.tokens import (
     generation_token_texts,
@@ -22,6 +21,7 @@ from server.capture.tokens import (
     token_triple,
     triple_problem,
 )
+from server.capture.write.record import build_record
 from server.translate.accumulate import ChatStreamAccumulator, chunks_from_completion
 from server.translate.response import chat_to_response
 from tests.support.translate import COMPLETED_AT, PROMPT_IDS, chat_completion, lp

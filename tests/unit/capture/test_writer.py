@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from server.capture import writer as writer_module
-from server.capture.durable import GroupSync
-from server.capture.marks import MARK_NAME
-from server.capture.record import build_record
-from server.capture.store import CaptureStore
+from server.capture.read.store import CaptureStore
+from server.capture.write import writer as writer_module
+from server.capture.write.durable import GroupSync
+from server.capture.write.marks import MARK_NAME
+from server.capture.write.record import build_record
 from tests.support.captures import captured_call as call
 
 

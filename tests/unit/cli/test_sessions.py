@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from server.capture import sessions as capture_sessions
+from server.capture.catalog import sessions as capture_sessions
+from server.capture.read.store import CaptureStore
 from server.capture.rollout import RolloutError
-from server.capture.store import CaptureStore
 from server.cli.sessions import add_sessions_parser, main, run_sessions
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response
@@ -237,7 +237,7 @@ import contextlib
 import sys
 import uvicorn
 from starlette.applications import Starlette
-from server.capture.store import CaptureStore
+from server.capture.read.store import CaptureStore
 from server.api.sessions import session_routes
 
 store = CaptureStore(sys.argv[1])

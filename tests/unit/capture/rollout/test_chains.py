@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from server.capture.read.timeline import build_timeline
 from server.capture.rollout import reconstruct_session
 from server.capture.rollout.chains import chains_tree, session_chains
-from server.capture.timeline import build_timeline
 from tests.support.scripted_sessions import OPERATIONS, scripted
 
 BREAKING = {

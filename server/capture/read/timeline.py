@@ -5,11 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from server.capture.contiguity import compare_calls
-from server.capture.index_view import IndexView
-from server.capture.rollout.chain import CAPTURE_FAILED
-from server.capture.store import CaptureStore, read_session_records
-from server.capture.summary import (
+from server.capture.catalog.index_view import IndexView
+from server.capture.catalog.summary import (
     SessionFacts,
     SummaryCache,
     chain_outcome,
@@ -19,6 +16,9 @@ from server.capture.summary import (
     tokens_in,
     tokens_out,
 )
+from server.capture.read.contiguity import compare_calls
+from server.capture.read.store import CaptureStore, read_session_records
+from server.capture.rollout.chain import CAPTURE_FAILED
 
 CONTEXT_WINDOW = 8
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from server.capture.index_view import IndexView
-from server.capture.record import SCHEMA_VERSION
+from server.capture.catalog.index_view import IndexView
+from server.capture.catalog.runs import ALL, LATEST, RunChoice, children_in, choose, narrow, run_of, runs_of
+from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import reconstruct_tree
 from server.capture.rollout.chains import chains_tree
-from server.capture.runs import ALL, LATEST, RunChoice, children_in, choose, narrow, run_of, runs_of
-from server.capture.store import CaptureStore, UnknownSession
+from server.capture.write.record import SCHEMA_VERSION
 
 
 def pick(index: IndexView, session_id: str, wanted: str) -> RunChoice | None:

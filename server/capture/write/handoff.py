@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from server.capture.store import CaptureStore
+from server.capture.read.store import CaptureStore
 from server.config import Settings
 from server.errors import OpenAIError
 

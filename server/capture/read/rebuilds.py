@@ -40,13 +40,13 @@ from typing import Any, TypeVar
 
 import orjson
 
-from server.capture.index_view import IndexView
-from server.capture.record import SCHEMA_VERSION
+from server.capture.catalog.index_view import IndexView
+from server.capture.catalog.runs import LATEST, RunChoice, children_in
+from server.capture.catalog.sessions import pick, tree_records
+from server.capture.read.store import UnknownSession, read_session_records
 from server.capture.rollout import reconstruct_tree
 from server.capture.rollout.chains import chains_tree
-from server.capture.runs import LATEST, RunChoice, children_in
-from server.capture.sessions import pick, tree_records
-from server.capture.store import UnknownSession, read_session_records
+from server.capture.write.record import SCHEMA_VERSION
 from server.files import process_temp_dir
 
 log = logging.getLogger("switchyard_model.capture")

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from server.capture.record import utc_timestamp
+from server.capture.write.record import utc_timestamp
 from server.files import write_atomic
 
 # Beside the `<uuid>.json` records; not `*.json`, so readers of the record layout never take it for one.

@@ -24,17 +24,17 @@ from typing import Any
 
 import orjson
 
-from server.capture import journal
-from server.capture.bounded import TooBig, gunzip, open_regular, read_file
-from server.capture.delta import DELTA_SUFFIX
-from server.capture.delta_read import delta_header, read_with_deltas
-from server.capture.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, SessionIndex
-from server.capture.index_view import IndexView, RecordHeader
-from server.capture.owners import SessionOwners
-from server.capture.record import validate_record
-from server.capture.runs import LEGACY
-from server.capture.shared_prompts import SharedPrompts
-from server.capture.writer import CALL, RECORD, RecordWriter
+from server.capture.catalog.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, SessionIndex
+from server.capture.catalog.index_view import IndexView, RecordHeader
+from server.capture.catalog.owners import SessionOwners
+from server.capture.catalog.runs import LEGACY
+from server.capture.read.bounded import TooBig, gunzip, open_regular, read_file
+from server.capture.read.delta_read import delta_header, read_with_deltas
+from server.capture.read.shared_prompts import SharedPrompts
+from server.capture.write import journal
+from server.capture.write.delta import DELTA_SUFFIX
+from server.capture.write.record import validate_record
+from server.capture.write.writer import CALL, RECORD, RecordWriter
 from server.ids import is_valid_session_id, uncorrelated_session_id
 from server.logs import RateLimitedLog
 

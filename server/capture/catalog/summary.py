@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from server.capture.index_view import IndexView, SessionEntry
+from server.capture.catalog.index_view import IndexView, SessionEntry
+from server.capture.catalog.runs import children_in, latest_conversation, runs_of
+from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError
 from server.capture.rollout.chain import CAPTURE_FAILED
 from server.capture.rollout.chains import session_chains
-from server.capture.runs import children_in, latest_conversation, runs_of
-from server.capture.store import CaptureStore, UnknownSession
 
 # What `status=` may ask for. `whole`: the rollout is not masked; `partial`: a valid prefix was kept
 # and the rest cut (partial_reason); `masked`: mask_sample would be true (partial, not

@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.capture.index_view import IndexView, RecordHeader, SessionEntry, SessionTally
-from server.capture.marks import read_mark
+from server.capture.catalog.index_view import IndexView, RecordHeader, SessionEntry, SessionTally
+from server.capture.write.marks import read_mark
 
 # A directory modified this recently is rescanned every time. Covers the filesystem clock's tick
 # and modest clock differences between a network filesystem's server and this host.

@@ -23,10 +23,10 @@ from typing import Any
 import orjson
 
 from server.batching import Waiter, answer, settle, take_batch
-from server.capture.delta import DELTA_SUFFIX, DeltaEncoder
-from server.capture.durable import FSYNC_MODES, GroupSync
-from server.capture.marks import LostRecords
-from server.capture.record import build_record
+from server.capture.write.delta import DELTA_SUFFIX, DeltaEncoder
+from server.capture.write.durable import FSYNC_MODES, GroupSync
+from server.capture.write.marks import LostRecords
+from server.capture.write.record import build_record
 from server.ids import is_valid_session_id
 from server.logs import RateLimitedLog
 

@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 import zstandard
 
-from server.capture.bounded import TooBig, unzstd
-from server.capture.delta import DELTA_SUFFIX
-from server.capture.record import validate_record
+from server.capture.read.bounded import TooBig, unzstd
+from server.capture.write.delta import DELTA_SUFFIX
+from server.capture.write.record import validate_record
 from server.ids import is_valid_session_id
 
 _local = threading.local()  # a decompressor per reading thread (they are not shareable between threads)

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from server.capture.contiguity import first_difference
+from server.capture.read.contiguity import first_difference
 
 if TYPE_CHECKING:
-    from server.capture.index_view import IndexView
+    from server.capture.catalog.index_view import IndexView
 
 # The `run` parameter's words; anything else names a run id.
 LATEST = "latest"

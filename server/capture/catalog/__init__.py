@@ -1,0 +1,1 @@
+"""The catalog of captured sessions: the session index, owners, server runs, summaries and session trees."""
