@@ -21,6 +21,7 @@ from server.capture.catalog.summary import KINDS, STATUSES, ListQuery, SummaryCa
 from server.capture.read.rebuilds import CHAINS, RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
 from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError, lost_session_rollout
+from server.capture.rollout.chains import lost_session_chains
 from server.capture.write.record import SCHEMA_VERSION
 from server.errors import OpenAIError
 from server.ids import is_valid_session_id
@@ -179,7 +180,10 @@ def session_routes(
         try:
             body = await rebuilt(store, session_id, run_param(request, default=LATEST), view=CHAINS)
         except UnknownSession:
-            raise _unknown(session_id) from None
+            lost = await run_in_threadpool(store.lost_records, session_id)
+            if not lost:
+                raise _unknown(session_id) from None
+            body = orjson.dumps(lost_session_chains(session_id, lost))  # every record lost: no chains, masked
         return _body_response(body)
 
     async def delete(request: Request) -> Response:

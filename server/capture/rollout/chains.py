@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from server.capture.rollout.breaks import KINDS
-from server.capture.rollout.chain import _Call, _Reconstruction
+from server.capture.rollout.chain import CAPTURE_FAILED, _Call, _Reconstruction
 from server.capture.rollout.items import map_tools
 from server.capture.rollout.messages import RolloutError
 from server.capture.rollout.records import signature, split_items
@@ -295,6 +295,26 @@ def flat_sample(steps: list[_Call]) -> dict:
         mask[start : start + count] = [1] * count
         log_probs[start : start + count] = step.log_probs
     return {"token_ids": token_ids, "generation_mask": mask, "log_probs": log_probs}
+
+
+def lost_session_chains(session_id: str, lost: int) -> dict:
+    """The chains of a session whose every record was lost to capture failures: none, and the masked
+    `capture_failed` rollout, so a trainer sees a session that ran and cannot be used."""
+    rollout = {"status": "partial", "partial_reason": CAPTURE_FAILED, "partial_break": None}
+    return {
+        "session_id": session_id,
+        "parent_session_id": None,
+        "chains": [],
+        "calls": [],
+        "breaks": [],
+        "rollout": {**rollout, "record_uuids": [], "mask_sample": True},
+        "generated_tokens": 0,
+        "chain_tokens": 0,
+        "trainable_fraction": None,
+        "rollout_fraction": None,
+        "lost_records": lost,
+        "subagents": [],
+    }
 
 
 def _fraction(part: int, whole: int) -> float | None:

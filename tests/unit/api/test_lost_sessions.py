@@ -1,5 +1,5 @@
-"""A session whose every record was lost to capture failures (a full disk) ran: its rollout, records,
-tree, list row and timeline say `capture_failed`, never 404 ("never ran")."""
+"""A session whose every record was lost to capture failures (a full disk) ran: its rollout, chains,
+records, tree, list row and timeline say `capture_failed`, never 404 ("never ran")."""
 
 from __future__ import annotations
 
@@ -61,8 +61,14 @@ def test_a_session_that_lost_every_record_answers_capture_failed_while_the_disk_
     assert tree.status_code == 200, tree.text
     assert tree.json()["record_count"] == 0 and tree.json()["lost_records"] == 1 and tree.json()["children"] == []
 
+    chains = client.get(f"/v1/sessions/{LOST}/chains")
+    assert chains.status_code == 200, chains.text
+    body = chains.json()
+    assert body["chains"] == [] and body["lost_records"] == 1 and body["subagents"] == []
+    assert body["rollout"]["partial_reason"] == "capture_failed" and body["rollout"]["mask_sample"] is True
+
     # The control: a session that never ran is still unknown.
-    for path in ("rollout", "completions", "tree"):
+    for path in ("rollout", "chains", "completions", "tree"):
         assert client.get(f"/v1/sessions/never-ran/{path}").status_code == 404
 
 
