@@ -29,7 +29,7 @@ from server.owners import Owners
 from server.state import AppState
 from server.switchyard.proxy import build_proxy
 from server.telemetry.prometheus import metrics_route
-from server.telemetry.spans import Telemetry
+from server.telemetry.service import Telemetry
 
 log = logging.getLogger("switchyard_model.app")
 

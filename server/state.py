@@ -13,7 +13,7 @@ from server.config import Settings
 from server.errors import OpenAIError
 from server.owners import Owners
 from server.switchyard.proxy import SwitchyardProxy
-from server.telemetry.spans import Telemetry
+from server.telemetry.service import Telemetry
 from server.upstream.client import Upstream
 
 if TYPE_CHECKING:

@@ -78,7 +78,7 @@ _FLOAT_PARAMS = (
 _INT_PARAMS = (("top_k", "gen_ai.request.top_k"), ("seed", "gen_ai.request.seed"))
 
 
-def request_attributes(request: dict, stream: bool) -> dict[str, Any]:
+def request_attributes(request: dict[str, Any], stream: bool) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     if stream:
         attrs["gen_ai.request.stream"] = True
@@ -156,7 +156,7 @@ def response_attributes(response: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- opt-in content (gen_ai.input.messages / gen_ai.output.messages, as JSON strings) ----------------
-def content_input_attributes(request: dict) -> dict[str, str]:
+def content_input_attributes(request: dict[str, Any]) -> dict[str, str]:
     attrs = {}
     messages = request.get("messages") if isinstance(request, dict) else None
     if isinstance(messages, list):
@@ -283,7 +283,7 @@ def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def incoming_trace_headers(scope: dict) -> dict[str, str]:
+def incoming_trace_headers(scope: dict[str, Any]) -> dict[str, str]:
     """The request's W3C trace context (traceparent, tracestate), if well-formed."""
     headers = scope.get("headers") if isinstance(scope, dict) else None
     if not headers:

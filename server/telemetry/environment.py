@@ -8,6 +8,7 @@ import threading
 
 from opentelemetry.sdk.resources import Resource
 
+from server.config import Settings
 from server.logs import OncePerInterval
 
 log = logging.getLogger("switchyard_model.telemetry")
@@ -40,14 +41,14 @@ def otlp_endpoint(signal: str) -> str | None:
     return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
-def usage_on_our_span(settings: object, *, exporting_otlp: bool) -> bool:
+def usage_on_our_span(settings: Settings | None, *, exporting_otlp: bool) -> bool:
     """Whether our CLIENT span carries a call's token usage: the `otel_token_usage` setting, or on
     `auto`, unless the Switchyard this server launches exports its spans into the same traces
     (it reads this same environment), where its model-call span carries the usage already."""
-    choice = getattr(settings, "otel_token_usage", "auto")
+    choice = settings.otel_token_usage if settings is not None else "auto"
     if choice in ("ours", "switchyard"):
         return choice == "ours"
-    launched = bool(getattr(settings, "launches_proxy", False))
+    launched = settings is not None and settings.launches_proxy
     return not (exporting_otlp and launched and switchyard_exports_spans())
 
 

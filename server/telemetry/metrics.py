@@ -52,7 +52,7 @@ class Histogram:
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         # attrs -> [bucket counts, sum, count, min, max, start time (ns since the epoch)]
-        self.series: dict[Attrs, list] = {}
+        self.series: dict[Attrs, list[Any]] = {}
 
     def record(self, value: float, attrs: Attrs) -> None:
         entry = self.series.get(attrs)

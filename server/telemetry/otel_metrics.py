@@ -84,12 +84,19 @@ def attach(
         sdk_collect = reader._collect
         if sdk_collect is None:
             raise RuntimeError("attach the call histograms after the MeterProvider has taken the reader")
-        reader._set_collect_callback(_with_call_histograms(sdk_collect, calls, resource, scope))
+        # The SDK annotates its collect callback as (reader, temporality) -> MetricsData, yet calls it as
+        # (reader, timeout_millis=...) and takes None from it: its own annotation, not ours, is off.
+        reader._set_collect_callback(_with_call_histograms(sdk_collect, calls, resource, scope))  # type: ignore[arg-type]
 
 
-def _with_call_histograms(sdk_collect: Callable[..., Any], calls: m.CallMetrics, resource: Resource, scope) -> Any:
+def _with_call_histograms(
+    sdk_collect: Callable[..., Any],  # the SDK's collect, typed loosely as it is called (see attach)
+    calls: m.CallMetrics,
+    resource: Resource,
+    scope: InstrumentationScope,
+) -> Callable[..., MetricsData | None]:
     def collect(reader: MetricReader, timeout_millis: float = 10_000) -> MetricsData | None:
-        data = sdk_collect(reader, timeout_millis=timeout_millis)
+        data: MetricsData | None = sdk_collect(reader, timeout_millis=timeout_millis)
         ours = call_histograms(calls)
         if not ours:
             return data
@@ -134,7 +141,7 @@ def call_histograms(calls: m.CallMetrics) -> list[Metric]:
     return out
 
 
-def _point(attrs: m.Attrs, entry: list, bounds: tuple[float, ...], now: int) -> HistogramDataPoint:
+def _point(attrs: m.Attrs, entry: list[Any], bounds: tuple[float, ...], now: int) -> HistogramDataPoint:
     counts = list(entry[0])  # one copy under the GIL; the count is taken from it so the two agree
     return HistogramDataPoint(
         attributes=dict(attrs),

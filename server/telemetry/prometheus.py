@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,13 +27,16 @@ from server.telemetry.metrics import (
     Histogram,
 )
 
-if TYPE_CHECKING:
-    from server.telemetry.spans import Telemetry
-
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def metrics_route(telemetry: Telemetry) -> Route:
+class MetricsSource(Protocol):
+    """What `/metrics` reads: the app's Telemetry (named by its method, so this module needs not import it)."""
+
+    def prometheus_text(self) -> str: ...
+
+
+def metrics_route(telemetry: MetricsSource) -> Route:
     """`GET /metrics` for Prometheus scrapers."""
 
     async def metrics(request: Request) -> Response:

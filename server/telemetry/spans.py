@@ -1,37 +1,29 @@
-"""OpenTelemetry for model calls: provider setup and OTLP export, and the SERVER and CLIENT span of each call.
+"""The telemetry of one model call: its SERVER and CLIENT spans, and the call metrics they feed.
 
-The attributes come from attributes.py, the metrics from metrics.py, `/metrics` from prometheus.py.
+Telemetry (service.py) picks the class per call: spans when tracing is on and the sampler keeps the
+call, metrics only otherwise. The attributes come from attributes.py, the metrics from metrics.py.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from middleware.correlation import Correlation
 from server.logs import RateLimitedLog
-from server.telemetry import otel_metrics
 from server.telemetry.attributes import (
     OPERATION,
     PROVIDER_NAME,
     api_type,
     content_input_attributes,
     content_output_attributes,
-    incoming_trace_headers,
     record_error,
     request_attributes,
     response_attributes,
@@ -40,29 +32,12 @@ from server.telemetry.attributes import (
     session_attributes,
     token_count_attributes,
 )
-from server.telemetry.environment import (
-    EXPORT_LOG_INTERVAL_S,
-    env_true,
-    exporter_names,
-    otlp_endpoint,
-    package_version,
-    resource_for,
-    tame_exporter_logs,
-    usage_on_our_span,
-)
+from server.telemetry.environment import EXPORT_LOG_INTERVAL_S
 from server.telemetry.metrics import Attrs, CallMetrics
-from server.telemetry.prometheus import prometheus_text
-from server.telemetry.sampling import RateCappedSampler
 
 log = logging.getLogger("switchyard_model.telemetry")
 
-# The GenAI semantic conventions we follow, pinned: they are still "Development" and keep changing
-# (the next release replaces gen_ai.client.token.usage with counters).
-SEMCONV_VERSION = "1.41.1"
-SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
-INSTRUMENTATION_NAME = "switchyard_model"
-
-_limited = RateLimitedLog(log, EXPORT_LOG_INTERVAL_S)  # our own repeating complaints, likewise
+_limited = RateLimitedLog(log, EXPORT_LOG_INTERVAL_S)  # a failing call must not flood the log
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _clock = time.perf_counter  # call timings; tests replace it to get exact durations
@@ -89,226 +64,16 @@ class CallSpan:
         """The call's token-injection outcome (the record's `injection` object)."""
 
 
-_NOOP_SPAN = CallSpan()
+NOOP_SPAN = CallSpan()
 
 
-class Telemetry:
-    """Spans and metrics for one app: providers are per instance, never global, so apps can coexist.
-
-    Tracing is on only when some span exporter is configured (OTLP by `OTEL_EXPORTER_OTLP_*`, the
-    console by the `otel_console` setting or `OTEL_TRACES_EXPORTER=console`, or `span_exporter` from
-    a test); otherwise calls get a span-less CallSpan that only feeds the metrics. Metrics are always
-    collected (for GET /metrics) unless `OTEL_SDK_DISABLED=true`.
-    """
-
-    def __init__(
-        self,
-        settings: Any = None,
-        *,
-        span_exporter: SpanExporter | None = None,
-        metric_reader: MetricReader | None = None,
-    ) -> None:
-        self.settings = settings
-        self.capture_content = bool(getattr(settings, "otel_capture_content", False)) or env_true(
-            "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-        )
-        self.disabled = env_true("OTEL_SDK_DISABLED")
-        self.enabled = False  # spans are being made
-        self._tracer: Tracer | None = None
-        self._tracer_provider: TracerProvider | None = None
-        self._meter_provider: MeterProvider | None = None
-        self.metrics: CallMetrics | None = None
-        self._server_attrs: dict[str, Any] = {}
-        self._metric_attrs_cache: dict[tuple[str, str], Attrs] = {}
-        self._shutdown = False
-        self._sampler = RateCappedSampler(getattr(settings, "otel_traces_per_s", 0.0) or 0.0)
-        self.usage_on_our_span = True  # gen_ai.usage.* / llm.token_count.* on our CLIENT span
-        base_url = getattr(settings, "switchyard_base_url", None)
-        if base_url:
-            self.set_upstream(base_url)
-        if self.disabled:
-            return
-        tame_exporter_logs()
-        resource = resource_for(getattr(settings, "otel_service_name", None))
-        self._setup_tracing(settings, resource, span_exporter)
-        self._setup_metrics(resource, metric_reader)
-
-    # ---- setup ---------------------------------------------------------------------------------
-    def _setup_tracing(self, settings: Any, resource: Resource, test_exporter: SpanExporter | None) -> None:
-        chosen = exporter_names("OTEL_TRACES_EXPORTER")
-        processors: list[SpanProcessor] = []
-        targets = []
-        if test_exporter is not None:
-            # Tests want finished spans at once, not after a batch delay.
-            processors.append(SimpleSpanProcessor(test_exporter))
-            targets.append(type(test_exporter).__name__)
-        if "none" not in chosen:
-            exporter = _otlp_exporter("TRACES")
-            if exporter is not None:
-                processors.append(BatchSpanProcessor(exporter))
-                targets.append(f"OTLP {getattr(exporter, '_endpoint', '')}".strip())
-            if "console" in chosen or getattr(settings, "otel_console", False):
-                from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-                processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
-                targets.append("console")
-        if not processors:
-            return
-        self.usage_on_our_span = usage_on_our_span(settings, exporting_otlp=any(t.startswith("OTLP") for t in targets))
-        log.info(
-            "OpenTelemetry: spans go to %s; token usage on %s spans",
-            ", ".join(targets),
-            "our CLIENT" if self.usage_on_our_span else "Switchyard's model-call",
-        )
-        # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), read by the SDK.
-        provider = TracerProvider(resource=resource, shutdown_on_exit=True)
-        for processor in processors:
-            provider.add_span_processor(processor)
-        self._tracer_provider = provider
-        self._tracer = provider.get_tracer(INSTRUMENTATION_NAME, package_version(), schema_url=SCHEMA_URL)
-        self.enabled = True
-
-    def _setup_metrics(self, resource: Resource, test_reader: MetricReader | None) -> None:
-        self.metrics = CallMetrics()
-        readers: list[MetricReader] = [] if test_reader is None else [test_reader]
-        exporter = _otlp_exporter("METRICS")
-        if exporter is not None:
-            # The export interval comes from OTEL_METRIC_EXPORT_INTERVAL, read by the SDK.
-            readers.append(PeriodicExportingMetricReader(exporter))
-        if not readers:
-            return  # /metrics only: the plain aggregator is all there is
-        scope = InstrumentationScope(INSTRUMENTATION_NAME, package_version(), SCHEMA_URL)
-        self._meter_provider = otel_metrics.meter_provider(
-            readers, self.metrics, resource, scope, exporting=exporter is not None
-        )
-
-    # ---- wiring --------------------------------------------------------------------------------
-    def set_upstream(self, base_url: str) -> None:
-        """Where Switchyard listens (server.address/server.port); call once it is known."""
-        try:
-            parts = urlsplit(base_url)
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            return
-        if parts.hostname:
-            self._server_attrs = {"server.address": parts.hostname, "server.port": port}
-            self._metric_attrs_cache.clear()
-
-    def capture_stats_source(self, fn: Callable[[], Mapping[str, int]]) -> None:
-        """Register the capture store's counters (`written`, `failed`, `dropped`, `queue_depth`)."""
-        if self.metrics is not None:
-            self.metrics.capture_stats = fn
-
-    def refused_ids_source(self, fn: Callable[[], Mapping[str, int]]) -> None:
-        """Register the correlation's refused-id counts (source -> count)."""
-        if self.metrics is not None:
-            self.metrics.refused_ids = fn
-
-    # ---- calls ---------------------------------------------------------------------------------
-    def start_call(
-        self,
-        *,
-        api: str,
-        route: str,
-        request: dict,
-        correlation: Any,
-        stream: bool,
-        scope: dict,
-        client_request: dict | None = None,
-    ) -> CallSpan:
-        """Begin the telemetry of one model call; never raises (telemetry must not fail a call).
-
-        `request` is the chat request sent upstream; `client_request` the body as the client sent
-        it (a Responses request, say), shown as the call's input when content capture is on."""
-        if self.metrics is None:
-            return _NOOP_SPAN
-        try:
-            incoming = incoming_trace_headers(scope)
-            metric_attrs = self._metric_attrs(api, route)
-            if self._tracer is None:
-                return _MeteredCall(self, metric_attrs, incoming)
-            if not self._sampler.sample(incoming):
-                return _UnsampledCall(self, metric_attrs, incoming)
-            return _TracedCall(
-                self,
-                metric_attrs,
-                incoming,
-                api=api,
-                route=route,
-                request=request,
-                correlation=correlation,
-                stream=stream,
-                scope=scope,
-                client_request=request if client_request is None else client_request,
-            )
-        except Exception:
-            _limited.warning("telemetry could not start a call's spans", exc_info=True)
-            return _NOOP_SPAN
-
-    def _metric_attrs(self, api: str, route: str) -> Attrs:
-        key = (api, route)
-        attrs = self._metric_attrs_cache.get(key)
-        if attrs is None:
-            attrs = (
-                ("gen_ai.operation.name", OPERATION),
-                ("gen_ai.provider.name", PROVIDER_NAME),
-                ("gen_ai.request.model", route),
-                ("openai.api.type", api_type(api)),
-                *self._server_attrs.items(),
-            )
-            self._metric_attrs_cache[key] = attrs
-        return attrs
-
-    # ---- /metrics --------------------------------------------------------------------------------
-    def prometheus_text(self) -> str:
-        """The current metrics in the Prometheus text exposition format (0.0.4)."""
-        return prometheus_text(self.metrics) if self.metrics is not None else ""
-
-    # ---- lifecycle -----------------------------------------------------------------------------
-    def force_flush(self, timeout_s: float = 5.0) -> bool:
-        """Push out buffered spans and metrics now (tests, and before a planned exit)."""
-        ok = True
-        if self._tracer_provider is not None:
-            ok = self._tracer_provider.force_flush(int(timeout_s * 1000)) and ok
-        if self._meter_provider is not None:
-            ok = self._meter_provider.force_flush(int(timeout_s * 1000)) and ok
-        return ok
-
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Flush and stop the exporters; idempotent. Waits at most `timeout_s` (a dead collector
-        can make an OTLP export retry for its whole timeout; the app's shutdown must not)."""
-        if self._shutdown:
-            return
-        self._shutdown = True
-        tracer_provider, meter_provider = self._tracer_provider, self._meter_provider
-        self._tracer = None
-        if tracer_provider is None and meter_provider is None:
-            return
-
-        def stop() -> None:
-            for provider in (tracer_provider, meter_provider):
-                if provider is None:
-                    continue
-                try:
-                    provider.shutdown()
-                except Exception:
-                    log.warning("telemetry shutdown failed", exc_info=True)
-
-        worker = threading.Thread(target=stop, name="telemetry-shutdown", daemon=True)
-        worker.start()
-        worker.join(timeout_s)
-        if worker.is_alive():
-            log.warning("telemetry: exporters did not flush within %.1fs; unsent spans/metrics are dropped", timeout_s)
-
-
-class _MeteredCall(CallSpan):
+class MeteredCall(CallSpan):
     """A call without spans: metrics only, and the caller's trace context passed on to Switchyard."""
 
     __slots__ = ("_metrics", "_attrs", "_incoming", "_started", "_ttfc", "_done")
 
-    def __init__(self, tel: Telemetry, metric_attrs: Attrs, incoming: dict[str, str]) -> None:
-        assert tel.metrics is not None, "start_call makes metered calls only when metrics are on"
-        self._metrics = tel.metrics
+    def __init__(self, metrics: CallMetrics, metric_attrs: Attrs, incoming: dict[str, str]) -> None:
+        self._metrics = metrics
         self._attrs = metric_attrs
         self._incoming = incoming
         self._started = _clock()
@@ -346,8 +111,7 @@ class _MeteredCall(CallSpan):
         try:
             outcome = info.get("fallback_reason") or "injected"
             route = dict(self._attrs).get("gen_ai.request.model", "")
-            if self._metrics is not None:
-                self._metrics.injection_outcome(route, outcome)
+            self._metrics.injection_outcome(route, outcome)
             self._on_injection(outcome, info)
         except Exception:
             _limited.warning("telemetry failed to count an injection outcome", exc_info=True)
@@ -362,7 +126,7 @@ class _MeteredCall(CallSpan):
         pass
 
 
-class _UnsampledCall(_MeteredCall):
+class UnsampledCall(MeteredCall):
     """A call the sampler left out: metrics only, and Switchyard is told the trace is not sampled, so
     its own (parent-based) exporter leaves the call out too instead of starting a trace of its own."""
 
@@ -375,7 +139,7 @@ class _UnsampledCall(_MeteredCall):
             headers["traceparent"] = f"00-{random.getrandbits(128):032x}-{random.getrandbits(64):016x}-00"
 
 
-class _TracedCall(_MeteredCall):
+class TracedCall(MeteredCall):
     """A call with its SERVER span (this server handling the request: the call's envelope, a CHAIN
     to OpenInference readers) and CLIENT span (the model call to Switchyard, whose own spans become
     its children through the traceparent we inject)."""
@@ -384,20 +148,26 @@ class _TracedCall(_MeteredCall):
 
     def __init__(
         self,
-        tel: Telemetry,
+        metrics: CallMetrics,
         metric_attrs: Attrs,
         incoming: dict[str, str],
         *,
+        tracer: Tracer,
+        capture_content: bool,
+        usage_on_client: bool,
+        upstream_attrs: Mapping[str, Any],
         api: str,
         route: str,
-        request: dict,
-        correlation: Any,
+        request: dict[str, Any],
+        correlation: Correlation | None,
         stream: bool,
-        scope: dict,
+        scope: dict[str, Any],
         client_request: Any,
     ) -> None:
-        self._capture_content = tel.capture_content
-        self._usage_on_client = tel.usage_on_our_span
+        """`upstream_attrs` are Switchyard's server.address/server.port; `capture_content` puts the
+        messages on the spans; `usage_on_client` puts the token usage on our CLIENT span."""
+        self._capture_content = capture_content
+        self._usage_on_client = usage_on_client
         parent = _PROPAGATOR.extract(incoming, context=Context()) if incoming else Context()
         sessions = session_attributes(correlation, route)
         # The SERVER span carries no gen_ai.operation.name: dashboards would take it for a second model call.
@@ -422,12 +192,10 @@ class _TracedCall(_MeteredCall):
             "openai.api.type": api_type(api),
             **sessions,
             **request_attributes(request, stream),
-            **tel._server_attrs,
+            **upstream_attrs,
         }
         if self._capture_content:
             client_attrs.update(content_input_attributes(request))
-        tracer = tel._tracer
-        assert tracer is not None, "start_call makes traced calls only when tracing is on"
         self._server = tracer.start_span(server_name, context=parent, kind=SpanKind.SERVER, attributes=server_attrs)
         self._client = tracer.start_span(
             f"{OPERATION} {route}" if route else OPERATION,
@@ -436,7 +204,7 @@ class _TracedCall(_MeteredCall):
             attributes=client_attrs,
         )
         # Counted in flight only once the spans exist, so a failure above leaves no stray count.
-        super().__init__(tel, metric_attrs, incoming)
+        super().__init__(metrics, metric_attrs, incoming)
 
     def upstream_headers(self, headers: dict[str, str]) -> None:
         try:
@@ -489,12 +257,3 @@ class _TracedCall(_MeteredCall):
         finally:
             client.end()
             server.end()
-
-
-def _otlp_exporter(signal: str) -> Any:
-    """The OTLP exporter for TRACES or METRICS, if configured; imported only then (it costs ~0.2 s)."""
-    if not otlp_endpoint(signal):
-        return None
-    from server.telemetry import otlp_export
-
-    return otlp_export.span_exporter() if signal == "TRACES" else otlp_export.metric_exporter()

@@ -31,12 +31,11 @@ _CHILD = r"""
 import json, sys
 import httpx
 from middleware.correlation import Correlation
-from server.telemetry.spans import Telemetry
+from server.telemetry.service import Telemetry
 from switchyard_rust.server import Server
-from types import SimpleNamespace
 
 deployment, caller_traceparent = sys.argv[1], sys.argv[2]
-tel = Telemetry(SimpleNamespace())
+tel = Telemetry()
 assert tel.enabled, "OTLP endpoint not picked up"
 body = {"model": "otel-route", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 corr = Correlation(session_id="otel-session-1", parent_session_id="otel-parent-1")

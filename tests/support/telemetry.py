@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
 from middleware.correlation import Correlation
+from server.config import Settings
 
 CALLER_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN_ID = "b7ad6b7169203331"
@@ -59,8 +58,9 @@ OTEL_VARS = (
 )
 
 
-def settings(**extra) -> SimpleNamespace:
-    return SimpleNamespace(switchyard_base_url="http://127.0.0.1:4000/v1", **extra)
+def settings(**fields) -> Settings:
+    """Attached to a Switchyard on port 4000, every call traced (no rate cap) unless `fields` say otherwise."""
+    return Settings(**{"switchyard_base_url": "http://127.0.0.1:4000/v1", "otel_traces_per_s": 0.0, **fields})
 
 
 def scope(traceparent: str | None = CALLER_TRACEPARENT, **extra) -> dict:

@@ -7,7 +7,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from server.telemetry import spans as spans_module
-from server.telemetry.spans import Telemetry
+from server.telemetry.service import Telemetry
 from tests.support.telemetry import OTEL_VARS, Clock, settings
 
 

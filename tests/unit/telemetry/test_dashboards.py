@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from server.telemetry.attributes import flat_tool
 from server.telemetry.environment import usage_on_our_span
-from server.telemetry.spans import Telemetry
+from server.telemetry.service import Telemetry
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.telemetry import CALLER_TRACE_ID, REQUEST, RESPONSE, SESSION, sample, scope, settings, split
 
@@ -86,7 +86,13 @@ def test_which_span_carries_usage(monkeypatch, choice, launched, exporting, rust
         monkeypatch.delenv("RUST_LOG", raising=False)
     else:
         monkeypatch.setenv("RUST_LOG", rust_log)
-    config = settings(otel_token_usage=choice, launches_proxy=launched)
+    # A server that launches Switchyard is one without switchyard_base_url, given a deployment instead.
+    config = (
+        settings(otel_token_usage=choice, switchyard_base_url=None, deployment="deploy.toml")
+        if launched
+        else settings(otel_token_usage=choice)
+    )
+    assert config.launches_proxy is launched
     assert usage_on_our_span(config, exporting_otlp=exporting) is ours
 
 

@@ -7,7 +7,7 @@ from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 
 from middleware.correlation import Correlation
-from server.telemetry.spans import Telemetry
+from server.telemetry.service import Telemetry
 from tests.support.telemetry import REQUEST, RESPONSE, metric_points, scope, settings
 
 DURATION = "gen_ai.client.operation.duration"

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from server.errors import OpenAIError
 from server.telemetry.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, CallMetrics
 from server.telemetry.prometheus import metrics_route, prometheus_name, prometheus_text
-from server.telemetry.spans import Telemetry
+from server.telemetry.service import Telemetry
 from tests.support.telemetry import (
     REQUEST,
     RESPONSE,

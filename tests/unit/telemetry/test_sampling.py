@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from middleware.correlation import Correlation
 from server.telemetry import sampling as sampling_module
 from server.telemetry.sampling import RateCappedSampler
-from server.telemetry.spans import Telemetry
+from server.telemetry.service import Telemetry
 from tests.support.telemetry import CALLER_TRACE_ID, REQUEST, RESPONSE, metric_points, scope, settings
 
 UNSAMPLED = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-00$")

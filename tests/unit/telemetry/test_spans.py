@@ -18,7 +18,8 @@ from server.errors import OpenAIError
 from server.logs import OncePerInterval
 from server.telemetry import environment
 from server.telemetry.metrics import DURATION_BUCKETS
-from server.telemetry.spans import CallSpan, Telemetry
+from server.telemetry.service import Telemetry
+from server.telemetry.spans import CallSpan
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.procs import free_port
 from tests.support.telemetry import (
