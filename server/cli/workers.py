@@ -14,20 +14,25 @@ import logging
 import os
 import shlex
 import shutil
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.capture.catalog.runs import new_run_id
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, Settings, resolve_deployment
 from server.files import process_temp_dir
 from server.process import calm_the_collector, die_with_parent
+
+if TYPE_CHECKING:
+    from server.state import AppState
 
 log = logging.getLogger("switchyard_model.workers")
 
@@ -46,16 +51,16 @@ WORKER_HEADER = b"x-switchyard-model-worker"
 class _NameTheWorker:
     """Pure ASGI: adds the worker's pid to every response's headers."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.header = (WORKER_HEADER, str(os.getpid()).encode())
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def named_send(message) -> None:
+        async def named_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), self.header]}
             await send(message)
@@ -77,7 +82,7 @@ def worker_app() -> Any:
     # Taken out of this worker's environment: a server it might start is a run of its own.
     server_run = os.environ.pop(RUN_ENV, None) or None
 
-    def ready(state) -> None:
+    def ready(state: AppState) -> None:
         calm_the_collector()
         if ready_dir:
             note = {"pid": os.getpid(), "switchyard": state.proxy.root_url, "route": state.route}
@@ -116,7 +121,8 @@ class _SwitchyardThread:
     """Runs a launched Switchyard's start, supervision (restarts) and close on an event loop of its own."""
 
     def __init__(self, settings: Settings) -> None:
-        from server.switchyard.proxy import LaunchedProxy, switchyard_threads
+        from server.switchyard.proxy import LaunchedProxy
+        from server.switchyard.runtime import switchyard_threads
 
         command = settings.switchyard_command or (
             f"{shlex.quote(sys.executable)} -m server.switchyard.host --config {{deployment}} --port {{port}}"
@@ -149,7 +155,11 @@ class _SwitchyardThread:
 
 
 def _await_workers(
-    ready_dir: str, workers: int, stop: threading.Event, on_ready: Callable[[dict], None], seen: list[dict]
+    ready_dir: str,
+    workers: int,
+    stop: threading.Event,
+    on_ready: Callable[[dict[str, Any]], None],
+    seen: list[dict[str, Any]],
 ) -> None:
     """Calls `on_ready(note)` once every worker has reported ready (never if the supervisor stops first)."""
     while not stop.wait(0.05):
@@ -166,7 +176,9 @@ def _await_workers(
             return
 
 
-def run_workers(settings: Settings, sock: Any, workers: int, on_ready: Callable[[dict], None]) -> int:
+def run_workers(
+    settings: Settings, sock: socket.socket, workers: int, on_ready: Callable[[dict[str, Any]], None]
+) -> int:
     """Serve with `workers` processes on the bound `sock` until SIGTERM/SIGINT; the exit code."""
     import uvicorn
     from uvicorn.supervisors import Multiprocess
@@ -191,7 +203,7 @@ def run_workers(settings: Settings, sock: Any, workers: int, on_ready: Callable[
     os.environ[READY_DIR_ENV] = ready_dir
     os.environ[RUN_ENV] = new_run_id()  # one run for every worker, restarted ones included
     stop = threading.Event()
-    ready: list[dict] = []
+    ready: list[dict[str, Any]] = []
     try:
         config = uvicorn.Config(
             "server.cli.workers:worker_app",

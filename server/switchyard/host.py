@@ -14,7 +14,7 @@ import threading
 
 from server.config import ConfigError, resolve_deployment
 from server.switchyard import profiles
-from server.switchyard.proxy import ensure_no_proxy_for_loopback, switchyard_threads
+from server.switchyard.runtime import ensure_no_proxy_for_loopback, switchyard_threads
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,14 +13,8 @@ import pytest
 
 from server.app import create_app
 from server.config import ConfigError, load_settings
-from server.switchyard.proxy import (
-    TOKIO_THREADS_ENV,
-    AttachedProxy,
-    HostedProxy,
-    LaunchedProxy,
-    build_proxy,
-    switchyard_threads,
-)
+from server.switchyard.proxy import AttachedProxy, HostedProxy, LaunchedProxy, build_proxy
+from server.switchyard.runtime import TOKIO_THREADS_ENV, switchyard_threads
 from server.urls import root_url
 from tests.support.procs import free_port, tokio_workers
 
