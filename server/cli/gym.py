@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import tempfile
+from typing import Any
 
 import yaml
 
@@ -22,7 +23,7 @@ _GLOBAL_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 GYM_GLOBAL_KEYS = ("observability_enabled", "model_call_capture_dir", "token_id_capture")
 
 
-def instance_block(config_yaml: str, instance: str) -> dict:
+def instance_block(config_yaml: str, instance: str) -> dict[str, Any]:
     """The `<instance>: responses_api_models: switchyard_model: {...}` block of Gym's merged config.
 
     A value that is exactly `${key}` naming a top-level key of the merged config (Gym's
@@ -44,7 +45,7 @@ def instance_block(config_yaml: str, instance: str) -> dict:
     return {instance: {"responses_api_models": {"switchyard_model": block}}}
 
 
-def correlation_problem(block: dict) -> tuple[str, bool] | None:
+def correlation_problem(block: dict[str, Any]) -> tuple[str, bool] | None:
     """Gym's startup check: with `forward_session_id` on but neither evaluation nor training capture
     enabled, Gym's agents send no `/ng-rollout/<id>` prefix, so no session id reaches Switchyard.
     Returns the message and whether it is fatal (the setting was explicit), or None when all is well."""

@@ -13,6 +13,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from server.cli.exits import EXIT_OK, EXIT_USAGE
@@ -59,7 +60,7 @@ def write_server_dir(target: Path, requirement: str) -> None:
     )
 
 
-def add_gym_dir_parser(sub) -> None:
+def add_gym_dir_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "gym-dir",
         help="write the NeMo Gym server directory for --model-type switchyard_model",

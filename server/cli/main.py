@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _add_serve(sub) -> None:
+def _add_serve(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "serve",
         help="run the model server in front of Switchyard",
@@ -137,7 +137,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if workers > 1:
             from server.cli.workers import run_workers
 
-            def workers_ready(note: dict) -> None:
+            def workers_ready(note: dict[str, Any]) -> None:
                 announce(settings.mode, note["switchyard"], note["route"], f", {workers} workers sharing it")
 
             return run_workers(settings, sock, workers, workers_ready)
@@ -168,7 +168,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _add_mock(sub) -> None:
+def _add_mock(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "mock-upstream",
         help="run the deterministic vLLM-compatible mock model server",
@@ -179,7 +179,7 @@ def _add_mock(sub) -> None:
     mock_upstream.add_arguments(p, port=8001)
 
 
-def _add_demo(sub) -> None:
+def _add_demo(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "demo",
         help="run the demo chain (mock upstream + hosted Switchyard + this server) and a scripted agent",

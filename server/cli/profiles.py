@@ -17,7 +17,7 @@ from server.switchyard.interpolation import Variable, references, yaml_reference
 from server.switchyard.redaction import is_secret_name, redact_assignments
 
 
-def add_profiles_parser(subparsers: Any) -> None:
+def add_profiles_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add `profiles` (with list/show/check) to an argparse subparsers object."""
     parser = subparsers.add_parser(
         "profiles",

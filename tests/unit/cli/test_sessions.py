@@ -302,7 +302,7 @@ def test_without_any_source_the_default_address_is_the_serve_default(monkeypatch
         def close(self):
             pass
 
-    monkeypatch.setattr("server.cli.sessions._ServerSource", Recorder)
+    monkeypatch.setattr("server.cli.sessions.ServerSource", Recorder)
     assert run("list") == 0
     assert seen == ["http://127.0.0.1:8080"]
     capsys.readouterr()
