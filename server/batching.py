@@ -20,7 +20,7 @@ class Waiter:
     """A coroutine waiting on its item: the worker thread answers it on that coroutine's event loop."""
 
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
+    future: asyncio.Future[Any]
     answered: bool = False  # set by the worker; False after a wait means it timed out
 
     @classmethod
@@ -30,19 +30,19 @@ class Waiter:
         return cls(loop, loop.create_future())
 
 
-def settle(future: asyncio.Future, value: Any) -> None:
+def settle(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():  # a caller that went away (client left, timed out) has cancelled its wait
         future.set_result(value)
 
 
-def _settle_all(results: list[tuple[asyncio.Future, Any]]) -> None:
+def _settle_all(results: list[tuple[asyncio.Future[Any], Any]]) -> None:
     for future, value in results:
         settle(future, value)
 
 
 def answer(results: list[tuple[Waiter, Any]]) -> None:
     """Wake the waiters with their results (from the worker thread): one call into each event loop per batch."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
     for waiter, value in results:
         waiter.answered = True
         by_loop.setdefault(waiter.loop, []).append((waiter.future, value))

@@ -44,7 +44,7 @@ def submit_rollout(
     capture_root: str | None = None,
     copy_to: str | None = None,
     **ray_options: Any,
-) -> ray.ObjectRef:
+) -> ray.ObjectRef[dict[str, Any]]:
     """Run `agent_fn(base_url, *args)` in a Ray task beside a server of its own; returns the task's ObjectRef.
 
     `ray_options` override the defaults (`scheduling_strategy="SPREAD"`, `num_cpus=0.1`,
@@ -106,7 +106,7 @@ def run_rollout(
     return outcome
 
 
-def get_rollouts(refs: Sequence[ray.ObjectRef], timeout: float | None = None) -> list[dict[str, Any]]:
+def get_rollouts(refs: Sequence[ray.ObjectRef[dict[str, Any]]], timeout: float | None = None) -> list[dict[str, Any]]:
     """`ray.get` each rollout task, turning a task that failed (a node died, a timeout) into an error result."""
     deadline = None if timeout is None else time.monotonic() + timeout
     results = []

@@ -90,7 +90,7 @@ class LocalServer:
         self.settings = load_settings(None, fields, environ={})
         self._env = env
         self.port: int | None = None
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.errors: list[str] = []
         self._workdir: Path | None = None
         self._log: IO[bytes] | None = None
@@ -223,8 +223,8 @@ class LocalServer:
         had to be killed, or if record files were unreadable.
         """
         errors = list(self.errors)
-        rollouts: list[dict] = []
-        chains: list[dict] = []
+        rollouts: list[dict[str, Any]] = []
+        chains: list[dict[str, Any]] = []
         try:
             rollouts = collect_rollouts(self.capture_dir, errors, chains)
         except Exception as exc:  # the promise is "never raises": a broken directory is an error entry
@@ -233,8 +233,8 @@ class LocalServer:
 
 
 def collect_rollouts(
-    capture_dir: str | os.PathLike[str], errors: list[str], chains: list[dict] | None = None
-) -> list[dict]:
+    capture_dir: str | os.PathLike[str], errors: list[str], chains: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """Rebuild every top session's rollout from a capture directory, read-only; problems go to
     `errors`, and each top session's chains to `chains` when given."""
     from server.capture.catalog.sessions import build_rollout

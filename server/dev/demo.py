@@ -14,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -48,10 +50,11 @@ SHELL_TOOL: Any = {
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
-def _wait_ready(proc: subprocess.Popen, url: str, what: str, timeout: float = 60.0) -> None:
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -70,10 +73,10 @@ def _wait_ready(proc: subprocess.Popen, url: str, what: str, timeout: float = 60
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _start(argv: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen:
+def _start(argv: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen[bytes]:
     """A child of the demo that ends with it: SIGTERM when the demo dies, even by SIGKILL, and a
     process group of its own, so the demo can sweep up whatever the child itself started."""
-    return subprocess.Popen(
+    return subprocess.Popen[bytes](
         argv,
         env=env,
         start_new_session=True,  # a terminal's Ctrl-C or hangup reaches the demo, which stops the chain in order
@@ -82,14 +85,14 @@ def _start(argv: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen:
     )
 
 
-def _interrupt(signum: int, frame: Any) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _hurry(procs: list[subprocess.Popen]) -> Any:
+def _hurry(procs: list[subprocess.Popen[bytes]]) -> Callable[[int, FrameType | None], None]:
     """While the chain is being stopped, a second signal kills what is left instead of waiting."""
 
-    def kill_all(signum: int, frame: Any) -> None:
+    def kill_all(signum: int, frame: FrameType | None) -> None:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -97,7 +100,7 @@ def _hurry(procs: list[subprocess.Popen]) -> Any:
     return kill_all
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM (SIGKILL after 15 s), then SIGKILL to whatever is left in the child's process group."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -173,7 +176,10 @@ def run_agent(base_url: str) -> None:
 
 
 def show_capture(base_url: str) -> None:
-    get = lambda path: httpx.get(base_url + path, trust_env=False, timeout=30).json()  # noqa: E731
+    def get(path: str) -> dict[str, Any]:
+        body: dict[str, Any] = httpx.get(base_url + path, trust_env=False, timeout=30).json()
+        return body
+
     _say("3. what was captured (GET /v1/sessions, /tree, /rollout):")
     for session in get("/v1/sessions")["sessions"]:
         _say(
@@ -215,7 +221,7 @@ def run_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     previous = {sig: signal.signal(sig, _interrupt) for sig in _STOP_SIGNALS}
     try:
         return _run_chain(args, procs)
@@ -228,7 +234,7 @@ def run_demo(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
-def _run_chain(args: argparse.Namespace, procs: list[subprocess.Popen]) -> int:
+def _run_chain(args: argparse.Namespace, procs: list[subprocess.Popen[bytes]]) -> int:
     """Start the chain (each process added to `procs` as it starts), run the agent, and serve if asked."""
     env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"}
     mock_port = _free_port()

@@ -52,7 +52,8 @@ class Render:
 
     @property
     def prefix(self) -> list[int]:
-        return orjson.loads(self.prefix_json)
+        ids: list[int] = orjson.loads(self.prefix_json)
+        return ids
 
     @property
     def prompt(self) -> list[int]:

@@ -28,7 +28,7 @@ class EventLog:
         self.response_id = response_id
         self._next_seq = 0
         self._pending: list[tuple[int, bytes]] = []
-        self._writing: asyncio.Task | None = None
+        self._writing: asyncio.Task[None] | None = None
 
     def add(self, sse: bytes) -> None:
         """Keep each event frame in `sse` (the writer's output); the terminal `[DONE]` is not an event."""
@@ -72,8 +72,8 @@ class BackgroundRuns:
         self.poll_s = poll_s
         self.max_runs = max_runs
         self.max_per_key = max_per_key
-        self._tasks: dict[str, asyncio.Task] = {}
-        self._watcher: asyncio.Task | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._watcher: asyncio.Task[None] | None = None
         self._places: dict[str, int] = {}  # owner tag -> places held
         self._held = 0
 
@@ -100,7 +100,7 @@ class BackgroundRuns:
         task = asyncio.get_running_loop().create_task(run, name=f"background {response_id}")
         self._tasks[response_id] = task
 
-        def ended(_: asyncio.Task) -> None:
+        def ended(_: asyncio.Task[None]) -> None:
             self._tasks.pop(response_id, None)
             self.release(owner)
 

@@ -8,6 +8,7 @@ limits hold. Blocking (SQLite): call from a worker thread.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from typing import Any
 
@@ -18,7 +19,7 @@ from server.stateful.items import new_id
 from server.stateful.responses import Bounds
 
 
-def conversation_object(row: tuple) -> dict[str, Any]:
+def conversation_object(row: tuple[Any, ...]) -> dict[str, Any]:
     return {"id": row[0], "object": "conversation", "created_at": row[1], "metadata": orjson.loads(row[2])}
 
 
@@ -129,14 +130,14 @@ class ConversationStore:
     # ---- helpers --------------------------------------------------------------------------------
 
     @staticmethod
-    def _owned(conn, conversation_id: str, owner: str) -> bool:
+    def _owned(conn: sqlite3.Connection, conversation_id: str, owner: str) -> bool:
         return (
             conn.execute("SELECT 1 FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)).fetchone()
             is not None
         )
 
     @staticmethod
-    def _append(conn, conversation_id: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _append(conn: sqlite3.Connection, conversation_id: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         seq = conn.execute(
             "SELECT COALESCE(MAX(seq), -1) FROM conversation_items WHERE conversation_id = ?", (conversation_id,)
         ).fetchone()[0]
@@ -159,7 +160,7 @@ class ConversationStore:
         )
         return added
 
-    def _evict(self, conn, now: float, keep: str, owner: str) -> None:
+    def _evict(self, conn: sqlite3.Connection, now: float, keep: str, owner: str) -> None:
         """Expire, then drop the writing key's least recently used conversations (never another key's,
         never the one just written)."""
         bounds = self.bounds

@@ -22,7 +22,8 @@ _TERMINAL = {"completed": "response.completed", "incomplete": "response.incomple
 
 
 def frame(event: dict[str, Any]) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 def _in_progress(item: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ are never evicted.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -193,7 +194,7 @@ class ResponseStore:
             )
         return self.get(response_id, owner)
 
-    def _evict(self, conn, now: float, writers: set[str]) -> set[str]:
+    def _evict(self, conn: sqlite3.Connection, now: float, writers: set[str]) -> set[str]:
         """Apply the bounds: expired responses first; then, while a writer is over its key's share or
         the store over its bounds, the writers' own oldest finished responses (never another key's).
         Returns the ids dropped (a response just written is among them when its key has nothing
@@ -273,7 +274,9 @@ class ResponseStore:
         return count, size
 
 
-def _drop_oldest(conn, where: str, args: tuple, count: int, size: int, max_count: int, max_bytes: int) -> set[str]:
+def _drop_oldest(
+    conn: sqlite3.Connection, where: str, args: tuple[Any, ...], count: int, size: int, max_count: int, max_bytes: int
+) -> set[str]:
     """Delete the oldest finished responses matching `where` until count and size are within bounds."""
     if count <= max_count and size <= max_bytes:
         return set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -22,11 +22,27 @@ from server.stateful.replay import follow
 from server.stateful.turns import Turn
 from server.translate.response import response_base
 
+if TYPE_CHECKING:
+    from starlette.types import Send
+
+    from server.api.call import Call
+    from server.api.responses import Responses
+    from server.telemetry.spans import CallSpan
+    from server.translate.tools import ToolMap
+
 log = logging.getLogger("switchyard_model.stateful")
 
 
 async def start_background(
-    endpoints: Any, call, body, tool_map, headers, span, turn: Turn, created_at: int, send
+    endpoints: Responses,
+    call: Call,
+    body: dict[str, Any],
+    tool_map: ToolMap,
+    headers: dict[str, str],
+    span: CallSpan,
+    turn: Turn,
+    created_at: int,
+    send: Send,
 ) -> None:
     """`endpoints` is the Responses endpoint: its `limit()` and `stream()` run the call."""
     stateful = turn.stateful

@@ -139,7 +139,7 @@ def substitute(
     def on_string(body: str, quote: str, line: int) -> str:
         escape = (lambda v, name, ln: escape_basic(v)) if quote[0] == '"' else _literal_escaper(quote, path)
 
-        def one(match: re.Match) -> str:
+        def one(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
             at = line + body[: match.start()].count("\n")
             value = environ.get(name)

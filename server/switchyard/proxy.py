@@ -12,6 +12,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,7 +33,8 @@ log = logging.getLogger("switchyard_model.proxy")
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class SwitchyardProxy:
@@ -137,7 +139,7 @@ class HostedProxy(SwitchyardProxy):
 
 
 @contextlib.contextmanager
-def _keep_python_signal_handlers():
+def _keep_python_signal_handlers() -> Iterator[None]:
     """The native server installs its own SIGTERM/SIGINT handlers, which would shut Switchyard down
     (and end the process) behind the lifespan's back. Put the Python-level handlers (uvicorn's)
     back, so a signal goes through the graceful shutdown, which closes Switchyard last."""
@@ -177,10 +179,10 @@ class LaunchedProxy(SwitchyardProxy):
         self.deployment_path = deployment
         self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self._stderr_file: IO[bytes] | None = None
-        self._supervisor: asyncio.Task | None = None
+        self._supervisor: asyncio.Task[None] | None = None
         self._closing = False
 
     def _argv(self, config_path: Path) -> list[str]:
@@ -290,7 +292,7 @@ class LaunchedProxy(SwitchyardProxy):
         return self.process is not None and self.process.poll() is None
 
 
-async def _terminate(process: subprocess.Popen | None) -> None:
+async def _terminate(process: subprocess.Popen[bytes] | None) -> None:
     """SIGTERM, then SIGKILL if it has not exited within 10 s."""
     if process is None or process.poll() is not None:
         return

@@ -44,7 +44,7 @@ def redact_assignments(text: str, yaml: bool = False) -> str:
             r"(?P<val>\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|[^\s,}#\n]+)"
         )
 
-    def one(match: re.Match) -> str:
+    def one(match: re.Match[str]) -> str:
         key = match.group("key").strip("\"'")
         value = match.group("val")
         if not _SECRET_KEY.search(key):

@@ -103,7 +103,8 @@ def _parts(content: Any, param: str) -> str | list[dict[str, Any]]:
             raise unsupported(f"content blocks of type {kind!r} cannot be sent here", f"{part_param}.type")
     # One text block is exactly a string to a chat template; anything richer stays a list.
     if len(parts) == 1 and parts[0]["type"] == "text":
-        return parts[0]["text"]
+        text: str = parts[0]["text"]
+        return text
     return parts
 
 

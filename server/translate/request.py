@@ -134,7 +134,8 @@ def _simplify(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     if not parts:
         return ""
     if len(parts) == 1 and parts[0]["type"] == "text":
-        return parts[0]["text"]
+        text: str = parts[0]["text"]
+        return text
     return parts
 
 

@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import orjson
@@ -28,7 +29,7 @@ class UpstreamReply:
     headers: dict[str, str]  # lower-case names
 
 
-def relayed_headers(headers) -> list[tuple[bytes, bytes]]:
+def relayed_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     out = []
     for name in _RELAYED_RESPONSE_HEADERS:
         value = headers.get(name)
@@ -79,7 +80,7 @@ class UpstreamStream:
 class BufferedStream:
     """A non-stream upstream answer presented as a stream (for upstreams that do not stream token ids)."""
 
-    def __init__(self, reply: UpstreamReply, chunks: list[dict]) -> None:
+    def __init__(self, reply: UpstreamReply, chunks: list[dict[str, Any]]) -> None:
         self.headers = reply.headers
         self._events = [sse.Event.of_data(orjson.dumps(chunk)) for chunk in chunks]
         self._events.append(sse.Event.of_data(sse.DONE_DATA))
@@ -151,7 +152,7 @@ class Upstream:
             raise error_from_reply(response.status_code, content, response.headers)
         return UpstreamStream(response, self.base_url)
 
-    async def get_json(self, path: str, timeout_s: float = 5.0) -> dict:
+    async def get_json(self, path: str, timeout_s: float = 5.0) -> dict[str, Any]:
         """GET a JSON object from Switchyard's /v1; every failure is an OpenAIError, as for `post`."""
         try:
             response = await self._client.get(self.base_url + path, timeout=timeout_s)

@@ -53,7 +53,7 @@ class _Connection(asyncio.Protocol):
         self._parser: httptools.HttpResponseParser | None = None
         self._headers: dict[str, str] = {}
         self._chunks: deque[bytes] = deque()
-        self._waiter: asyncio.Future | None = None  # woken by body bytes, the end, or a failure
+        self._waiter: asyncio.Future[None] | None = None  # woken by body bytes, the end, or a failure
         self._complete = False
         self._keep_alive = False
         self._error: HTTPError | None = None
@@ -99,7 +99,7 @@ class _Connection(asyncio.Protocol):
             self._fail(ProtocolError(f"invalid HTTP response: {exc}"))
             self.transport.close()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         if self._parser is not None and not self._complete:
             self._fail(ProtocolError("the upstream closed the connection before the answer was complete"))

@@ -32,7 +32,7 @@ def piece_id(piece: str) -> int:
     return _PIECE_ID_BASE + zlib.crc32(piece.encode("utf-8")) % _PIECE_ID_SPAN
 
 
-class _PieceIds(dict):
+class _PieceIds(dict[str, int]):
     """piece -> id, computing unknown pieces on first use so lookups stay in C (`map(d.__getitem__, ...)`)."""
 
     def __missing__(self, piece: str) -> int:
