@@ -8,8 +8,9 @@ import re
 from typing import Any, TypeGuard
 
 import orjson
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode
 
+from middleware.correlation import Correlation
 from server.capture.tokens import reasoning_of
 from server.errors import OpenAIError
 
@@ -35,7 +36,7 @@ def error_type(error: BaseException) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def record_error(span: Any, error: BaseException) -> None:
+def record_error(span: Span, error: BaseException) -> None:
     span.set_attribute("error.type", error_type(error))
     if isinstance(error, OpenAIError):
         if error.code:
@@ -49,21 +50,20 @@ def record_error(span: Any, error: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, description[:500]))
 
 
-def session_attributes(correlation: Any, route: str) -> dict[str, Any]:
+def session_attributes(correlation: Correlation | None, route: str) -> dict[str, Any]:
     attrs: dict[str, Any] = {"switchyard_model.route": route}
     if correlation is None:
         return attrs
-    session_id = getattr(correlation, "session_id", None)
+    session_id = correlation.session_id
     if session_id:
         attrs["gen_ai.conversation.id"] = session_id
         attrs["session.id"] = session_id
-    for field, key in (
-        ("parent_session_id", "switchyard_model.parent_session.id"),
-        ("rollout_id", "switchyard_model.rollout.id"),
-        ("source", "switchyard_model.session.source"),
-        ("request_id", "switchyard_model.request.id"),
+    for value, key in (
+        (correlation.parent_session_id, "switchyard_model.parent_session.id"),
+        (correlation.rollout_id, "switchyard_model.rollout.id"),
+        (correlation.source, "switchyard_model.session.source"),
+        (correlation.request_id, "switchyard_model.request.id"),
     ):
-        value = getattr(correlation, field, None)
         if value:
             attrs[key] = value
     return attrs

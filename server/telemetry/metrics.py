@@ -8,7 +8,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import Histogram as SdkHistogram
 
 from server.logs import RateLimitedLog
 from server.telemetry.attributes import error_type, is_int
@@ -82,16 +83,17 @@ class CallMetrics:
         self.injection: dict[Attrs, int] = {}  # (route, outcome) -> calls
         self.capture_stats: Callable[[], Mapping[str, int]] | None = None
         self.refused_ids: Callable[[], Mapping[str, int]] | None = None  # source -> count
-        self._sdk: tuple[Any, Any, Any] | None = None  # duration, ttfc, tokens SDK histograms
+        self._sdk: tuple[SdkHistogram, SdkHistogram, SdkHistogram] | None = None  # duration, ttfc, tokens
 
-    def mirror_histograms_to(self, meter: Any) -> None:
+    def mirror_histograms_to(self, meter: Meter) -> None:
         """Record every measurement into SDK histograms too (for readers that want deltas)."""
-        self._sdk = tuple(
-            meter.create_histogram(name, unit=unit, description=DESCRIPTIONS[name])
-            for name, unit in ((DURATION_METRIC, "s"), (TTFC_METRIC, "s"), (TOKEN_METRIC, "{token}"))
-        )
 
-    def observe_from(self, meter: Any) -> None:
+        def histogram(name: str, unit: str) -> SdkHistogram:
+            return meter.create_histogram(name, unit=unit, description=DESCRIPTIONS[name])
+
+        self._sdk = (histogram(DURATION_METRIC, "s"), histogram(TTFC_METRIC, "s"), histogram(TOKEN_METRIC, "{token}"))
+
+    def observe_from(self, meter: Meter) -> None:
         """Calls in flight and the capture counters, read by the SDK when it collects."""
         meter.create_observable_up_down_counter(
             ACTIVE_METRIC, callbacks=[self._observe_active], unit="{call}", description=DESCRIPTIONS[ACTIVE_METRIC]
