@@ -13,7 +13,6 @@ import re
 import shutil
 import threading
 import uuid as uuid_module
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -242,23 +241,20 @@ class CaptureStore:
         return await self.writer.write(CALL, accepted, timeout)
 
     def _accepted(self, call: RecordInput) -> RecordInput | None:
-        """The call as its record will be built (this run, sane ids), or None when it is not captured."""
+        """The call made ready for its record (this run, sane ids; it is handed over, so changed in
+        place), or None when it is not captured."""
         if not is_valid_session_id(call.session_id):
             if not self.capture_uncorrelated:
                 self._count("_uncorrelated")
                 return None
             # Each uncorrelated call is its own session: nothing ties it to any other call.
-            record_uuid = call.record_uuid or str(uuid_module.uuid4())
-            return replace(
-                call,
-                record_uuid=record_uuid,
-                session_id=uncorrelated_session_id(record_uuid),
-                parent_session_id=None,
-                server_run=self.server_run,
-            )
-        if call.parent_session_id is not None and not is_valid_session_id(call.parent_session_id):
-            return replace(call, parent_session_id=None, server_run=self.server_run)
-        return replace(call, server_run=self.server_run)
+            call.record_uuid = call.record_uuid or str(uuid_module.uuid4())
+            call.session_id = uncorrelated_session_id(call.record_uuid)
+            call.parent_session_id = None
+        elif call.parent_session_id is not None and not is_valid_session_id(call.parent_session_id):
+            call.parent_session_id = None
+        call.server_run = self.server_run
+        return call
 
     def submit(self, record: CaptureRecord) -> bool:
         """Queue a prebuilt record. False (and counted) if it is malformed, the queue is full or closed."""
