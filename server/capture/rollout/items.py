@@ -1,4 +1,4 @@
-"""Gym's shapes: a normalised message as Responses items (token triple on a generated turn's last item), tools as FunctionTools."""
+"""Gym's shapes: the rollout, a normalised message as Responses items (token triple on a generated turn's last item), tools as FunctionTools."""
 
 from __future__ import annotations
 
