@@ -25,13 +25,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
 from server.config import ENV_VARS, load_settings
 from server.files import process_temp_dir
 from server.process import PARENT_PID_ENV
+
+if TYPE_CHECKING:
+    from server.capture.rollout.items import Rollout
 
 # The child's settings (which may hold keys), port file and log: a `process_temp_dir`, so a parent
 # killed outright (its block never ends) leaves a folder the next LocalServer of any process removes.
@@ -223,7 +226,7 @@ class LocalServer:
         had to be killed, or if record files were unreadable.
         """
         errors = list(self.errors)
-        rollouts: list[dict[str, Any]] = []
+        rollouts: list[Rollout] = []
         chains: list[dict[str, Any]] = []
         try:
             rollouts = collect_rollouts(self.capture_dir, errors, chains)
@@ -234,7 +237,7 @@ class LocalServer:
 
 def collect_rollouts(
     capture_dir: str | os.PathLike[str], errors: list[str], chains: list[dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
+) -> list[Rollout]:
     """Rebuild every top session's rollout from a capture directory, read-only; problems go to
     `errors`, and each top session's chains to `chains` when given."""
     from server.capture.catalog.sessions import build_rollout

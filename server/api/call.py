@@ -23,6 +23,7 @@ from middleware.correlation import Correlation, current_correlation, id_rule
 from server.api import gym_hooks
 from server.capture.gym.tokens import request_items
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
+from server.capture.write.record import RecordInput
 from server.errors import OpenAIError
 from server.http import sse
 from server.http.asgi import ClientGone, parse_json_object, read_body, run_until_disconnect, send_error
@@ -264,28 +265,28 @@ class ModelEndpoint:
         """The concurrency limit on upstream calls (none when unset)."""
         return self.state.semaphore or nullcontext()
 
-    def record_kwargs(
+    def record_input(
         self, call: Call, chat_response: dict[str, Any], status: str, chat_request: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    ) -> RecordInput:
         """What capture needs to build the call's record (on its writer thread, not here)."""
         corr = call.correlation
-        return {
-            "session_id": corr.session_id or uncorrelated_session_id(call.request_id),
-            "parent_session_id": corr.parent_session_id,
-            "rollout_id": corr.rollout_id,
-            "request_id": call.request_id,
+        return RecordInput(
+            session_id=corr.session_id or uncorrelated_session_id(call.request_id),
+            parent_session_id=corr.parent_session_id,
+            rollout_id=corr.rollout_id,
+            request_id=call.request_id,
             # Handed over as dicts, not copied or re-serialised: nothing mutates them from here on,
             # and an awaited hand-off keeps at most one record per call in flight.
-            "chat_request": call.request if chat_request is None else chat_request,
-            "chat_response": chat_response,
-            "route": call.route,
-            "api": self.api,
-            "stream": call.stream,
-            "latency_ms": (time.perf_counter() - call.started) * 1000.0,
-            "status": status,
-            "injection": call.injection.record if call.injection is not None else None,
-            "response_id": call.response_id,
-        }
+            chat_request=call.request if chat_request is None else chat_request,
+            chat_response=chat_response,
+            route=call.route,
+            api=self.api,
+            stream=call.stream,
+            latency_ms=(time.perf_counter() - call.started) * 1000.0,
+            status=status,
+            injection=call.injection.record if call.injection is not None else None,
+            response_id=call.response_id,
+        )
 
     async def keep(
         self,
@@ -305,14 +306,14 @@ class ModelEndpoint:
         """
         await gym_hooks.answered(self.state, self.api, chat_response, served, shown)
         if call.capture and self.state.capture is not None:
-            await self.state.capture.keep(self.record_kwargs(call, chat_response, "completed", chat_request))
+            await self.state.capture.keep(self.record_input(call, chat_response, "completed", chat_request))
 
     def record(
         self, call: Call, chat_response: dict[str, Any], status: str, chat_request: dict[str, Any] | None = None
     ) -> None:
         """A call that failed or was cut: its record is queued, not waited for (its answer is already over)."""
         if call.capture and self.state.capture is not None:
-            self.state.capture.keep_later(self.record_kwargs(call, chat_response, status, chat_request))
+            self.state.capture.keep_later(self.record_input(call, chat_response, status, chat_request))
 
     async def __call__(self, scope, receive, send) -> None:
         """The raw ASGI app: 503 until the lifespan has brought Switchyard up (and after it went down);

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from itertools import repeat
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 import orjson
 
@@ -31,7 +31,17 @@ _TOKEN_ID_PREFIX = "token_id:"
 _INT_LIST_CHARS = b"-0123456789,"  # what a serialised list of ints holds inside its brackets
 _NUMBER_TYPES = {int, float}
 
-Triple = tuple[list[int], list[int], list[float]]
+
+class TokenTriple(NamedTuple):
+    """One generated turn's tokens: the prompt ids, the generated ids, and one log prob per generated id."""
+
+    prompt_ids: list[int]
+    generation_ids: list[int]
+    log_probs: list[float]
+
+
+# The name the translators use for it.
+Triple = TokenTriple
 
 
 def reasoning_of(message: object) -> str | None:
@@ -169,7 +179,7 @@ def _well_formed(prompt_ids: object, generation_ids: object, log_probs: object) 
     )
 
 
-def token_triple(chat: dict[str, Any]) -> Triple | None:
+def token_triple(chat: dict[str, Any]) -> TokenTriple | None:
     """(prompt ids, generated ids, log probs) of a chat answer's first choice, or None.
 
     Sources, first present wins: a complete bundle already on the message (Gym's names); the
@@ -184,12 +194,12 @@ def token_triple(chat: dict[str, Any]) -> Triple | None:
     if isinstance(message, dict):
         bundle = [message.get(key) for key in TRIPLE_KEYS]
         if all(isinstance(part, list) for part in bundle):
-            return (bundle[0], bundle[1], bundle[2]) if _well_formed(*bundle) else None  # type: ignore[return-value]
+            return TokenTriple(bundle[0], bundle[1], bundle[2]) if _well_formed(*bundle) else None  # type: ignore[arg-type]
     prompt_ids = prompt_token_ids(chat, choice)
     generation_ids, log_probs = generation_tokens(choice)
     if not _well_formed(prompt_ids, generation_ids, log_probs):
         return None
-    return prompt_ids, generation_ids, log_probs  # type: ignore[return-value]  # checked by _well_formed
+    return TokenTriple(prompt_ids, generation_ids, log_probs)  # type: ignore[arg-type]  # checked by _well_formed
 
 
 def strip_token_fields(chat: dict[str, Any], added: frozenset[str], *, in_place: bool = False) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -164,13 +164,16 @@ class DirectorySource:
         self, session_id: str, *, allow_partial: bool, run: str = LATEST, view: str = "rollout"
     ) -> dict[str, Any]:
         try:
-            return build_rollout(self._store, session_id, allow_partial=allow_partial, run=run, view=view)
+            # The same JSON body the remote source reads off the server.
+            return cast(
+                dict[str, Any], build_rollout(self._store, session_id, allow_partial=allow_partial, run=run, view=view)
+            )
         except UnknownSession:
             lost = self._store.lost_records(session_id)
             if not lost:
                 raise NotFound(f"unknown session: {session_id!r}") from None
             try:
-                return lost_session_rollout(session_id, lost, allow_partial)
+                return cast(dict[str, Any], lost_session_rollout(session_id, lost, allow_partial))
             except RolloutError as exc:
                 raise Failed(f"session {session_id}: {exc}") from None
         except UnknownRun:

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from server.capture.write.record import CaptureRecord
 from server.injection.ids import begins_with, json_digest
 
 # Finish reasons after which the last generated token is the template's end-of-turn token.
@@ -149,12 +150,12 @@ def end_of_turn(generation: list[int], finish_reason: Any) -> int | None:
     return None
 
 
-def chains_from_records(records: Iterable[dict[str, Any]]) -> list[Chain]:
+def chains_from_records(records: Iterable[CaptureRecord]) -> list[Chain]:
     """Rebuild a session's chains from its capture records: the newest valid record of each chain.
 
     Records are read in `(captured_at, uuid)` order, so with two writers the later head wins.
     """
-    heads: dict[str, dict[str, Any]] = {}
+    heads: dict[str, CaptureRecord] = {}
     for record in records:
         info = record.get("injection") if isinstance(record, dict) else None
         if not isinstance(info, dict) or not isinstance(info.get("chain"), str):
@@ -169,9 +170,10 @@ def chains_from_records(records: Iterable[dict[str, Any]]) -> list[Chain]:
         if current is None or key >= (current.get("captured_at") or "", current.get("uuid") or ""):
             heads[info["chain"]] = record
     chains = []
-    for chain_id, record in heads.items():
-        info = record["injection"]
-        prompt, generation = record["prompt_token_ids"], record["generation_token_ids"]
+    for chain_id, head in heads.items():
+        info = head["injection"]
+        # A head is valid (checked above), so it holds both lists.
+        prompt, generation = head["prompt_token_ids"] or [], head["generation_token_ids"] or []
         eot = info.get("eot_token_id")
         chains.append(
             Chain(
@@ -179,7 +181,7 @@ def chains_from_records(records: Iterable[dict[str, Any]]) -> list[Chain]:
                 accumulated=list(prompt) + list(generation),
                 last_generation=list(generation),
                 eot=eot if isinstance(eot, int) else None,
-                n_messages=len(record.get("messages") or ()),
+                n_messages=len(head.get("messages") or ()),
                 prefix_len=info.get("prefix_len") or 0,
                 prefix_hash=info.get("prefix_hash") or "",
                 history_hash=info.get("history_hash"),

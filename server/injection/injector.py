@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from server.capture.write.record import INJECTION_BREAKING_FALLBACKS
+from server.capture.write.record import INJECTION_BREAKING_FALLBACKS, CaptureRecord
 from server.injection.breaker import RouteBreaker
 from server.injection.chains import (
     Chain,
@@ -101,7 +101,7 @@ class Injector:
         *,
         transport: Transport,
         tokenizer_for: Callable[[str], TokenizeClient | None],
-        read_records: Callable[[str], list[dict[str, Any]]] | None,
+        read_records: Callable[[str], list[CaptureRecord]] | None,
         max_model_len_for: Callable[[str], int | None] = lambda route: None,
         cache: ChainCache | None = None,
         breaker: RouteBreaker | None = None,
@@ -268,7 +268,7 @@ class Injector:
         Memory may be ahead of the disk (this process's records are written behind the answer),
         and the disk ahead of memory (another process served the session meanwhile).
         """
-        records: list[dict[str, Any]] = []
+        records: list[CaptureRecord] = []
         if self._read_records is not None:
             try:
                 records = await asyncio.to_thread(self._read_records, session_id)

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from server.capture.write.record import CaptureRecord
 from server.config import Settings
 from server.injection.breaker import RouteBreaker
 from server.injection.chains import ChainCache
@@ -39,7 +40,7 @@ def build_injector(
     *,
     default_route: str,
     deployment_text: str | None,
-    read_records: Callable[[str], list[dict[str, Any]]] | None,
+    read_records: Callable[[str], list[CaptureRecord]] | None,
     max_model_len_for: Callable[[str], int | None],
 ) -> tuple[Injector, Callable[[], None]]:
     """The Injector and a function that releases its connections. Raises RuntimeError naming what is missing."""

@@ -17,6 +17,7 @@ import pytest
 
 from server.capture.read.rebuilds import rollout_json
 from server.capture.read.store import CaptureStore
+from server.capture.write.record import RecordInput
 from tests.support.procs import start_server
 from tests.support.tcp import NaglingStreamServer, delayed_acks
 
@@ -117,7 +118,7 @@ def test_a_large_rollout_arrives_whole_from_its_spool_file(tmp_path, mock_upstre
     second = [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and on"}]
     # The second turn continues the first, which made [5]: both turns' ids are in the rollout.
     for turn_prompt, messages in ((prompt, first), ([*prompt, 5, 7], second)):
-        assert capture.submit_call(**_call("big", turn_prompt, messages))
+        assert capture.submit_call(RecordInput(**_call("big", turn_prompt, messages)))
     assert capture.flush(10)
     expected = rollout_json(str(capture.sessions_dir), "big", {"big": []}, True)
     capture.close()

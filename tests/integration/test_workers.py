@@ -173,10 +173,11 @@ def test_a_killed_supervisor_takes_its_workers_and_switchyard_with_it(tmp_path, 
 WRITER = """
 import sys
 from server.capture.read.store import CaptureStore
+from server.capture.write.record import RecordInput
 from tests.support.captures import captured_call as call
 store = CaptureStore(sys.argv[1], change_journal=sys.argv[3] == "journal")
 store.start()
-assert store.submit_call(**call(sys.argv[2]))
+assert store.submit_call(RecordInput(**call(sys.argv[2])))
 store.close()
 """
 

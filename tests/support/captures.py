@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from server.capture.read.store import CaptureStore
+from server.capture.write.record import RecordInput
 
 
 def chat_response(prompt=(1, 2, 3), generation=(7, 8), content="hi", tool_calls=None) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def two_turns(session_id, parent=None, sampled=3) -> tuple[dict[str, Any], dict[
 def submit_all(store: CaptureStore, *calls: dict[str, Any]) -> None:
     """Each call submitted, then every record in its file."""
     for kwargs in calls:
-        assert store.submit_call(**kwargs)
+        assert store.submit_call(RecordInput(**kwargs))
     assert store.flush(10)
 
 

@@ -165,13 +165,13 @@ class IndexView:
 
     def list_sessions(
         self, parent: str | None = None, roots_only: bool = False, limit: int = 1000, after: str | None = None
-    ) -> list[dict]:
+    ) -> list[dict[str, Any]]:
         """Sessions sorted by id; `after` is the last id of the previous page."""
         return list(itertools.islice(self.iter_sessions(parent, roots_only, after), max(0, limit)))
 
     def iter_sessions(
         self, parent: str | None = None, roots_only: bool = False, after: str | None = None
-    ) -> Iterator[dict]:
+    ) -> Iterator[dict[str, Any]]:
         """Sessions sorted by id after `after`, made into dicts only as they are taken."""
         for entry, missing in self.iter_entries(parent, roots_only, after):
             yield entry.as_dict(missing)
@@ -189,7 +189,7 @@ class IndexView:
                 continue
             yield entry, missing
 
-    def session_info(self, session_id: str) -> dict | None:
+    def session_info(self, session_id: str) -> dict[str, Any] | None:
         entry = self._by_id.get(session_id)
         return entry.as_dict(self._parent_missing(entry)) if entry is not None else None
 

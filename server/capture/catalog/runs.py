@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from server.capture.read.contiguity import first_difference
+from server.capture.write.record import CaptureRecord, RecordHead
 
 if TYPE_CHECKING:
     from server.capture.catalog.index_view import IndexView
@@ -82,17 +83,17 @@ def choose(runs: Sequence[str | None], wanted: str) -> RunChoice | None:
     return RunChoice(run)
 
 
-def run_of(record: dict) -> str | None:
+def run_of(record: RecordHead) -> str | None:
     run = record.get("server_run")
     return run if isinstance(run, str) else None
 
 
-def runs_in_order(records: Iterable[dict]) -> list[str | None]:
+def runs_in_order(records: Iterable[RecordHead]) -> list[str | None]:
     """The runs of records already in `(captured_at, uuid)` order, each once, in order of its first record."""
     return list(dict.fromkeys(run_of(record) for record in records))
 
 
-def latest_conversation(records: list[dict]) -> list[dict]:
+def latest_conversation(records: list[CaptureRecord]) -> list[CaptureRecord]:
     """The records (in `(captured_at, uuid)` order) from the last point where a new run began a new
     conversation under the session's id: what a rollout covers by default.
 
@@ -119,7 +120,7 @@ def latest_conversation(records: list[dict]) -> list[dict]:
     return records[start:]
 
 
-def _continues_any(record: dict, earlier: list[dict]) -> bool:
+def _continues_any(record: CaptureRecord, earlier: list[CaptureRecord]) -> bool:
     prompt = record.get("prompt_token_ids")
     if not isinstance(prompt, list) or not prompt:
         return False
@@ -131,7 +132,7 @@ def _continues_any(record: dict, earlier: list[dict]) -> bool:
     return False
 
 
-def narrow(records: list[dict], choice: RunChoice | None) -> list[dict]:
+def narrow(records: list[CaptureRecord], choice: RunChoice | None) -> list[CaptureRecord]:
     """A session's records narrowed to the choice (all of them for None)."""
     if choice is None:
         return records
@@ -140,7 +141,7 @@ def narrow(records: list[dict], choice: RunChoice | None) -> list[dict]:
     return [record for record in records if run_of(record) == choice.run]
 
 
-def runs_of(records: Iterable[dict]) -> frozenset[str | None]:
+def runs_of(records: Iterable[RecordHead]) -> frozenset[str | None]:
     return frozenset(run_of(record) for record in records)
 
 

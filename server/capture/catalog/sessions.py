@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Literal, overload
 
 from server.capture.catalog.index_view import IndexView
 from server.capture.catalog.runs import ALL, LATEST, RunChoice, children_in, choose, narrow, run_of, runs_of
 from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import reconstruct_tree
 from server.capture.rollout.chains import chains_tree
-from server.capture.write.record import SCHEMA_VERSION
+from server.capture.rollout.items import Rollout
+from server.capture.write.record import SCHEMA_VERSION, CaptureRecord
 
 
 def pick(index: IndexView, session_id: str, wanted: str) -> RunChoice | None:
@@ -21,7 +23,7 @@ def pick(index: IndexView, session_id: str, wanted: str) -> RunChoice | None:
     return choose(info["runs"], wanted)
 
 
-def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict:
+def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict[str, Any]:
     """The session and its descendants as nested `{session_id, parent_session_id, parent_missing, record_count,
     runs, children}`; with a `run` other than `all`, only the sub-agents with records in the runs it
     covers (raises UnknownSession, UnknownRun)."""
@@ -34,7 +36,7 @@ def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict:
         # Which runs the latest conversation spans is known only from the root's records.
         runs = tree_records(store.read_completions, session_id, choice)[1]
 
-    def node(entry: dict) -> dict:
+    def node(entry: dict[str, Any]) -> dict[str, Any]:
         return {
             "session_id": entry["session_id"],
             "parent_session_id": entry["parent_session_id"],
@@ -62,8 +64,8 @@ def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict:
 
 
 def tree_records(
-    read: Callable[[str], tuple[list[dict], int]], session_id: str, choice: RunChoice | None = None
-) -> tuple[Callable[[str], list[dict]], frozenset[str | None] | None]:
+    read: Callable[[str], tuple[list[CaptureRecord], int]], session_id: str, choice: RunChoice | None = None
+) -> tuple[Callable[[str], list[CaptureRecord]], frozenset[str | None] | None]:
     """A record loader for a session's tree from `read(session_id) -> (records, skipped)`, and the
     server runs it covers (None: all of them).
 
@@ -77,7 +79,7 @@ def tree_records(
         raise UnknownSession(session_id)
     runs = runs_of(root_records) if choice is not None else None
 
-    def load_records(sid: str) -> list[dict]:
+    def load_records(sid: str) -> list[CaptureRecord]:
         if sid == session_id:
             return root_records
         try:
@@ -89,9 +91,26 @@ def tree_records(
     return load_records, runs
 
 
+@overload
+def build_rollout(
+    store: CaptureStore,
+    session_id: str,
+    *,
+    allow_partial: bool = True,
+    run: str = LATEST,
+    view: Literal["rollout"] = "rollout",
+) -> Rollout: ...
+@overload
+def build_rollout(
+    store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST, view: Literal["chains"]
+) -> dict[str, Any]: ...
+@overload
+def build_rollout(
+    store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST, view: str
+) -> Rollout | dict[str, Any]: ...
 def build_rollout(
     store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST, view: str = "rollout"
-) -> dict:
+) -> Rollout | dict[str, Any]:
     """Reconstruct the session's rollout with its sub-agent sessions, from the records of one server
     run (`latest`, a run id, `legacy`) or of `all` (raises RolloutError, UnknownSession, UnknownRun).
     `view="chains"`: every session's chains instead (`chains_tree`)."""
@@ -112,7 +131,7 @@ def build_rollout(
     )
 
 
-def lost_session_envelope(session_id: str, lost: int, *, skipped: int = 0) -> dict:
+def lost_session_envelope(session_id: str, lost: int, *, skipped: int = 0) -> dict[str, Any]:
     """The `/completions` envelope of a session whose every record was lost to capture failures."""
     return {
         "schema_version": SCHEMA_VERSION,
@@ -123,7 +142,7 @@ def lost_session_envelope(session_id: str, lost: int, *, skipped: int = 0) -> di
     }
 
 
-def lost_session_node(session_id: str, lost: int) -> dict:
+def lost_session_node(session_id: str, lost: int) -> dict[str, Any]:
     """The tree of a session whose every record was lost: itself, with no records (its parent is not
     known: that was in the lost records)."""
     return {

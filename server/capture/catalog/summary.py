@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,6 +17,7 @@ from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError
 from server.capture.rollout.chain import CAPTURE_FAILED
 from server.capture.rollout.chains import session_chains
+from server.capture.write.record import CaptureRecord, RecordHead
 
 # What `status=` may ask for. `whole`: the rollout is not masked; `partial`: a valid prefix was kept
 # and the rest cut (partial_reason); `masked`: mask_sample would be true (partial, not
@@ -27,7 +28,7 @@ KINDS = ("root", "child")
 log = logging.getLogger("switchyard_model.capture")
 
 
-def started_at(record: dict) -> str | None:
+def started_at(record: RecordHead) -> str | None:
     """When the call began: `captured_at` (its end) minus its latency, in the same ISO format."""
     end = parse_time(record.get("captured_at"))
     if end is None:
@@ -56,8 +57,9 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-def _token_total(record: dict, count_key: str, ids_key: str) -> int:
-    """The usage count when the upstream gave one, else the length of the captured token ids."""
+def _token_total(record: RecordHead, count_key: str, ids_key: str) -> int:
+    """The usage count when the upstream gave one, else the length of the captured token ids (a head
+    is read only when its counts are set, so only a whole record falls back to its lists)."""
     counts = record.get("token_count")
     value = counts.get(count_key) if isinstance(counts, dict) else None
     if type(value) is int and value > 0:
@@ -66,22 +68,22 @@ def _token_total(record: dict, count_key: str, ids_key: str) -> int:
     return len(ids) if isinstance(ids, list) else 0
 
 
-def tokens_in(record: dict) -> int:
+def tokens_in(record: RecordHead) -> int:
     return _token_total(record, "prompt_tokens", "prompt_token_ids")
 
 
-def tokens_out(record: dict) -> int:
+def tokens_out(record: RecordHead) -> int:
     return _token_total(record, "completion_tokens", "generation_token_ids")
 
 
-def reply_has_tool_calls(record: dict) -> bool:
+def reply_has_tool_calls(record: CaptureRecord) -> bool:
     messages = record.get("messages")
     if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
         return False
     return bool(messages[-1].get("tool_calls"))
 
 
-def chain_outcome(session_id: str, records: list[dict]) -> tuple[dict | None, str | None]:
+def chain_outcome(session_id: str, records: list[CaptureRecord]) -> tuple[dict[str, Any] | None, str | None]:
     """The session's chains and per-call decisions (`session_chains`, no flat token lists) over its
     latest conversation (its records from the last server run that began it anew, as GET /rollout
     covers by default; see `runs.latest_conversation`); None and why when nothing can be read."""
@@ -103,7 +105,9 @@ class SessionFacts:
 
 
 def session_facts(
-    session_id: str, records: list[dict], outcome: tuple[dict | None, str | None] | None = None
+    session_id: str,
+    records: list[CaptureRecord],
+    outcome: tuple[dict[str, Any] | None, str | None] | None = None,
 ) -> SessionFacts:
     """Summarise one session's records (already in `(captured_at, uuid)` order); `outcome` is
     `chain_outcome(session_id, records)` if the caller has it already."""
@@ -119,7 +123,7 @@ def session_facts(
             rollout_fraction=chains["rollout_fraction"],
         )
     summary.update(rollout=status, partial_reason=reason, mask_sample=status != "whole")
-    calls = [
+    calls: list[tuple[str | None, str | None, str | None, bool]] = [
         (record.get("captured_at"), started_at(record), record.get("uuid"), reply_has_tool_calls(record))
         for record in records
     ]
@@ -134,7 +138,7 @@ def lost_session_facts() -> SessionFacts:
     return SessionFacts(summary, [])
 
 
-def summary_columns(records: list[dict]) -> dict[str, Any]:
+def summary_columns(records: Sequence[RecordHead]) -> dict[str, Any]:
     """The list's columns for one session from its records, or from just their leading fields (see
     `CaptureStore.read_record_heads`): everything but the rollout status, which is left pending."""
     finish_reasons: dict[str, int] = {}
@@ -149,8 +153,8 @@ def summary_columns(records: list[dict]) -> dict[str, Any]:
         reason = record.get("finish_reason")
         key = reason if isinstance(reason, str) else "none"
         finish_reasons[key] = finish_reasons.get(key, 0) + 1
-        if isinstance(record.get("model"), str):
-            models.add(record["model"])
+        if isinstance(model := record.get("model"), str):
+            models.add(model)
         if isinstance(record.get("route"), str) and record["route"]:
             routes.add(record["route"])
         if record.get("is_valid") is not True:
@@ -245,7 +249,7 @@ class SummaryCache:
             self._entries[session_id] = ((info["record_count"], info["last_captured_at"]), facts)
             self._entries.move_to_end(session_id)
 
-    def quick_summary(self, store: CaptureStore, view: IndexView, session_id: str) -> dict | None:
+    def quick_summary(self, store: CaptureStore, view: IndexView, session_id: str) -> dict[str, Any] | None:
         """The session's facts' summary if cached or cheap to make; for a session with many MB of
         records, its columns from the records' leading fields with rollout "pending", while the full
         facts are made in the background (a later request finds them cached)."""
@@ -293,7 +297,9 @@ class SummaryCache:
         runs = info["runs"] if info is not None else []
         return frozenset(runs[-1:]) if len(runs) > 1 else None
 
-    def summary(self, store: CaptureStore, view: IndexView, session_id: str, *, wait: bool = True) -> dict | None:
+    def summary(
+        self, store: CaptureStore, view: IndexView, session_id: str, *, wait: bool = True
+    ) -> dict[str, Any] | None:
         """The session's summary with sub-agent sessions folded in: masked when any session below is.
 
         `wait=False` (a list page's display) may answer with the rollout status "pending" (and
@@ -359,7 +365,7 @@ class ListQuery:
 
 def list_page(
     store: CaptureStore, cache: SummaryCache, query: ListQuery, *, limit: int, after: str | None
-) -> tuple[list[dict], str | None]:
+) -> tuple[list[dict[str, Any]], str | None]:
     """One page of sessions in id order after `after`, and the id to pass as `after` for the next
     page (None when no more follow).
 
@@ -370,7 +376,7 @@ def list_page(
     view = store.index_view()  # one snapshot for the whole page (each fresh view revalidates the disk)
     entries = view.iter_entries(parent=query.parent, roots_only=query.kind == "root", after=after)
     needle = query.q.lower() if query.q else None
-    picked: list[tuple[SessionEntry, bool, dict | None]] = []
+    picked: list[tuple[SessionEntry, bool, dict[str, Any] | None]] = []
     for entry, missing in entries:
         if query.kind == "child" and (entry.parent_session_id is None or missing):
             continue
@@ -393,7 +399,7 @@ def list_page(
             break
     next_after = picked[limit - 1][0].session_id if len(picked) > limit and limit > 0 else None
     picked = picked[:limit]
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     for entry, missing, summary in picked:
         row = entry.as_dict(missing)
         if summary is None and query.summary:
@@ -404,7 +410,7 @@ def list_page(
     return rows, next_after
 
 
-def _summary_matches(summary: dict, query: ListQuery) -> bool:
+def _summary_matches(summary: dict[str, Any], query: ListQuery) -> bool:
     if query.model and not any(query.model.lower() in name.lower() for name in summary["models"]):
         return False
     if query.route and not any(query.route.lower() in name.lower() for name in summary["routes"]):

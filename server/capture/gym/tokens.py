@@ -77,7 +77,8 @@ def request_items(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         # Gym writes this with json.dumps(sort_keys=True); the spacing differs, which only matters for
         # a resolver shared with Gym's own servers, never between two calls of this one.
         envelope = [{"role": _ENVELOPE_ROLE, "content": text}]
-    return orjson.loads(orjson.dumps(envelope + turns))
+    normalised: list[dict[str, Any]] = orjson.loads(orjson.dumps(envelope + turns))
+    return normalised
 
 
 def chat_with_gym_tokens(chat: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +175,7 @@ class GymTokenCapture:
             )
         return cls(sink, lineage, block.delta_records, owned)
 
-    async def begin(self, rollout_id: str, model_call_id: str, items: list[dict[str, Any]]) -> Token:
+    async def begin(self, rollout_id: str, model_call_id: str, items: list[dict[str, Any]]) -> Token[Any]:
         """Before dispatch: the call's capture context set (undo with `end`), its parent resolved from
         the items as received (`request_items`), its intent recorded. A failed intent raises: nothing
         was generated yet."""
@@ -186,7 +187,7 @@ class GymTokenCapture:
             lineage_store=self.lineage,
             delta_records=self.delta_records,
         )
-        token = sink.set_token_sink(context)
+        token: Token[Any] = sink.set_token_sink(context)
         try:
             await sink.resolve_parent(items)
             await sink.register_call_intent()
@@ -196,7 +197,7 @@ class GymTokenCapture:
         return token
 
     @staticmethod
-    def end(token: Token) -> None:
+    def end(token: Token[Any]) -> None:
         _gym().reset_token_sink(token)
 
     @staticmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 # Long token lists are compared a block at a time (slice equality runs in C), then one token at a
 # time inside the first block that differs.
@@ -43,7 +44,7 @@ def compare_calls(
     prompt: Sequence[int],
     *,
     window: int = 8,
-) -> dict:
+) -> dict[str, Any]:
     """How `prompt` relates to the previous call's `previous_prompt + previous_generation`.
 
     Returns `{"kind", "position", "expected_length", "in_previous_generation", "before", "expected",
@@ -58,7 +59,7 @@ def compare_calls(
     tokens (a template that re-renders the assistant turn) rather than its prompt (a rewritten history).
     """
     expected_length = len(previous_prompt) + len(previous_generation)
-    result: dict = {
+    result: dict[str, Any] = {
         "kind": EXTENDS,
         "position": None,
         "expected_length": expected_length,

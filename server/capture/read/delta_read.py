@@ -10,14 +10,14 @@ import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import zstandard
 
 from server.capture.read.bounded import TooBig, unzstd
 from server.capture.write.delta import DELTA_SUFFIX
-from server.capture.write.record import validate_record
+from server.capture.write.record import CaptureRecord, RecordHead, validate_record
 from server.ids import is_valid_session_id
 
 _local = threading.local()  # a decompressor per reading thread (they are not shareable between threads)
@@ -45,7 +45,8 @@ class DeltaFile:
 
     @property
     def uuid(self) -> str:
-        return self.header["uuid"]
+        uuid: str = self.header["uuid"]  # checked by parse_delta_file
+        return uuid
 
 
 def parse_header_line(line: bytes) -> dict[str, Any]:
@@ -87,9 +88,9 @@ class Resolver:
 
     def __init__(self) -> None:
         self._by_uuid: dict[str, list[tuple[str, Any]]] = {}  # uuid -> [(sha256, full record | DeltaFile)]
-        self._done: dict[int, tuple[dict, bool]] = {}  # id(file entry) -> (record, whole)
+        self._done: dict[int, tuple[dict[str, Any], bool]] = {}  # id(file entry) -> (record, whole)
 
-    def add_full(self, record: dict, sha256: str) -> None:
+    def add_full(self, record: CaptureRecord, sha256: str) -> None:
         self._by_uuid.setdefault(record["uuid"], []).append((sha256, record))
 
     def add_delta(self, delta: DeltaFile) -> None:
@@ -101,7 +102,8 @@ class Resolver:
                 return entry
         return None
 
-    def record(self, entry: dict | DeltaFile) -> dict:
+    def record(self, entry: dict[str, Any] | DeltaFile) -> dict[str, Any]:
+        # A record being rebuilt is a plain dict until `read_with_deltas` has checked it.
         """The full record of one file (a broken delta comes back `is_valid: false`, with why)."""
         if isinstance(entry, dict):
             return entry
@@ -110,7 +112,7 @@ class Resolver:
         chain: list[DeltaFile] = []
         current: Any = entry
         seen: set[int] = set()
-        base_record: tuple[dict, bool] | None = None
+        base_record: tuple[dict[str, Any], bool] | None = None
         failure: str | None = None
         while True:
             if isinstance(current, dict):
@@ -144,11 +146,11 @@ class Resolver:
             base_record = result
         return self._done[id(entry)][0]
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[dict[str, Any]]:
         return [self.record(entry) for entries in self._by_uuid.values() for _, entry in entries]
 
 
-def _seq_prefix(base: dict, m: int) -> list | None:
+def _seq_prefix(base: dict[str, Any], m: int) -> list[Any] | None:
     prompt, generation = base.get("prompt_token_ids"), base.get("generation_token_ids")
     if not isinstance(prompt, list):
         return None
@@ -159,7 +161,7 @@ def _seq_prefix(base: dict, m: int) -> list | None:
     return prompt + generation[: m - len(prompt)]
 
 
-def _rebuild(delta: DeltaFile, base: dict | None) -> tuple[dict, bool]:
+def _rebuild(delta: DeltaFile, base: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
     meta = delta.meta
     k, m = meta.get("messages", 0), meta.get("prompt_token_ids", 0)
     if base is not None and not (type(k) is int and type(m) is int and k >= 0 and m >= 0):
@@ -183,7 +185,7 @@ def _rebuild(delta: DeltaFile, base: dict | None) -> tuple[dict, bool]:
     return record, True
 
 
-def _broken(delta: DeltaFile, why: str) -> dict:
+def _broken(delta: DeltaFile, why: str) -> dict[str, Any]:
     """A delta whose base cannot be had: its own fields, no history, and marked unusable for training."""
     record = dict(delta.header)
     for key, value in delta.body.items():
@@ -202,8 +204,8 @@ def read_with_deltas(
     session_id: str,
     *,
     read_bytes: Callable[[str], bytes | None],
-    parse_full: Callable[[bytes, str], dict | None],
-) -> tuple[list[dict], int]:
+    parse_full: Callable[[bytes, str], CaptureRecord | None],
+) -> tuple[list[CaptureRecord], int]:
     """A session's records from its files, some of them deltas, and how many files were skipped.
 
     Each delta is rebuilt once against its base's record; full files (`parse_full`) serve as bases too.
@@ -230,17 +232,17 @@ def read_with_deltas(
                 skipped += 1
                 continue
             resolver.add_full(record, hashlib.sha256(data).hexdigest())
-    records = []
-    for record in resolver.records():
-        if validate_record(record) is None:
-            records.append(record)
+    records: list[CaptureRecord] = []
+    for rebuilt in resolver.records():
+        if validate_record(rebuilt) is None:
+            records.append(cast(CaptureRecord, rebuilt))
         else:
             skipped += 1
     records.sort(key=lambda r: (r.get("captured_at") or "", r.get("uuid") or ""))
     return records, skipped
 
 
-def delta_header(data: bytes) -> dict | None:
+def delta_header(data: bytes) -> RecordHead | None:
     """A delta file's header fields (its identity: all the index needs), or None if unreadable."""
     try:
         header = parse_delta_file(data).header
@@ -252,4 +254,4 @@ def delta_header(data: bytes) -> dict | None:
         and isinstance(header.get("captured_at"), str)
     ):
         return None
-    return header
+    return cast(RecordHead, header)  # the line holds a record's leading fields, as a head does

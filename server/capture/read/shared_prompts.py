@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -32,9 +32,9 @@ class _Known:
     generation that followed it (its text without brackets, and its ids)."""
 
     open_text: bytes
-    prompt: list
+    prompt: list[Any]
     generation_text: bytes
-    generation: list
+    generation: list[Any]
 
 
 class SharedPrompts:
@@ -70,7 +70,7 @@ class SharedPrompts:
         self._remember(text, prompt, record.get("generation_token_ids"))
         return record
 
-    def _parse_ids(self, text: bytes) -> list | None:
+    def _parse_ids(self, text: bytes) -> list[Any] | None:
         """The list `text` (`[...]`, cut at its first `]`) holds, or None if it is not a whole flat array."""
         for known in self._candidates(len(text)):
             reused = _extend(text, known)
@@ -86,7 +86,7 @@ class SharedPrompts:
         end = bisect.bisect_left(self._lengths, text_length)
         return self._known[max(0, end - MAX_CANDIDATES) : end][::-1]
 
-    def _remember(self, text: bytes, prompt: list, generation: object) -> None:
+    def _remember(self, text: bytes, prompt: list[Any], generation: object) -> None:
         if len(prompt) == 0:
             return
         generation_text = b""
@@ -103,7 +103,7 @@ class SharedPrompts:
         self._known.insert(at, known)
 
 
-def _extend(text: bytes, known: _Known) -> list | None:
+def _extend(text: bytes, known: _Known) -> list[Any] | None:
     """The ids of `text` if it starts with `known`'s prompt (and, where it follows, its generation)."""
     cut = len(known.open_text)
     if not text.startswith(known.open_text) or text[cut] not in _DELIMITERS:
@@ -127,4 +127,4 @@ def _extend(text: bytes, known: _Known) -> list | None:
         return None
     if not rest:  # "[1,2,]" is not an array; the plain parse says so
         return None
-    return prefix + rest
+    return prefix + cast(list[Any], rest)

@@ -1,39 +1,40 @@
 """Durable capture store: one file per call under sessions/<sha256(id)>/, its index, reads and deletes.
 
 Writing (the queue, the writer thread, syncs, failure marks) is `writer.RecordWriter`'s job; the
-`.delta` file format (a record as what it adds to an earlier one) is `delta`'s.
-
-Longer than 500 lines because it reads each kind of record file (`.json`, `.json.gz`, `.delta`) two
-ways, by its header for the index and the session list, and whole; those readers share the header
-layout and the file checks, so they stay together.
+`.delta` file format (a record as what it adds to an earlier one) is `delta`'s; reading record
+files is `record_files`'s (its session-id checks and errors are re-exported here for callers).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
 import shutil
 import threading
 import uuid as uuid_module
-import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from server.capture.catalog.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, SessionIndex
-from server.capture.catalog.index_view import IndexView, RecordHeader
+from server.capture.catalog.index_view import IndexView
 from server.capture.catalog.owners import SessionOwners
 from server.capture.catalog.runs import LEGACY
-from server.capture.read.bounded import TooBig, gunzip, open_regular, read_file
-from server.capture.read.delta_read import delta_header, read_with_deltas
-from server.capture.read.shared_prompts import SharedPrompts
+from server.capture.read.record_files import InvalidSessionId as InvalidSessionId
+from server.capture.read.record_files import UnknownSession as UnknownSession
+from server.capture.read.record_files import check_session_id as check_session_id
+from server.capture.read.record_files import (
+    header_of,
+    peek_head,
+    read_header,
+    record_files,
+    record_key,
+)
+from server.capture.read.record_files import read_session_records as read_session_records
+from server.capture.read.record_files import session_dir_name as session_dir_name
 from server.capture.write import journal
 from server.capture.write.delta import DELTA_SUFFIX
-from server.capture.write.record import validate_record
+from server.capture.write.record import CaptureRecord, RecordHead, RecordInput, validate_record
 from server.capture.write.writer import CALL, RECORD, RecordWriter
 from server.ids import is_valid_session_id, uncorrelated_session_id
 from server.logs import RateLimitedLog
@@ -44,29 +45,6 @@ SESSIONS_SUBDIR = "sessions"
 _SESSION_DIR_NAME = re.compile(r"[0-9a-f]{64}")
 # A record's uuid becomes its file name: same charset as session ids, so never hidden or a path.
 _RECORD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-
-
-class UnknownSession(KeyError):
-    """No capture directory exists for this session id."""
-
-
-class InvalidSessionId(ValueError):
-    """The id is outside `^[A-Za-z0-9][A-Za-z0-9._-]*$` or longer than 200 chars; it was not used."""
-
-
-def session_dir_name(session_id: str) -> str:
-    """The directory name for a session: fixed-width hex, so no id can reach outside sessions/."""
-    return hashlib.sha256(session_id.encode("utf-8")).hexdigest()
-
-
-def check_session_id(session_id: object) -> str:
-    if not is_valid_session_id(session_id):
-        raise InvalidSessionId(f"invalid session id: {str(session_id)[:200]!r}")
-    return session_id  # type: ignore[return-value]
-
-
-def _record_key(record: dict) -> tuple[str, str]:
-    return (record.get("captured_at") or "", record.get("uuid") or "")
 
 
 class CaptureStore:
@@ -122,8 +100,8 @@ class CaptureStore:
 
         self._index = SessionIndex(
             self.sessions_dir,
-            list_files=_record_files,
-            read_header=_read_header,
+            list_files=record_files,
+            read_header=read_header,
             is_session_dir_name=_SESSION_DIR_NAME.fullmatch,  # type: ignore[arg-type]
             on_skipped=lambda n: self._count("_skipped", n),
             revalidate=shared_index,
@@ -241,16 +219,15 @@ class CaptureStore:
 
     # ---- submitting ------------------------------------------------------------------------
 
-    def submit_call(self, **build_record_kwargs: Any) -> bool:
+    def submit_call(self, call: RecordInput) -> bool:
         """Queue one call without waiting for it (any thread, never blocks). False if not accepted.
 
-        `chat_request` / `chat_response` may be dicts (handed over: the caller must not mutate them
-        afterwards) or the JSON bytes that crossed the wire, parsed here on the writer thread.
+        Its `chat_request` / `chat_response` are handed over (see `RecordInput`).
         """
-        kwargs = self._call_kwargs(build_record_kwargs)
-        return kwargs is not None and self.writer.enqueue(CALL, kwargs)
+        accepted = self._accepted(call)
+        return accepted is not None and self.writer.enqueue(CALL, accepted)
 
-    async def write_call(self, *, timeout: float = 30.0, **build_record_kwargs: Any) -> bool:
+    async def write_call(self, call: RecordInput, *, timeout: float = 30.0) -> bool:
         """Queue one call and wait until its record is in its file (synced too under `fsync: always`).
 
         True when the record is kept; False when it was not captured (uncorrelated), could not be
@@ -258,30 +235,28 @@ class CaptureStore:
         loop never blocks: the writer thread ends the wait. The dicts are handed over as in
         `submit_call`.
         """
-        kwargs = self._call_kwargs(build_record_kwargs)
-        if kwargs is None:
+        accepted = self._accepted(call)
+        if accepted is None:
             return False
-        return await self.writer.write(CALL, kwargs, timeout)
+        return await self.writer.write(CALL, accepted, timeout)
 
-    def _call_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
-        if not is_valid_session_id(kwargs.get("session_id")):
+    def _accepted(self, call: RecordInput) -> RecordInput | None:
+        """The call made ready for its record (this run, sane ids; it is handed over, so changed in
+        place), or None when it is not captured."""
+        if not is_valid_session_id(call.session_id):
             if not self.capture_uncorrelated:
                 self._count("_uncorrelated")
                 return None
             # Each uncorrelated call is its own session: nothing ties it to any other call.
-            record_uuid = kwargs.get("record_uuid") or str(uuid_module.uuid4())
-            return {
-                **kwargs,
-                "record_uuid": record_uuid,
-                "session_id": uncorrelated_session_id(record_uuid),
-                "parent_session_id": None,
-                "server_run": self.server_run,
-            }
-        if kwargs.get("parent_session_id") is not None and not is_valid_session_id(kwargs["parent_session_id"]):
-            kwargs = {**kwargs, "parent_session_id": None}
-        return {**kwargs, "server_run": self.server_run}
+            call.record_uuid = call.record_uuid or str(uuid_module.uuid4())
+            call.session_id = uncorrelated_session_id(call.record_uuid)
+            call.parent_session_id = None
+        elif call.parent_session_id is not None and not is_valid_session_id(call.parent_session_id):
+            call.parent_session_id = None
+        call.server_run = self.server_run
+        return call
 
-    def submit(self, record: dict) -> bool:
+    def submit(self, record: CaptureRecord) -> bool:
         """Queue a prebuilt record. False (and counted) if it is malformed, the queue is full or closed."""
         problem = validate_record(record)
         if problem is None and not _RECORD_NAME.fullmatch(record["uuid"]):
@@ -305,10 +280,10 @@ class CaptureStore:
 
     # ---- index -----------------------------------------------------------------------------
 
-    def _note(self, record: dict, name: str) -> None:
+    def _note(self, record: CaptureRecord, name: str) -> None:
         """Tell the index about a record this process wrote, so no rescan has to parse it again."""
         dir_name = session_dir_name(record["session_id"])
-        header = _header(record)
+        header = header_of(record)
         earlier = self._index.note_written(dir_name, name, header)
         if earlier is not None:  # this run's first record in the session
             with self._reuse_checks_lock:
@@ -350,17 +325,17 @@ class CaptureStore:
         roots_only: bool = False,
         limit: int = 1000,
         after: str | None = None,
-    ) -> list[dict]:
+    ) -> list[dict[str, Any]]:
         """Sessions sorted by id; `after` is the last id of the previous page."""
         return self._index.view().list_sessions(parent=parent, roots_only=roots_only, limit=limit, after=after)
 
-    def session_info(self, session_id: str) -> dict | None:
+    def session_info(self, session_id: str) -> dict[str, Any] | None:
         return self._index.view().session_info(session_id)
 
     def children(self, session_id: str) -> list[str]:
         return self._index.view().children(session_id)
 
-    def read_completions(self, session_id: str) -> tuple[list[dict], int]:
+    def read_completions(self, session_id: str) -> tuple[list[CaptureRecord], int]:
         """The session's records ordered by (captured_at, uuid), and how many files were skipped."""
         return read_session_records(self.sessions_dir, session_id)
 
@@ -368,14 +343,14 @@ class CaptureStore:
         """How many bytes the session's record files hold (0 if it has none): what a full read costs."""
         directory = os.path.join(self.sessions_dir, session_dir_name(check_session_id(session_id)))
         total = 0
-        for path in _record_files(directory):
+        for path in record_files(directory):
             try:
                 total += os.stat(path, follow_symlinks=False).st_size
             except OSError:
                 continue
         return total
 
-    def read_record_heads(self, session_id: str) -> list[dict] | None:
+    def read_record_heads(self, session_id: str) -> list[RecordHead] | None:
         """The small leading fields of each of the session's records (ids, times, model, route, latency,
         validity, finish reason, token counts), read from each file's first block, in record order.
 
@@ -386,14 +361,14 @@ class CaptureStore:
         if os.path.islink(directory) or not os.path.isdir(directory):
             raise UnknownSession(session_id)
         heads = []
-        for path in _record_files(directory):
-            head = _peek_head(path) if path.endswith((".json", DELTA_SUFFIX)) else None
+        for path in record_files(directory):
+            head = peek_head(path) if path.endswith((".json", DELTA_SUFFIX)) else None
             if head is None:
                 return None
             if head.get("session_id") != session_id:
                 continue  # filed under another session: not served here (as in read_session_records)
             heads.append(head)
-        heads.sort(key=_record_key)
+        heads.sort(key=record_key)
         return heads
 
     def delete_session(self, session_id: str) -> int:
@@ -405,7 +380,7 @@ class CaptureStore:
         with self.writer.io_lock:
             if directory.is_symlink() or not directory.is_dir():
                 raise UnknownSession(session_id)
-            count = len(_record_files(str(directory)))
+            count = len(record_files(str(directory)))
             shutil.rmtree(directory)
             if self.writer.delta is not None:
                 self.writer.delta.forget(session_id)
@@ -460,197 +435,3 @@ class CaptureStore:
             "synced": writer.group_sync.synced_records,
             "sync_failed": counts["sync_failed"],
         }
-
-
-def read_session_records(sessions_dir: str | os.PathLike[str], session_id: str) -> tuple[list[dict], int]:
-    """A session's records ordered by (captured_at, uuid), and how many files were skipped.
-
-    A file in the directory whose record names another session is not served here, so a crafted
-    or colliding record cannot leak into this session. Needs no store object: rebuild workers in
-    other processes call it with just the directory.
-    """
-    check_session_id(session_id)
-    directory = os.path.join(sessions_dir, session_dir_name(session_id))
-    if os.path.islink(directory) or not os.path.isdir(directory):
-        raise UnknownSession(session_id)
-    files = _record_files(directory)
-    prompts = SharedPrompts()  # each record's prompt ids mostly repeat an earlier one's: parse them once
-
-    def parse(data: bytes, path: str) -> dict | None:
-        return _parse_record(data, path, prompts.loads)
-
-    if not any(path.endswith(DELTA_SUFFIX) for path in files):
-        records, skipped = [], 0
-        for path in files:
-            data = _read_bytes(path)
-            record = None if data is None else parse(data, path)
-            if record is None or record["session_id"] != session_id:
-                skipped += 1
-                continue
-            records.append(record)
-        records.sort(key=_record_key)
-        return records, skipped
-    return read_with_deltas(files, session_id, read_bytes=_read_bytes, parse_full=parse)
-
-
-def _record_files(directory: str) -> list[str]:
-    """Paths of the finished record files in a session directory (temp files are hidden, not *.json)."""
-    try:
-        with os.scandir(directory) as entries:
-            return [
-                entry.path
-                for entry in entries
-                if entry.name.endswith((".json", ".json.gz", DELTA_SUFFIX)) and not entry.name.startswith(".")
-            ]
-    except OSError:
-        return []
-
-
-def _header(record: dict) -> RecordHeader:
-    parent = record.get("parent_session_id")
-    if parent == record["session_id"] or not is_valid_session_id(parent):
-        parent = None
-    run = record.get("server_run")
-    return RecordHeader(
-        record["session_id"], parent, record["captured_at"], record["uuid"], run if isinstance(run, str) else None
-    )
-
-
-def _read_header(path: str, dir_name: str) -> RecordHeader | None:
-    """What the index needs from one record file; None if unreadable or filed under another session.
-
-    A record this server wrote starts with the header fields in a fixed order, so only its first
-    block is read (and its last byte, to see that the file is whole); anything else is parsed whole.
-    """
-    header = _peek_header(path) if path.endswith((".json", DELTA_SUFFIX)) else None
-    if header is None and path.endswith(DELTA_SUFFIX):
-        data = _read_bytes(path)
-        record = delta_header(data) if data is not None else None
-        if record is None:
-            return None
-        header = _header(record)
-    elif header is None:
-        record = _load_record(path)
-        if record is None:
-            return None
-        header = _header(record)
-    if session_dir_name(header.session_id) != dir_name:
-        return None
-    return header
-
-
-# The start of a record as this server writes it (orjson, build_record's key order). Ids and times
-# never hold quotes or backslashes, so a string field ends at the next quote.
-_HEAD = re.compile(
-    rb'\{"schema_version":1,"uuid":"([^"\\]+)","session_id":"([^"\\]+)",'
-    rb'"parent_session_id":(?:null|"([^"\\]*)"),"captured_at":"([^"\\]+)",'
-    rb'(?:"server_run":(?:null|"([^"\\]*)"),)?'  # absent from records written before runs were recorded
-)
-_HEAD_BYTES = 1024
-
-
-def _first_block(path: str) -> tuple[bytes, bytes] | None:
-    """A record file's first block and its last byte (to see that the file is whole), or None."""
-    fd = open_regular(path)
-    if fd is None:
-        return None
-    try:
-        try:
-            size = os.fstat(fd).st_size
-            return os.pread(fd, _HEAD_BYTES, 0), (os.pread(fd, 1, size - 1) if size > 0 else b"")
-        finally:
-            os.close(fd)
-    except OSError:
-        return None
-
-
-def _first_line(path: str) -> bytes | None:
-    """The header line of a delta file, if its first block holds it whole."""
-    block = _first_block(path)
-    if block is None:
-        return None
-    end = block[0].find(b"\n")
-    return block[0][:end] if end > 0 else None
-
-
-def _peek_header(path: str) -> RecordHeader | None:
-    """The header fields from a record file's first block, or None to fall back to a full parse."""
-    block = _first_block(path)
-    if block is None:
-        return None
-    head, last = block
-    if path.endswith(DELTA_SUFFIX):
-        # The header line may run past the first block (long ids); its leading fields never do.
-        # Where it ends inside the block, it must end as a whole object does.
-        end = head.find(b"\n")
-        last = head[end - 1 : end] if end > 0 else b"}"
-    match = _HEAD.match(head)
-    if match is None or last != b"}":
-        return None
-    uuid, session_id, parent, captured_at, run = (g.decode() if g is not None else None for g in match.groups())
-    if not (is_valid_session_id(session_id) and captured_at and uuid):
-        return None
-    assert session_id is not None and captured_at is not None and uuid is not None
-    if parent == session_id or not is_valid_session_id(parent):
-        parent = None
-    return RecordHeader(session_id, parent, captured_at, uuid, run)
-
-
-# Where the small leading fields of a record end: the `usage` object follows `token_count`.
-_HEAD_END = b',"usage":'
-
-
-def _peek_head(path: str) -> dict | None:
-    """A record's leading fields up to and including `token_count` from its first block, or None."""
-    if path.endswith(DELTA_SUFFIX):
-        line = _first_line(path)  # a delta file's header line holds exactly these fields
-        if line is None or _HEAD.match(line) is None:
-            return None
-        try:
-            fields = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return None
-    else:
-        block = _first_block(path)
-        if block is None:
-            return None
-        head, last = block
-        end = head.find(_HEAD_END)
-        if last != b"}" or end < 0 or _HEAD.match(head) is None:
-            return None
-        try:
-            fields = orjson.loads(head[:end] + b"}")
-        except orjson.JSONDecodeError:
-            return None
-    if not isinstance(fields, dict):
-        return None
-    counts = fields.get("token_count")
-    if not isinstance(counts, dict) or not all(
-        type(counts.get(name)) is int and counts[name] > 0 for name in ("prompt_tokens", "completion_tokens")
-    ):
-        return None  # the counts fall back to the token id lists, which are not in the first block
-    return fields
-
-
-def _read_bytes(path: str) -> bytes | None:
-    """A record file's bytes (a regular file, never through a symlink, within the size cap), or None."""
-    return read_file(path)
-
-
-def _parse_record(data: bytes, path: str, loads: Callable[[bytes], Any] = orjson.loads) -> dict | None:
-    """A full record file's bytes as a record, or None for anything torn or foreign."""
-    try:
-        if path.endswith(".gz"):
-            data = gunzip(data)
-        record = loads(data)
-    except (TooBig, EOFError, zlib.error, orjson.JSONDecodeError):
-        return None
-    if validate_record(record) is not None:
-        return None
-    return record
-
-
-def _load_record(path: str) -> dict | None:
-    """The full record in `path`, or None for anything torn, unreadable, foreign or a symlink."""
-    data = _read_bytes(path)
-    return None if data is None else _parse_record(data, path)

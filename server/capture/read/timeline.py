@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from server.capture.catalog.index_view import IndexView
@@ -19,11 +20,14 @@ from server.capture.catalog.summary import (
 from server.capture.read.contiguity import compare_calls
 from server.capture.read.store import CaptureStore, read_session_records
 from server.capture.rollout.chain import CAPTURE_FAILED
+from server.capture.write.record import CaptureRecord
 
 CONTEXT_WINDOW = 8
+# A chain call's index turned into the timeline's (all records, all runs).
+_TimelineIndex = Callable[[int | None], int | None]
 
 
-def timeline_parts(sessions_dir: str, session_id: str) -> tuple[dict | None, SessionFacts | None, int]:
+def timeline_parts(sessions_dir: str, session_id: str) -> tuple[dict[str, Any] | None, SessionFacts | None, int]:
     """What reading the session's records gives the timeline: its calls laid out, its facts for the
     summary cache, and how many files were skipped ((None, None, skipped) when none is readable).
 
@@ -38,7 +42,7 @@ def timeline_parts(sessions_dir: str, session_id: str) -> tuple[dict | None, Ses
     return build_timeline(session_id, records, outcome=outcome), session_facts(session_id, records, outcome), skipped
 
 
-def lost_session_timeline(session_id: str, lost: int) -> dict:
+def lost_session_timeline(session_id: str, lost: int) -> dict[str, Any]:
     """The timeline of a session whose every record was lost to capture failures: no calls, and a
     rollout that says why (the server adds nothing to it: there is no tree to read)."""
     return {
@@ -55,11 +59,11 @@ def lost_session_timeline(session_id: str, lost: int) -> dict:
 
 def build_timeline(
     session_id: str,
-    records: list[dict],
+    records: list[CaptureRecord],
     *,
     window: int = CONTEXT_WINDOW,
-    outcome: tuple[dict | None, str | None] | None = None,
-) -> dict:
+    outcome: tuple[dict[str, Any] | None, str | None] | None = None,
+) -> dict[str, Any]:
     """The session's calls, each with the messages it added since the previous call, its reply,
     timing, tokens, and how its prompt relates to the call it continues, as the chains decided it.
 
@@ -69,8 +73,8 @@ def build_timeline(
     """
     chains, error = outcome if outcome is not None else chain_outcome(session_id, records)
     index_of = {record.get("uuid"): index for index, record in enumerate(records)}
-    decisions: dict = {}
-    rollout_uuids: set = set()
+    decisions: dict[str, Any] = {}
+    rollout_uuids: set[Any] = set()
     if chains is not None:
         decisions = {call["uuid"]: call for call in chains["calls"]}
         if chains["rollout"]["status"] != "failed":
@@ -82,7 +86,7 @@ def build_timeline(
         return index_of.get(chains["calls"][chain_call_index]["uuid"])
 
     calls = []
-    previous: dict | None = None
+    previous: CaptureRecord | None = None
     for index, record in enumerate(records):
         messages = record.get("messages") if isinstance(record.get("messages"), list) else []
         request, reply = (messages[:-1], messages[-1]) if messages else ([], {})
@@ -147,15 +151,16 @@ def build_timeline(
     }
 
 
-def _role(decision: dict | None, in_rollout: bool) -> str:
+def _role(decision: dict[str, Any] | None, in_rollout: bool) -> str:
     if in_rollout:
         return "step"
-    if decision is not None and decision["relation"] in ("side", "discarded"):
-        return decision["relation"]
+    relation: str | None = decision["relation"] if decision is not None else None
+    if relation in ("side", "discarded"):
+        return relation
     return "unused"
 
 
-def _located(account: dict | None, timeline_index) -> dict | None:
+def _located(account: dict[str, Any] | None, timeline_index: _TimelineIndex) -> dict[str, Any] | None:
     """A break account with its call indices turned into this timeline's (all records, all runs)."""
     if account is None:
         return None
@@ -166,7 +171,7 @@ def _located(account: dict | None, timeline_index) -> dict | None:
     }
 
 
-def _chain_view(chain: dict, index_of: dict, timeline_index) -> dict:
+def _chain_view(chain: dict[str, Any], index_of: dict[str, int], timeline_index: _TimelineIndex) -> dict[str, Any]:
     return {
         "chain_index": chain["chain_index"],
         "kind": chain["kind"],
@@ -177,14 +182,20 @@ def _chain_view(chain: dict, index_of: dict, timeline_index) -> dict:
     }
 
 
-def _parent(records: list[dict]) -> str | None:
+def _parent(records: list[CaptureRecord]) -> str | None:
     for record in records:
         if isinstance(record.get("parent_session_id"), str):
             return record["parent_session_id"]
     return None
 
 
-def _contiguity(decision: dict | None, records: list[dict], timeline_index, record: dict, window: int) -> dict:
+def _contiguity(
+    decision: dict[str, Any] | None,
+    records: list[CaptureRecord],
+    timeline_index: _TimelineIndex,
+    record: CaptureRecord,
+    window: int,
+) -> dict[str, Any]:
     """The call's relation to the call it continues, from the chains' decision; token windows for a break."""
     if decision is None:
         return {"kind": "other_run"}  # outside the conversation the rollout covers
@@ -230,7 +241,7 @@ def _texts(texts: object, generation_start: int, start: int, count: int) -> list
     return out
 
 
-def _shared_prefix(request: list, prior_messages: list) -> int:
+def _shared_prefix(request: list[Any], prior_messages: list[Any]) -> int:
     """How many leading request messages repeat the previous call's conversation (its reply included)."""
     shared = 0
     for mine, theirs in zip(request, prior_messages):
@@ -282,14 +293,14 @@ def spawning_call(
     return (with_tools or before)[-1][2]
 
 
-def build_tree(store: CaptureStore, view: IndexView, cache: SummaryCache, session_id: str) -> dict | None:
+def build_tree(store: CaptureStore, view: IndexView, cache: SummaryCache, session_id: str) -> dict[str, Any] | None:
     """The session and every session below it: own and rolled-up tokens, and the call that spawned each child."""
     root_facts = cache.facts(store, view, session_id)
     if root_facts is None:
         return None
     root = _node(session_id, root_facts, spawned_by=None)
     seen = {session_id}
-    stack: list[tuple[dict, SessionFacts]] = [(root, root_facts)]
+    stack: list[tuple[dict[str, Any], SessionFacts]] = [(root, root_facts)]
     order = [root]
     while stack:
         node, facts = stack.pop()
@@ -314,7 +325,7 @@ def build_tree(store: CaptureStore, view: IndexView, cache: SummaryCache, sessio
     return root
 
 
-def _node(session_id: str, facts: SessionFacts, *, spawned_by: str | None) -> dict:
+def _node(session_id: str, facts: SessionFacts, *, spawned_by: str | None) -> dict[str, Any]:
     summary = facts.summary
     return {
         "session_id": session_id,
@@ -330,7 +341,7 @@ def _node(session_id: str, facts: SessionFacts, *, spawned_by: str | None) -> di
     }
 
 
-def link_children(timeline: dict, tree: dict) -> None:
+def link_children(timeline: dict[str, Any], tree: dict[str, Any]) -> None:
     """Mark on each call of the timeline the child sessions it spawned (from the tree's links)."""
     by_uuid = {call["uuid"]: call for call in timeline["calls"]}
     for child in tree["children"]:

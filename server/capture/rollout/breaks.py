@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from server.capture.read.contiguity import compare_calls
+from server.capture.write.record import CaptureRecord
 
 # Each kind names what the client (or engine) did, so a user knows what to change.
 KINDS: dict[str, str] = {
@@ -29,14 +30,14 @@ WINDOW = 8
 
 def describe_break(
     kind: str,
-    record: dict,
+    record: object,
     index: int,
-    previous: dict | None,
+    previous: CaptureRecord | None,
     previous_index: int | None,
     detail: str,
     *,
     window: int = WINDOW,
-) -> dict:
+) -> dict[str, Any]:
     """The one account of a break that the rollout, the chains and the viewer all show.
 
     `previous` is the record the call was expected to continue (the chain's last call), None when
@@ -70,7 +71,7 @@ def describe_break(
     return out
 
 
-def _token_lists(previous: dict | None, record: object) -> tuple[list, list, list] | None:
+def _token_lists(previous: CaptureRecord | None, record: object) -> tuple[list[int], list[int], list[int]] | None:
     if previous is None or not isinstance(record, dict):
         return None
     lists = (previous.get("prompt_token_ids"), previous.get("generation_token_ids"), record.get("prompt_token_ids"))
@@ -83,7 +84,7 @@ def _token_lists(previous: dict | None, record: object) -> tuple[list, list, lis
 _CHAIN_ERRORS = ("do not extend", "does not extend", "adds no environment", "suffix contains non-environment")
 
 
-def break_kind(record: object, previous_messages: list | None, detail: str) -> str:
+def break_kind(record: object, previous_messages: list[Any] | None, detail: str) -> str:
     """The kind of break `record` makes after a call whose messages (prompt + reply) were
     `previous_messages`, given the reconstruction's error `detail`."""
     if not isinstance(record, dict):
@@ -100,7 +101,7 @@ def break_kind(record: object, previous_messages: list | None, detail: str) -> s
     return message_break_kind(previous_messages, messages[:-1])
 
 
-def message_break_kind(history: list, prompt: list) -> str:
+def message_break_kind(history: list[Any], prompt: list[Any]) -> str:
     """The kind of a break the messages show: `history` is what the chain said so far (its last call's
     prompt and reply), `prompt` the new call's request messages; both raw chat messages.
 

@@ -7,11 +7,12 @@ share the chain state held by `_Reconstruction`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from server.capture.rollout.breaks import KINDS, break_kind, describe_break
 from server.capture.rollout.continuation import ContinuationIndex
 from server.capture.rollout.continuation import extends as _extends
-from server.capture.rollout.items import failed_rollout, map_tools, message_items
+from server.capture.rollout.items import Rollout, failed_rollout, map_tools, message_items
 from server.capture.rollout.messages import ENVIRONMENT_ROLES, RolloutError, canonical, normalize
 from server.capture.rollout.records import (
     injection_break,
@@ -23,11 +24,11 @@ from server.capture.rollout.records import (
     split_items,
     uuid_or_index,
 )
-from server.capture.tokens import is_finite_numbers, is_token_ids
-from server.capture.write.record import SCHEMA_VERSION
+from server.capture.tokens import TokenTriple, is_finite_numbers, is_token_ids
+from server.capture.write.record import SCHEMA_VERSION, CaptureRecord
 
 
-def reconstruct_envelope(envelope: object, session_id: str, *, allow_partial: bool = True) -> dict:
+def reconstruct_envelope(envelope: object, session_id: str, *, allow_partial: bool = True) -> Rollout:
     """Reconstruct from a `GET /v1/sessions/{id}/completions` envelope, validated as Gym does."""
     if not isinstance(envelope, dict):
         raise RolloutError(f"envelope is not an object: {type(envelope).__name__}")
@@ -50,7 +51,7 @@ def reconstruct_envelope(envelope: object, session_id: str, *, allow_partial: bo
 CAPTURE_FAILED = "capture_failed"
 
 
-def mark_lost_records(rollout: dict, lost: int, allow_partial: bool) -> dict:
+def mark_lost_records(rollout: Rollout, lost: int, allow_partial: bool) -> Rollout:
     """A session missing records (a capture write failed) must never look whole, whatever its records say."""
     if lost > 0:
         if not allow_partial:
@@ -60,7 +61,7 @@ def mark_lost_records(rollout: dict, lost: int, allow_partial: bool) -> dict:
     return rollout
 
 
-def lost_session_rollout(session_id: str, lost: int, allow_partial: bool) -> dict:
+def lost_session_rollout(session_id: str, lost: int, allow_partial: bool) -> Rollout:
     """The rollout of a session whose every record was lost to capture failures (a full disk): empty
     and masked, so a trainer sees a session that ran and cannot be used, not one that never ran."""
     rollout = failed_rollout(session_id, None, CAPTURE_FAILED)
@@ -69,7 +70,7 @@ def lost_session_rollout(session_id: str, lost: int, allow_partial: bool) -> dic
     return rollout
 
 
-def reconstruct_session(session_id: str, records: list[dict], *, allow_partial: bool = True) -> dict:
+def reconstruct_session(session_id: str, records: list[CaptureRecord], *, allow_partial: bool = True) -> Rollout:
     """One session's rollout: the longest trustworthy chain of its calls, as Gym Responses items.
 
     Records are put in `(captured_at, uuid)` order first, so any input order gives one answer.
@@ -77,12 +78,11 @@ def reconstruct_session(session_id: str, records: list[dict], *, allow_partial: 
     A failure before any call was accepted raises; later failures end the rollout there
     (`partial_reason`, `mask_sample`) unless `allow_partial` is false, which raises instead.
 
-    Returns `{session_id, parent_session_id, model, tools (FunctionTool dicts), input, output
-    (Gym Responses items; the token triple on the last item of each generated turn),
-    record_uuids (the calls used, in order), partial_reason, mask_sample, degraded_reason
-    (set by reconstruct_tree when a sub-session is partial), side_calls (uuids set aside:
-    opencode title calls, one-off calls with other model/tools), discarded_record_uuids
-    (retried attempts not used)}`. Token lists in the items are the records' own lists, not copies.
+    The `Rollout`: tools as FunctionTool dicts, record_uuids the calls used in order, side_calls
+    the uuids set aside (opencode title calls, one-off calls with other model/tools),
+    discarded_record_uuids the retried attempts not used, degraded_reason set by reconstruct_tree
+    when a sub-session is partial. Token lists in the items are the records' own lists, not copies.
+    Records come from a client's envelope too: each is checked before it is read.
     """
     if not isinstance(records, list) or not records:
         raise RolloutError("envelope has no completions")
@@ -95,20 +95,24 @@ class _Call:
 
     index: int
     uuid: str
-    record: dict
-    prompt_ids: list
-    generation_ids: list
-    log_probs: list
-    raw: list  # the record's messages, untouched
+    record: CaptureRecord
+    prompt_ids: list[int]
+    generation_ids: list[int]
+    log_probs: list[float]
+    raw: list[Any]  # the record's messages, untouched
     # (message index, normalized message, raw message) for the messages this call adds before its reply.
-    context: list = field(default_factory=list)
-    context_canon: list = field(default_factory=list)
-    reply: dict | None = None
-    reply_canon: dict | None = None
+    context: list[tuple[int, dict[str, Any], Any]] = field(default_factory=list)
+    context_canon: list[dict[str, Any]] = field(default_factory=list)
+    reply: dict[str, Any] | None = None
+    reply_canon: dict[str, Any] | None = None
+
+    @property
+    def triple(self) -> TokenTriple:
+        return TokenTriple(self.prompt_ids, self.generation_ids, self.log_probs)
 
 
 class _Reconstruction:
-    def __init__(self, session_id: str, records: list, allow_partial: bool) -> None:
+    def __init__(self, session_id: str, records: list[CaptureRecord], allow_partial: bool) -> None:
         self.session_id = session_id
         self.allow_partial = allow_partial
         self.ordered = sorted(records, key=order_key)
@@ -118,7 +122,7 @@ class _Reconstruction:
         self.discarded: list[tuple[int, str]] = []
         self.seen_uuids: set[str] = set()
         self.steps: list[_Call] = []  # the accepted calls, in order
-        self.history: list[dict] = []  # canonical messages of the accepted steps
+        self.history: list[dict[str, Any]] = []  # canonical messages of the accepted steps
         self.step_by_prompt_len: dict[int, _Call] = {}
         # The newest step is held open: a retry of it (same prompt tokens) may still arrive, and
         # only the record after it shows which attempt the conversation continued from.
@@ -141,7 +145,7 @@ class _Reconstruction:
         self.signature = signature(self.ordered[self._anchor()])
         self.chain_signature = self.signature  # what the current chain's calls must share
 
-    def run(self) -> dict:
+    def run(self) -> Rollout:
         self._prepare()
         conversation = self.conversation
 
@@ -160,12 +164,14 @@ class _Reconstruction:
             self._commit(self.pending[-1])
 
         model, tools, _ = self.signature
+        items = split_items(self._items(self.steps))
         return {
             "session_id": self.session_id,
             "parent_session_id": self._parent_session_id(),
             "model": model,
             "tools": map_tools(tools),
-            **split_items(self._items(self.steps)),
+            "input": items["input"],
+            "output": items["output"],
             "record_uuids": [step.uuid for step in self.steps],
             "partial_reason": partial_reason,
             "partial_break": partial_break,
@@ -187,7 +193,7 @@ class _Reconstruction:
             return self.pending[-1]
         return self.steps[-1] if self.steps else None
 
-    def explain(self, i: int, exc: RolloutError) -> dict:
+    def explain(self, i: int, exc: RolloutError) -> dict[str, Any]:
         """The account of why record `i` does not continue the chain (`exc` is what stopped it)."""
         record = self.ordered[i]
         previous = self.last_call()
@@ -215,7 +221,7 @@ class _Reconstruction:
                 return i
         return self.conversation[0]
 
-    def _dead_end(self, record: dict, position: int) -> bool:
+    def _dead_end(self, record: CaptureRecord, position: int) -> bool:
         """True when no later record's prompt extends this record's prompt+generation."""
         prompt, generation = record.get("prompt_token_ids"), record.get("generation_token_ids")
         if not isinstance(prompt, list) or not isinstance(generation, list):
@@ -268,6 +274,7 @@ class _Reconstruction:
         for candidate in continued:
             try:
                 self._check_signature(call)
+                assert candidate.reply_canon is not None, "a pending call's messages were checked"
                 base = self.history + candidate.context_canon + [candidate.reply_canon]
                 self._check_messages(call, base=base, partner=candidate)
             except RolloutError as exc:
@@ -323,7 +330,7 @@ class _Reconstruction:
             raise RolloutError(f"record {i} duplicates uuid {uuid}")
         self.seen_uuids.add(uuid)
         if record.get("is_valid") is not True:
-            if self._is_failed_attempt(record, position):
+            if self._is_failed_attempt(cast(CaptureRecord, record), position):
                 self.discarded.append((i, uuid))
                 return None
             why = record.get("invalid_reason")
@@ -348,14 +355,14 @@ class _Reconstruction:
         return _Call(
             index=i,
             uuid=uuid,
-            record=record,
+            record=cast(CaptureRecord, record),  # its fields the chain reads were checked above
             prompt_ids=record["prompt_token_ids"],
             generation_ids=record["generation_token_ids"],
             log_probs=log_probs,
             raw=messages,
         )
 
-    def _is_failed_attempt(self, record: dict, position: int) -> bool:
+    def _is_failed_attempt(self, record: CaptureRecord, position: int) -> bool:
         """An invalid record with a valid attempt at the same prompt beside it: a retried call.
 
         Calls that fail or are cut off are recorded too (invalid, often without token ids), and
@@ -386,7 +393,7 @@ class _Reconstruction:
         if call.record.get("tools") != tools or call.record.get("tool_choice") != tool_choice:
             raise RolloutError(f"record {call.index} tools/tool_choice differ from the session's first record")
 
-    def _check_messages(self, call: _Call, *, base: list[dict], partner: _Call | None) -> None:
+    def _check_messages(self, call: _Call, *, base: list[dict[str, Any]], partner: _Call | None) -> None:
         """Validate the call's messages and check its prompt extends `base` (canonical history).
 
         `partner` is an accepted call whose messages line up with `base`: a message here equal to
@@ -397,8 +404,8 @@ class _Reconstruction:
         i = call.index
         raw = call.raw
         last = len(raw) - 1
-        normalized: list[dict | None] = [None] * len(raw)
-        theirs: list = partner.raw if partner is not None else []
+        normalized: list[dict[str, Any] | None] = [None] * len(raw)
+        theirs: list[Any] = partner.raw if partner is not None else []
         limit = min(len(base), len(theirs), last)
         # The partner's own reply rarely comes back byte-identical (clients re-serialize it), so
         # the one-shot prefix comparison stops short of it and the rest goes message by message.
@@ -429,19 +436,21 @@ class _Reconstruction:
             odd = {normalized[j]["role"] for j in range(first_new, last)} - ENVIRONMENT_ROLES  # type: ignore[index]
             if odd:
                 raise RolloutError(f"record {i} suffix contains non-environment roles: {sorted(odd)}")
-        call.context = [(j, normalized[j], raw[j]) for j in range(first_new, last)]
+        # Every message past `base` was normalized above (only messages within it are skipped).
+        call.context = [(j, cast(dict[str, Any], normalized[j]), raw[j]) for j in range(first_new, last)]
         call.context_canon = [canonical(message) for _, message, _ in call.context]
         call.reply = reply
         call.reply_canon = canonical(reply)
 
     # -- output -----------------------------------------------------------------------------
 
-    def _items(self, steps: list[_Call]) -> list[dict]:
-        items: list[dict] = []
+    def _items(self, steps: list[_Call]) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
         for step in steps:
             for j, message, raw in step.context:
                 items.extend(message_items(message, raw, f"{step.uuid}_{j}", None))
-            items.extend(message_items(step.reply, step.raw[-1], step.uuid, step))  # type: ignore[arg-type]
+            assert step.reply is not None, "a step is only accepted once its reply is normalized"
+            items.extend(message_items(step.reply, step.raw[-1], step.uuid, step.triple))
         return items
 
     def _parent_session_id(self) -> str | None:

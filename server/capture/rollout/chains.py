@@ -10,17 +10,19 @@ first chain is the rollout's, decided by the very same steps, so the two cannot 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from server.capture.rollout.breaks import KINDS
 from server.capture.rollout.chain import CAPTURE_FAILED, _Call, _Reconstruction
 from server.capture.rollout.items import map_tools
 from server.capture.rollout.messages import RolloutError
 from server.capture.rollout.records import signature, split_items
+from server.capture.write.record import CaptureRecord
 
 MAIN, CONTINUATION, SIDE, RETRY = "main", "continuation", "side", "retry"
 
 
-def session_chains(session_id: str, records: list[dict], *, flat_tokens: bool = True) -> dict:
+def session_chains(session_id: str, records: list[CaptureRecord], *, flat_tokens: bool = True) -> dict[str, Any]:
     """The session's chains, the per-call decisions, the breaks and the trainable fractions.
 
     Returns `{session_id, parent_session_id, chains, calls, breaks, rollout, generated_tokens,
@@ -44,11 +46,11 @@ def session_chains(session_id: str, records: list[dict], *, flat_tokens: bool = 
 
 def chains_tree(
     session_id: str,
-    load_records: Callable[[str], list[dict]],
+    load_records: Callable[[str], list[CaptureRecord]],
     children_of: Callable[[str], list[str]],
     *,
     lost_records: Callable[[str], int] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The session's chains plus `subagents`: every descendant session's chains, flat, depth first.
 
     A session that lost records to a capture failure says so (`lost_records`), its chains stand.
@@ -78,18 +80,18 @@ def chains_tree(
 class _Splitter(_Reconstruction):
     """The reconstruction, carried on past every break (see the module docstring)."""
 
-    def __init__(self, session_id: str, records: list, flat_tokens: bool) -> None:
+    def __init__(self, session_id: str, records: list[CaptureRecord], flat_tokens: bool) -> None:
         super().__init__(session_id, records, allow_partial=True)
         self.flat_tokens = flat_tokens
         self.unbuildable: str | None = None  # why no rollout can be rebuilt before any call is placed
-        self.closed: list[tuple[list[_Call], dict | None]] = []  # (steps, the break before them)
-        self.starts_after: dict | None = None
-        self.decisions: dict[int, dict] = {}  # sorted index -> decision, for records that did not extend
+        self.closed: list[tuple[list[_Call], dict[str, Any] | None]] = []  # (steps, the break before them)
+        self.starts_after: dict[str, Any] | None = None
+        self.decisions: dict[int, dict[str, Any]] = {}  # sorted index -> decision, for records that did not extend
         self.unusable: set[int] = set()
-        self.rollout: dict | None = None
+        self.rollout: dict[str, Any] | None = None
         self.fresh = False  # a chain has ended: the next chain's first call sets its signature
 
-    def split(self) -> dict:
+    def split(self) -> dict[str, Any]:
         try:
             self._prepare()
         except RolloutError as exc:
@@ -129,7 +131,7 @@ class _Splitter(_Reconstruction):
             self.decisions[i] = {"relation": "unusable", "break": self.explain(i, exc)}
             self.unusable.add(i)
 
-    def _note_break(self, i: int, exc: RolloutError, account: dict) -> None:
+    def _note_break(self, i: int, exc: RolloutError, account: dict[str, Any]) -> None:
         """The first break is the rollout's: its reason is written exactly as `/rollout` writes it."""
         if self.rollout is not None:
             return
@@ -139,7 +141,7 @@ class _Splitter(_Reconstruction):
         reason = f"record {i} of {self.total}: {exc} ({KINDS[account['kind']]})"
         self.rollout = {"status": "partial", "partial_reason": reason, "partial_break": account}
 
-    def _close(self, account: dict | None) -> None:
+    def _close(self, account: dict[str, Any] | None) -> None:
         if self.pending:
             self._commit(self.pending[-1])
         if self.steps:
@@ -160,8 +162,8 @@ class _Splitter(_Reconstruction):
 
     # -- the answer ------------------------------------------------------------------------
 
-    def _result(self) -> dict:
-        chains: list[tuple[str, list[_Call], dict | None]] = []
+    def _result(self) -> dict[str, Any]:
+        chains: list[tuple[str, list[_Call], dict[str, Any] | None]] = []
         for n, (steps, starts_after) in enumerate(self.closed):
             chains.append((MAIN if n == 0 else CONTINUATION, steps, starts_after))
         side = {i for i, _ in self.side_calls}
@@ -178,11 +180,11 @@ class _Splitter(_Reconstruction):
             self._chain_body(n, kind, steps, starts_after) for n, (kind, steps, starts_after) in enumerate(chains)
         ]
         generated = sum(
-            len(record["generation_token_ids"])
+            len(ids)
             for record in self.ordered
             if isinstance(record, dict)
             and record.get("is_valid") is True
-            and isinstance(record.get("generation_token_ids"), list)
+            and isinstance(ids := record.get("generation_token_ids"), list)
         )
         in_chains = sum(body["generated_tokens"] for body in bodies)
         rollout = self.rollout or {
@@ -223,7 +225,7 @@ class _Splitter(_Reconstruction):
         call.index = i
         return call
 
-    def _decisions(self, chains: list, side: set[int], retried: set[int]) -> list[dict]:
+    def _decisions(self, chains: list[Any], side: set[int], retried: set[int]) -> list[dict[str, Any]]:
         chain_of: dict[int, int] = {}
         relation: dict[int, str] = {}
         previous: dict[int, int] = {}
@@ -262,7 +264,7 @@ class _Splitter(_Reconstruction):
             )
         return calls
 
-    def _chain_body(self, n: int, kind: str, steps: list[_Call], starts_after: dict | None) -> dict:
+    def _chain_body(self, n: int, kind: str, steps: list[_Call], starts_after: dict[str, Any] | None) -> dict[str, Any]:
         first = steps[0].record
         model, tools, _ = signature(first)
         body = {
@@ -283,7 +285,7 @@ class _Splitter(_Reconstruction):
         return body
 
 
-def flat_sample(steps: list[_Call]) -> dict:
+def flat_sample(steps: list[_Call]) -> dict[str, Any]:
     """The chain as one token sequence: the last prompt + generation, with a mask that is 1 on every
     token a call generated (each call's prompt extends the one before, so positions line up)."""
     last = steps[-1]
@@ -297,7 +299,7 @@ def flat_sample(steps: list[_Call]) -> dict:
     return {"token_ids": token_ids, "generation_mask": mask, "log_probs": log_probs}
 
 
-def lost_session_chains(session_id: str, lost: int) -> dict:
+def lost_session_chains(session_id: str, lost: int) -> dict[str, Any]:
     """The chains of a session whose every record was lost to capture failures: none, and the masked
     `capture_failed` rollout, so a trainer sees a session that ran and cannot be used."""
     rollout = {"status": "partial", "partial_reason": CAPTURE_FAILED, "partial_break": None}

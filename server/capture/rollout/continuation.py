@@ -12,13 +12,14 @@ the growth without timing anything.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 # How many following records are tried before the prefix tree: covers a continuation right after
 # its call, with a retry or a side call in between.
 NEAR_WINDOW = 4
 
 
-def extends(prompt: list, prior_prompt: list, prior_generation: list) -> bool:
+def extends(prompt: list[Any], prior_prompt: list[Any], prior_generation: list[Any]) -> bool:
     """`prompt` starts with prior_prompt + prior_generation (Gym's contiguity rule).
 
     The short generation part is compared first, so a mismatch is cheap, and nothing is
@@ -34,7 +35,7 @@ class _Node:
 
     __slots__ = ("children", "label", "last")
 
-    def __init__(self, label: list, last: int) -> None:
+    def __init__(self, label: list[Any], last: int) -> None:
         self.label = label
         self.last = last
         self.children: dict[object, _Node] = {}
@@ -46,21 +47,21 @@ class ContinuationIndex:
     with prompt + generation. `indexed=False` scans every later record instead (the old quadratic
     way, kept as the reference the tests compare against)."""
 
-    def __init__(self, prompts: Sequence[list | None], *, indexed: bool = True) -> None:
+    def __init__(self, prompts: Sequence[list[Any] | None], *, indexed: bool = True) -> None:
         self._prompts = prompts
         self._indexed = indexed
         self._root: _Node | None = None
         self._answers: dict[int, bool] = {}
         self.work = 0  # comparisons and tree steps made so far
 
-    def continued(self, position: int, prompt: list, generation: list) -> bool:
+    def continued(self, position: int, prompt: list[Any], generation: list[Any]) -> bool:
         answer = self._answers.get(position)
         if answer is None:
             answer = self._answer(position, prompt, generation)
             self._answers[position] = answer
         return answer
 
-    def _answer(self, position: int, prompt: list, generation: list) -> bool:
+    def _answer(self, position: int, prompt: list[Any], generation: list[Any]) -> bool:
         prompts = self._prompts
         end = len(prompts) if not self._indexed else min(len(prompts), position + 1 + NEAR_WINDOW)
         for later in range(position + 1, end):
@@ -82,7 +83,7 @@ class ContinuationIndex:
                     self._insert(prompt, position)
         return self._root
 
-    def _insert(self, seq: list, position: int) -> None:
+    def _insert(self, seq: list[Any], position: int) -> None:
         node = self._root
         assert node is not None
         node.last = max(node.last, position)
@@ -107,7 +108,7 @@ class ContinuationIndex:
             child.last = max(child.last, position)
             node, i = child, i + len(label)
 
-    def _tree_has_later(self, seq: list, position: int) -> bool:
+    def _tree_has_later(self, seq: list[Any], position: int) -> bool:
         """Some prompt after `position` has `seq` as a prefix."""
         node = self._tree()
         i, n = 0, len(seq)
@@ -124,7 +125,7 @@ class ContinuationIndex:
         return node.last > position
 
 
-def _common_prefix(label: list, seq: list, start: int) -> int:
+def _common_prefix(label: list[Any], seq: list[Any], start: int) -> int:
     """How many leading elements of `label` equal seq[start:], found with slice comparisons."""
     length = min(len(label), len(seq) - start)
     if seq[start : start + length] == label[:length]:

@@ -1,20 +1,42 @@
-"""Gym's shapes: a normalised message as Responses items (token triple on a generated turn's last item), tools as FunctionTools."""
+"""Gym's shapes: the rollout, a normalised message as Responses items (token triple on a generated turn's last item), tools as FunctionTools."""
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Any, NotRequired, TypedDict
 
 from server.capture.rollout.messages import RolloutError
-from server.capture.tokens import reasoning_of
-
-if TYPE_CHECKING:
-    from server.capture.rollout.chain import _Call
+from server.capture.tokens import TokenTriple, reasoning_of
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
 
-def map_tools(raw_tools: object) -> list[dict]:
+class Rollout(TypedDict):
+    """One session's rollout as Gym reads it (docs/http-api.md): its items, and which calls made them.
+
+    `input` / `output` are Gym Responses items, the token triple on the last item of each generated
+    turn; `partial_reason` says where a rollout ends early and `mask_sample` that a trainer must not
+    learn from it; `degraded_reason` that a sub-agent session below it is partial.
+    """
+
+    session_id: str
+    parent_session_id: str | None
+    model: Any  # the session's model as its records name it (None when no call was usable)
+    tools: list[dict[str, Any]]
+    input: list[dict[str, Any]]
+    output: list[dict[str, Any]]
+    record_uuids: list[str]
+    partial_reason: str | None
+    partial_break: dict[str, Any] | None
+    mask_sample: bool
+    degraded_reason: str | None
+    side_calls: list[str]
+    discarded_record_uuids: list[str]
+    # Every descendant session's rollout, flat, depth first: set on the root of a tree.
+    subagents: NotRequired[list[Rollout]]
+
+
+def map_tools(raw_tools: object) -> list[dict[str, Any]]:
     """Record tools (Switchyard, Chat or Responses shape) as Gym `FunctionTool` dicts.
 
     Codex's `namespace` tools are flattened into their member functions. Hosted tools (any other
@@ -24,7 +46,7 @@ def map_tools(raw_tools: object) -> list[dict]:
         return []
     if not isinstance(raw_tools, list):
         raise RolloutError(f"tools is not a list: {type(raw_tools).__name__}")
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for i, tool in enumerate(raw_tools):
         if not isinstance(tool, dict):
             raise RolloutError(f"tool {i} has no usable id")
@@ -57,8 +79,10 @@ def map_tools(raw_tools: object) -> list[dict]:
     return out
 
 
-def message_items(message: dict, raw: object, item_id: str, call: _Call | None) -> list[dict]:
-    """Gym Responses items for one normalized message; `call` puts its token triple on the last item."""
+def message_items(
+    message: dict[str, Any], raw: object, item_id: str, triple: TokenTriple | None
+) -> list[dict[str, Any]]:
+    """Gym Responses items for one normalized message; a generated turn's `triple` goes on its last item."""
     role = message["role"]
     if role == "tool":
         return [
@@ -83,7 +107,7 @@ def message_items(message: dict, raw: object, item_id: str, call: _Call | None) 
         text = _THINK.sub("", text)
     tool_calls = message.get("tool_calls") or []
 
-    items: list[dict] = []
+    items: list[dict[str, Any]] = []
     if summaries:
         items.append(
             {
@@ -113,15 +137,16 @@ def message_items(message: dict, raw: object, item_id: str, call: _Call | None) 
                 "status": "completed",
             }
         )
-    if call is not None:
+    if triple is not None:
         # The lists are shared with the record, not copied: rollouts of long sessions stay cheap.
-        items[-1]["prompt_token_ids"] = call.prompt_ids
-        items[-1]["generation_token_ids"] = call.generation_ids
-        items[-1]["generation_log_probs"] = call.log_probs
+        items[-1]["prompt_token_ids"] = triple.prompt_ids
+        items[-1]["generation_token_ids"] = triple.generation_ids
+        items[-1]["generation_log_probs"] = triple.log_probs
     return items
 
 
-def failed_rollout(session_id: str, parent_session_id: str | None, reason: str) -> dict:
+def failed_rollout(session_id: str, parent_session_id: str | None, reason: str) -> Rollout:
+    """The rollout of a session that could not be reconstructed at all: no items, `reason` as why, masked."""
     return {
         "session_id": session_id,
         "parent_session_id": parent_session_id,

@@ -15,7 +15,7 @@ class RolloutError(ValueError):
     """A session's records cannot be turned into a (longer) trustworthy rollout."""
 
 
-def normalize(i: int, message: object) -> dict:
+def normalize(i: int, message: object) -> dict[str, Any]:
     """A message reduced to what the history comparison looks at (Gym's normalization)."""
     if not isinstance(message, dict):
         raise RolloutError(f"record {i} contains a non-object message")
@@ -51,7 +51,7 @@ def normalize(i: int, message: object) -> dict:
     return out
 
 
-def _normalize_tool_call(i: int, call: object) -> dict:
+def _normalize_tool_call(i: int, call: object) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(call, dict) or not isinstance(function, dict):
         raise RolloutError(f"record {i} contains a malformed tool call")
@@ -61,7 +61,7 @@ def _normalize_tool_call(i: int, call: object) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def canonical(message: dict) -> dict:
+def canonical(message: dict[str, Any]) -> dict[str, Any]:
     """The message with tool-call arguments in one JSON spelling, for comparison only.
 
     Clients re-serialize the arguments they echo back (opencode compacts them), which is not a

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.capture.write.record import INJECTION_BREAKING_FALLBACKS
+from server.capture.write.record import INJECTION_BREAKING_FALLBACKS, CaptureRecord
 
 
-def split_items(items: list[dict]) -> dict:
+def split_items(items: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Gym's input/output split: output starts at the first generated item."""
     split = next(
         (
@@ -58,12 +58,12 @@ def is_title_call(record: object) -> bool:
     return False
 
 
-def prompt_of(record: object) -> list | None:
+def prompt_of(record: object) -> list[Any] | None:
     prompt = record.get("prompt_token_ids") if isinstance(record, dict) else None
     return prompt if isinstance(prompt, list) else None
 
 
-def same_prompt(record: dict, other: dict) -> bool:
+def same_prompt(record: CaptureRecord, other: CaptureRecord) -> bool:
     """Both records ask the same thing: equal prompt tokens, or, lacking tokens, equal prompt messages."""
     prompt, other_prompt = record.get("prompt_token_ids"), other.get("prompt_token_ids")
     if isinstance(prompt, list) and prompt and isinstance(other_prompt, list) and other_prompt:
@@ -77,7 +77,7 @@ def same_prompt(record: dict, other: dict) -> bool:
     )
 
 
-def injection_break(record: dict) -> str | None:
+def injection_break(record: CaptureRecord) -> str | None:
     """The record's injection fallback reason when it broke a chain that was there to extend."""
     info = record.get("injection")
     reason = info.get("fallback_reason") if isinstance(info, dict) else None

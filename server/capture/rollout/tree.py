@@ -5,18 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from server.capture.rollout.chain import mark_lost_records, reconstruct_session
-from server.capture.rollout.items import failed_rollout
+from server.capture.rollout.items import Rollout, failed_rollout
 from server.capture.rollout.messages import RolloutError
+from server.capture.write.record import CaptureRecord
 
 
 def reconstruct_tree(
     session_id: str,
-    load_records: Callable[[str], list[dict]],
+    load_records: Callable[[str], list[CaptureRecord]],
     children_of: Callable[[str], list[str]],
     *,
     allow_partial: bool = True,
     lost_records: Callable[[str], int] | None = None,
-) -> dict:
+) -> Rollout:
     """The session's rollout plus `subagents`: every descendant session's rollout, flat, depth first.
 
     A descendant that cannot be reconstructed at all appears with empty items, its error as
@@ -29,7 +30,7 @@ def reconstruct_tree(
     mark_lost_records(root, lost(session_id), allow_partial)
     root["subagents"] = subagents = []
     parent_of: dict[str, str] = {}
-    by_id: dict[str, dict] = {session_id: root}
+    by_id: dict[str, Rollout] = {session_id: root}
     # An explicit stack instead of recursion: a bad store could make the tree arbitrarily deep,
     # and `by_id` stops a cycle (a session listed as its own descendant) from looping forever.
     stack = [(child, session_id) for child in reversed(children_of(session_id))]

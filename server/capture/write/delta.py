@@ -30,6 +30,8 @@ from typing import Any
 import orjson
 import zstandard
 
+from server.capture.write.record import CaptureRecord
+
 DELTA_SUFFIX = ".delta"
 # zstd level for the body: most bodies are a few KiB (one turn), where level 3 is cheap; a record
 # with no base (a first call, say an 8k-token prompt) is larger, and level 1 keeps it near 0.3 ms.
@@ -212,7 +214,7 @@ class DeltaEncoder:
             self._sessions[session_id] = live
         return live
 
-    def encode(self, record: dict[str, Any]) -> Encoded:
+    def encode(self, record: CaptureRecord) -> Encoded:
         """The `.delta` file bytes of `record`, against the session's best base (or none)."""
         session_id = record["session_id"]
         messages = record.get("messages")
@@ -260,7 +262,7 @@ class DeltaEncoder:
                 "tools": same_tools,
             }
             if k:
-                body["messages"] = messages[k:]  # type: ignore[index]
+                body["messages"] = messages[k:]
             if m:
                 body["prompt_token_ids"] = prompt[m:]  # type: ignore[index]
             if same_tools:

@@ -6,7 +6,8 @@ import ctypes
 import ctypes.util
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import cast
 
 # What `capture_fsync` promises (docs/operations.md says it for users):
 #   always  the answer waits until its record is synced (power loss loses no acknowledged call)
@@ -18,7 +19,7 @@ FSYNC_MODES = ("always", "batch", "never")
 _OPEN_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def _load_syncfs():
+def _load_syncfs() -> Callable[[int], int] | None:
     """libc's syncfs(2) (Linux): one call flushes every dirty file of one filesystem; None elsewhere."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -27,7 +28,7 @@ def _load_syncfs():
         return None
     syncfs.argtypes = [ctypes.c_int]
     syncfs.restype = ctypes.c_int
-    return syncfs  # a CDLL call releases the GIL while it waits for the disk
+    return cast("Callable[[int], int]", syncfs)  # a CDLL call releases the GIL while it waits for the disk
 
 
 _SYNCFS = _load_syncfs()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from server.capture.read.store import CaptureStore
+from server.capture.write.record import RecordInput
 from server.config import Settings
 from server.errors import OpenAIError
 
@@ -36,26 +36,26 @@ class CaptureHandoff:
         if self.refuse and self.store.degraded:
             raise capture_unavailable(self.store.writer.degraded_reason)
 
-    async def keep(self, record_kwargs: dict[str, Any]) -> None:
+    async def keep(self, call: RecordInput) -> None:
         """The call has its whole answer but not its last byte: put its record in its file first.
 
         Never raises under `serve` (capture never fails a call; a failure is counted, logged and
         marks the session). Under `refuse`, raises the 503 when the record could not be kept.
         """
         if not self.wait:
-            self.keep_later(record_kwargs)
+            self.keep_later(call)
             return
         try:
-            kept = await self.store.write_call(timeout=self.timeout_s, **record_kwargs)
+            kept = await self.store.write_call(call, timeout=self.timeout_s)
         except Exception:  # capture must never fail a call; the store counts its own failures
             log.exception("capture hand-off failed")
             kept = False
         if not kept and self.refuse:
             raise capture_unavailable(self.store.writer.degraded_reason or "the record was not written in time")
 
-    def keep_later(self, record_kwargs: dict[str, Any]) -> None:
+    def keep_later(self, call: RecordInput) -> None:
         """Queue the record without waiting: for calls that failed or were cut, whose answer is already over."""
         try:
-            self.store.submit_call(**record_kwargs)
+            self.store.submit_call(call)
         except Exception:
             log.exception("capture hand-off failed")

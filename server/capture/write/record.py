@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import uuid as uuid_module
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+import orjson
 
 from server.capture.tokens import (
     generation_token_texts,
@@ -25,6 +28,90 @@ STATUSES = ("completed", "partial", "failed")
 INJECTION_BREAKING_FALLBACKS = frozenset(
     {"no_end_of_turn", "echo_mismatch", "upstream_rejected", "tokenize_failed", "paused"}
 )
+
+
+class TokenCount(TypedDict):
+    """The upstream's usage counts as a record keeps them (0 where the upstream gave none)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class RecordHead(TypedDict):
+    """A record's small leading fields, which a reader can take from a file's first block alone."""
+
+    schema_version: int
+    uuid: str
+    session_id: str
+    parent_session_id: str | None
+    captured_at: str
+    server_run: str | None
+    request_id: str | None
+    response_id: str | None
+    model: str | None
+    route: str
+    api: str
+    stream: bool
+    status: str
+    rollout_id: str | None
+    latency_ms: float
+    is_valid: bool
+    invalid_reason: str | None
+    finish_reason: str | None
+    token_count: TokenCount
+
+
+class CaptureRecord(RecordHead):
+    """One captured call as it is written to its file (docs/capture.md), in `build_record`'s key order.
+
+    A record read back from a file is checked by `validate_record` for the identity fields only:
+    readers of the token lists and messages still check their shape before they trust them.
+    """
+
+    usage: dict[str, Any] | None
+    tools: list[dict[str, Any]]
+    tool_choice: str
+    messages: list[Any]
+    # As the upstream returned them: a valid record (`is_valid`) holds a sound triple, others may not.
+    prompt_token_ids: list[int] | None
+    generation_token_ids: list[int] | None
+    generation_log_probs: list[float] | None
+    generation_token_texts: list[str] | None
+    # Only on calls that token injection handled (docs/injection.md).
+    injection: NotRequired[dict[str, Any]]
+    # Time to the first token: not written by this server, shown by the timeline when a writer set it.
+    ttft_ms: NotRequired[float | None]
+
+
+# Not frozen: the store stamps its run (and an uncorrelated call's ids) on the input it is handed,
+# on the event loop; a frozen dataclass costs ~7 us to build and ~15 us per `replace`, a plain one
+# ~2 us and an attribute set (measured on the bench machine).
+@dataclass(slots=True)
+class RecordInput:
+    """What a call hands to capture: its record is built from this on the writer thread, not on the call's.
+
+    The whole input is handed over, not copied: the caller must not touch it, or the
+    `chat_request` / `chat_response` it holds, afterwards. Either may be the JSON bytes that
+    crossed the wire, parsed on the writer thread.
+    """
+
+    session_id: str
+    parent_session_id: str | None
+    rollout_id: str | None
+    request_id: str | None
+    chat_request: dict[str, Any] | bytes
+    chat_response: dict[str, Any] | bytes
+    route: str
+    api: str
+    stream: bool
+    latency_ms: float
+    status: str = "completed"
+    captured_at: str | None = None
+    record_uuid: str | None = None
+    injection: dict[str, Any] | None = None
+    response_id: str | None = None
+    server_run: str | None = None
 
 
 def utc_timestamp() -> str:
@@ -50,7 +137,7 @@ def build_record(
     injection: dict[str, Any] | None = None,
     response_id: str | None = None,
     server_run: str | None = None,
-) -> dict[str, Any]:
+) -> CaptureRecord:
     """Build the record for one call. Never raises on odd upstream output: it marks the record invalid.
 
     The caller hands `chat_request` and `chat_response` over: they are referenced, not deep-copied
@@ -89,7 +176,7 @@ def build_record(
     )
 
     # Key order: identity first, so a human (or a head-only reader) sees what the file is at once.
-    return {
+    record: CaptureRecord = {
         "schema_version": SCHEMA_VERSION,
         "uuid": record_uuid or str(uuid_module.uuid4()),
         "session_id": session_id,
@@ -121,8 +208,39 @@ def build_record(
         # Ours, after the former format's fields: the upstream's text for each generated token
         # (vLLM's `logprobs.content[].token`), or null when it gave ids only.
         "generation_token_texts": token_texts,
-        **({"injection": injection} if injection is not None else {}),
     }
+    if injection is not None:
+        record["injection"] = injection
+    return record
+
+
+def record_of(call: RecordInput) -> CaptureRecord:
+    """The record of a call handed to capture (on the writer thread: the wire bytes are parsed here)."""
+    return build_record(
+        session_id=call.session_id,
+        parent_session_id=call.parent_session_id,
+        rollout_id=call.rollout_id,
+        request_id=call.request_id,
+        chat_request=_parsed(call.chat_request),
+        chat_response=_parsed(call.chat_response),
+        route=call.route,
+        api=call.api,
+        stream=call.stream,
+        latency_ms=call.latency_ms,
+        status=call.status,
+        captured_at=call.captured_at,
+        record_uuid=call.record_uuid,
+        injection=call.injection,
+        response_id=call.response_id,
+        server_run=call.server_run,
+    )
+
+
+def _parsed(body: dict[str, Any] | bytes) -> dict[str, Any]:
+    if isinstance(body, (bytes, bytearray)):
+        parsed: dict[str, Any] = orjson.loads(body)
+        return parsed
+    return body
 
 
 def _assistant_message(message: object) -> dict[str, Any]:
@@ -174,13 +292,14 @@ def format_tool_choice(tool_choice: object) -> str:
     return str(tool_choice)
 
 
-def _token_count(usage: dict[str, Any] | None) -> dict[str, int]:
+def _token_count(usage: dict[str, Any] | None) -> TokenCount:
     usage = usage or {}
-    counts = {}
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        value = usage.get(key)
-        counts[key] = value if type(value) is int else 0
-    return counts
+    prompt, completion, total = (usage.get(key) for key in ("prompt_tokens", "completion_tokens", "total_tokens"))
+    return {
+        "prompt_tokens": prompt if type(prompt) is int else 0,
+        "completion_tokens": completion if type(completion) is int else 0,
+        "total_tokens": total if type(total) is int else 0,
+    }
 
 
 def _first_problem(

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -26,7 +25,7 @@ from server.batching import Waiter, answer, settle, take_batch
 from server.capture.write.delta import DELTA_SUFFIX, DeltaEncoder
 from server.capture.write.durable import FSYNC_MODES, GroupSync
 from server.capture.write.marks import LostRecords
-from server.capture.write.record import build_record
+from server.capture.write.record import CaptureRecord, RecordInput, record_of
 from server.ids import is_valid_session_id
 from server.logs import RateLimitedLog
 
@@ -36,8 +35,10 @@ _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) 
 
 # How records are written (docs/capture.md): each whole, or as what it adds to an earlier record.
 ENCODINGS = ("full", "delta")
-# Queue item kinds.
+# Queue item kinds: a call to build the record of, a prebuilt record, a flush's event, the end.
 CALL, RECORD, _FLUSH, _STOP = "call", "record", "flush", "stop"
+_Payload = RecordInput | CaptureRecord | threading.Event | None
+_Item = tuple[str, _Payload, Waiter | None]
 # Most records the writer takes from the queue before it answers their callers (and, under
 # `always`, syncs them as one group).
 _MAX_BATCH = 256
@@ -59,7 +60,7 @@ class RecordWriter:
         sessions_dir: Path,
         *,
         session_dir_name: Callable[[str], str],
-        on_new_record: Callable[[dict, str], None],
+        on_new_record: Callable[[CaptureRecord, str], None],
         io_lock: threading.Lock,
         on_batch_written: Callable[[set[str]], None] = lambda dir_names: None,
         queue_size: int = 10000,
@@ -89,7 +90,7 @@ class RecordWriter:
         self.made_dirs: set[str] = set()
         self._pid = os.getpid()  # in temporary file names: two processes never share one
 
-        self._queue: queue.Queue[tuple[str, Any, Waiter | None]] = queue.Queue(maxsize=max(1, queue_size))
+        self._queue: queue.Queue[_Item] = queue.Queue(maxsize=max(1, queue_size))
         self._state_lock = threading.Lock()  # closed, and enqueueing against close
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -172,8 +173,8 @@ class RecordWriter:
 
     # ---- enqueueing --------------------------------------------------------------------------
 
-    def enqueue(self, kind: str, payload: Any, ack: Waiter | None = None) -> bool:
-        """Queue a call's kwargs or a prebuilt record; any thread, never blocks. False if dropped."""
+    def enqueue(self, kind: str, payload: RecordInput | CaptureRecord, ack: Waiter | None = None) -> bool:
+        """Queue a call's record input or a prebuilt record; any thread, never blocks. False if dropped."""
         with self._state_lock:
             if not self._closed:
                 try:
@@ -186,14 +187,14 @@ class RecordWriter:
         self._lose(payload, "capture queue full or store closed")
         return False
 
-    async def write(self, kind: str, payload: Any, timeout: float) -> bool:
+    async def write(self, kind: str, payload: RecordInput | CaptureRecord, timeout: float) -> bool:
         """Queue one record and wait (without blocking the event loop) until it is kept; see CaptureStore.write_call."""
         ack = Waiter.here()
         if not self.enqueue(kind, payload, ack):
             return False
         give_up = ack.loop.call_later(timeout, settle, ack.future, False)
         try:
-            kept = await ack.future
+            kept: bool = await ack.future
         finally:
             give_up.cancel()
         if not kept and not ack.answered:
@@ -221,9 +222,9 @@ class RecordWriter:
         self._degraded_reason = reason
         self._next_probe = time.monotonic() + _PROBE_INTERVAL_S
 
-    def _lose(self, payload: Any, reason: str) -> None:
+    def _lose(self, payload: RecordInput | CaptureRecord, reason: str) -> None:
         """Mark the session of a record that will not be kept, so its rollout never looks whole."""
-        session_id = payload.get("session_id") if isinstance(payload, dict) else None
+        session_id = payload.session_id if isinstance(payload, RecordInput) else payload.get("session_id")
         if isinstance(session_id, str) and is_valid_session_id(session_id):
             self.lost.add(session_id, self._dir_name(session_id), reason)
 
@@ -249,7 +250,7 @@ class RecordWriter:
                 break
         self._handle_batch(batch)
 
-    def _handle_batch(self, batch: list[tuple[str, Any, Waiter | None]]) -> bool:
+    def _handle_batch(self, batch: list[_Item]) -> bool:
         """Write a batch, sync it as `fsync` says, answer its waiters. False once told to stop."""
         running = True
         written: list[tuple[str, str]] = []  # (file, directory) of each record kept
@@ -258,10 +259,10 @@ class RecordWriter:
         for kind, payload, ack in batch:
             if kind == _STOP:
                 running = False
-            elif kind == _FLUSH:
+            elif isinstance(payload, threading.Event):
                 flushes.append(payload)
-            else:
-                place = self._handle(kind, payload)
+            elif payload is not None:
+                place = self._handle(payload)
                 if place is not None:
                     written.append(place)
                 if ack is not None:
@@ -289,16 +290,10 @@ class RecordWriter:
             self._commit_now()
         return running
 
-    def _handle(self, kind: str, payload: Any) -> tuple[str, str] | None:
+    def _handle(self, payload: RecordInput | CaptureRecord) -> tuple[str, str] | None:
         """Write one record; its (file, directory), or None when it could not be kept."""
         try:
-            if kind == CALL:
-                for key in ("chat_request", "chat_response"):
-                    if isinstance(payload.get(key), (bytes, bytearray)):  # as it crossed the wire
-                        payload[key] = orjson.loads(payload[key])
-                record = build_record(**payload)
-            else:
-                record = payload
+            record = record_of(payload) if isinstance(payload, RecordInput) else payload
             place = self._write(record)
             self.count("written")
             return place
@@ -382,7 +377,7 @@ class RecordWriter:
             )
         self._degraded_reason = None
 
-    def _write(self, record: dict) -> tuple[str, str]:
+    def _write(self, record: CaptureRecord) -> tuple[str, str]:
         """Write a record into its final place (temp file, then rename); returns (file, directory).
 
         The rename happens at once, without an fsync: from here a process crash cannot lose the

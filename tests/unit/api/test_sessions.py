@@ -14,6 +14,7 @@ from server.api.sessions import session_routes
 from server.capture.read import rebuilds
 from server.capture.read.store import CaptureStore
 from server.capture.rollout import RolloutError
+from server.capture.write.record import RecordInput
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response
 from tests.support.captures import submit_all as add
@@ -149,10 +150,10 @@ def test_a_read_sees_calls_queued_before_it(client, store, monkeypatch):
         return real_write(record)
 
     monkeypatch.setattr(store.writer, "_write", slow_write)
-    assert store.submit_call(**call("just-finished"))
+    assert store.submit_call(RecordInput(**call("just-finished")))
     body = client.get("/v1/sessions/just-finished/completions").json()
     assert len(body["completions"]) == 1
-    assert store.submit_call(**call("just-finished-2"))
+    assert store.submit_call(RecordInput(**call("just-finished-2")))
     ids = [s["session_id"] for s in client.get("/v1/sessions").json()["sessions"]]
     assert "just-finished-2" in ids
 

@@ -10,11 +10,12 @@ import pytest
 
 from server.capture.catalog.sessions import build_rollout
 from server.capture.read import delta_read as delta_module
-from server.capture.read import store as store_module
+from server.capture.read import record_files as record_files_module
 from server.capture.read.delta_read import parse_delta_file
 from server.capture.read.store import CaptureStore, session_dir_name
 from server.capture.write import delta as delta_encoder
 from server.capture.write.delta import DELTA_SUFFIX
+from server.capture.write.record import RecordInput
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
@@ -118,7 +119,7 @@ def conversation(session_id: str, turns: int = 8, seed: int = 7) -> list[dict]:
 
 def write_all(store: CaptureStore, calls: list[dict]) -> None:
     for kwargs in calls:
-        assert store.submit_call(**{**kwargs, "chat_request": dict(kwargs["chat_request"])})
+        assert store.submit_call(RecordInput(**{**kwargs, "chat_request": dict(kwargs["chat_request"])}))
     assert store.flush(10)
 
 
@@ -305,7 +306,7 @@ def test_a_long_chain_reads_without_recursion(tmp_path):
             chat_request={"messages": list(messages), "tools": TOOLS},
             chat_response=_response(list(prompt), generation, {"role": "assistant", "content": f"r{i}"}),
         )
-        assert store.submit_call(**kwargs)
+        assert store.submit_call(RecordInput(**kwargs))
         messages += [{"role": "assistant", "content": f"r{i}"}, {"role": "user", "content": "go on"}]
         prompt += generation + [7]
     assert store.flush(30)
@@ -347,11 +348,11 @@ def test_a_header_line_longer_than_the_first_block_is_still_read_without_the_bod
     store = CaptureStore(tmp_path, encoding="delta")
     store.start()
     [kwargs] = conversation("s", turns=1)[:1]
-    assert store.submit_call(**{**kwargs, "request_id": "r" * 3000})  # a client's very long x-request-id
+    assert store.submit_call(RecordInput(**{**kwargs, "request_id": "r" * 3000}))  # a client's very long x-request-id
     assert store.flush(10)
     store.close()
     path = next((tmp_path / "sessions" / session_dir_name("s")).glob(f"*{DELTA_SUFFIX}"))
-    assert path.read_bytes().index(b"\n") > store_module._HEAD_BYTES
+    assert path.read_bytes().index(b"\n") > record_files_module.HEAD_BYTES
     parsed = []
     real = delta_module.parse_delta_file
     monkeypatch.setattr(delta_module, "parse_delta_file", lambda data: parsed.append(1) or real(data))

@@ -10,9 +10,11 @@ import pytest
 
 from server.capture.catalog.index import SessionIndex
 from server.capture.catalog.index_view import IndexView, RecordHeader, SessionEntry, SessionTally
+from server.capture.read import record_files as record_files_module
 from server.capture.read import store as store_module
 from server.capture.read.store import CaptureStore, session_dir_name
 from server.capture.write import journal as journal_module
+from server.capture.write.record import RecordInput
 from tests.support.captures import captured_call as call
 
 
@@ -20,7 +22,7 @@ def alternate(writers: list[CaptureStore], calls: list[dict]) -> None:
     """Each call goes to the next writer in turn, as a load balancer spreads one session's calls."""
     for i, kwargs in enumerate(calls):
         writer = writers[i % len(writers)]
-        assert writer.submit_call(**kwargs)
+        assert writer.submit_call(RecordInput(**kwargs))
         assert writer.flush(10)
 
 
@@ -107,13 +109,13 @@ class CountingReader:
 
     def __call__(self, path: str, dir_name: str) -> RecordHeader | None:
         self.reads += 1
-        return store_module._read_header(path, dir_name)
+        return record_files_module.read_header(path, dir_name)
 
 
 def index_on(tmp_path, reader: CountingReader, **kwargs) -> SessionIndex:
     return SessionIndex(
         tmp_path / "sessions",
-        list_files=store_module._record_files,
+        list_files=record_files_module.record_files,
         read_header=reader,
         is_session_dir_name=store_module._SESSION_DIR_NAME.fullmatch,  # type: ignore[arg-type]
         **kwargs,
@@ -253,7 +255,7 @@ def test_a_quiet_directory_keeps_only_its_entry_and_is_counted_anew_when_it_chan
     alternate([writer], [call("root")])
     directory = tmp_path / "sessions" / session_dir_name("root")
     newest = max(directory.iterdir(), key=lambda path: path.stat().st_mtime_ns)
-    index.note_written(directory.name, newest.name, store_module._read_header(str(newest), directory.name))
+    index.note_written(directory.name, newest.name, record_files_module.read_header(str(newest), directory.name))
     assert index.view().session_info("root")["record_count"] == 7
     writer.close()
 
@@ -270,7 +272,7 @@ def test_a_server_nobody_reads_from_lets_the_tallies_of_quiet_sessions_go(tmp_pa
         alternate([writer], [call(f"s{i}") for _ in range(4)])
     for directory in filter(os.path.isdir, sessions.iterdir()):
         for path in directory.iterdir():
-            index.note_written(directory.name, path.name, store_module._read_header(str(path), directory.name))
+            index.note_written(directory.name, path.name, record_files_module.read_header(str(path), directory.name))
     assert sum(len(tally.names) for tally in index._tallies.values()) == 12
     now[0] += 10 * 10**9
     index.keep_up()

@@ -14,7 +14,7 @@ from server.capture.catalog import runs
 from server.capture.catalog.index import TALLY_KEPT_S
 from server.capture.catalog.runs import RunChoice, UnknownRun
 from server.capture.catalog.sessions import build_rollout, build_tree
-from server.capture.read import store as store_module
+from server.capture.read import record_files as record_files_module
 from server.capture.read.rebuilds import RolloutBuilder
 from server.capture.read.store import CaptureStore, session_dir_name
 from server.cli.sessions import main as sessions_main
@@ -125,8 +125,8 @@ def test_records_carry_the_run_and_the_index_lists_runs_in_order(reader):
 
 def test_the_index_reads_the_run_from_the_first_block(capture_dir, monkeypatch):
     parsed = []
-    real = store_module._load_record
-    monkeypatch.setattr(store_module, "_load_record", lambda path: parsed.append(path) or real(path))
+    real = record_files_module.load_record
+    monkeypatch.setattr(record_files_module, "load_record", lambda path: parsed.append(path) or real(path))
     fresh = CaptureStore.open_read_only(capture_dir)
     assert fresh.session_info(SESSION)["runs"] == ["run-a", "run-b"]
     assert parsed == []  # no record was parsed whole to learn its run

@@ -12,10 +12,11 @@ import time
 import orjson
 import pytest
 
+from server.capture.read import record_files as record_files_module
 from server.capture.read import store as store_module
 from server.capture.read.store import CaptureStore, InvalidSessionId, UnknownSession, session_dir_name
 from server.capture.write import writer as writer_module
-from server.capture.write.record import build_record
+from server.capture.write.record import RecordInput, build_record, record_of
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response
 from tests.support.captures import submit_all as write
@@ -73,11 +74,11 @@ def test_no_temporary_files_remain(store):
 def test_record_is_built_on_the_writer_thread(tmp_path, monkeypatch):
     threads = []
 
-    def spy(**kwargs):
+    def spy(given):
         threads.append(threading.current_thread())
-        return build_record(**kwargs)
+        return record_of(given)
 
-    monkeypatch.setattr(writer_module, "build_record", spy)
+    monkeypatch.setattr(writer_module, "record_of", spy)
     capture = CaptureStore(tmp_path)
     capture.start()
     try:
@@ -107,7 +108,7 @@ def test_a_reader_never_sees_a_torn_file(store):
         reader.start()
     try:
         for _ in range(40):
-            assert store.submit_call(**big)
+            assert store.submit_call(RecordInput(**big))
         assert store.flush(30)
     finally:
         stop.set()
@@ -185,7 +186,7 @@ def test_invalid_ids_are_refused_before_any_use(store, bad, monkeypatch):
     with pytest.raises(InvalidSessionId):
         store.delete_session(bad)
     monkeypatch.undo()
-    assert store.submit_call(**call(bad)) is False  # uncorrelated: not captured by default
+    assert store.submit_call(RecordInput(**call(bad))) is False  # uncorrelated: not captured by default
     assert store.flush(5)
     assert store.stats()["written"] == 0
     assert store.stats()["uncorrelated"] == 1
@@ -195,8 +196,8 @@ def test_uncorrelated_calls_are_captured_only_when_asked(tmp_path):
     capture = CaptureStore(tmp_path, capture_uncorrelated=True)
     capture.start()
     try:
-        assert capture.submit_call(**call(None, record_uuid="u-1"))
-        assert capture.submit_call(**call("bad id", record_uuid="u-2"))
+        assert capture.submit_call(RecordInput(**call(None, record_uuid="u-1")))
+        assert capture.submit_call(RecordInput(**call("bad id", record_uuid="u-2")))
         assert capture.flush(10)
         ids = [s["session_id"] for s in capture.list_sessions()]
         assert ids == ["uncorrelated-u-1", "uncorrelated-u-2"]
@@ -251,14 +252,14 @@ def test_a_new_store_on_the_same_directory_serves_earlier_records(tmp_path):
 def test_full_queue_drops_instead_of_blocking(tmp_path):
     capture = CaptureStore(tmp_path, queue_size=2)  # not started: nothing drains the queue
     started = time.monotonic()
-    results = [capture.submit_call(**call("sess-1")) for _ in range(3)]
+    results = [capture.submit_call(RecordInput(**call("sess-1"))) for _ in range(3)]
     assert time.monotonic() - started < 5  # a blocking submit would never return: nothing drains
     assert results == [True, True, False]
     assert capture.stats()["dropped"] == 1
     assert capture.stats()["queue_depth"] == 2
     capture.close()  # drains what was accepted
     assert capture.stats()["written"] == 2
-    assert capture.submit_call(**call("sess-1")) is False  # closed
+    assert capture.submit_call(RecordInput(**call("sess-1"))) is False  # closed
     assert capture.stats()["dropped"] == 2
 
 
@@ -270,7 +271,7 @@ def test_unwritable_directory_counts_failures_and_never_raises(tmp_path, caplog)
         capture.start()  # logs, does not raise
         try:
             for _ in range(3):
-                assert capture.submit_call(**call("sess-1")) is True
+                assert capture.submit_call(RecordInput(**call("sess-1"))) is True
             assert capture.flush(10)
         finally:
             capture.close()
@@ -284,7 +285,7 @@ def test_unwritable_directory_counts_failures_and_never_raises(tmp_path, caplog)
 
 def test_a_failed_build_does_not_stop_the_writer(store):
     unserialisable = call("sess-1", chat_request={"messages": [{"role": "user", "content": {1, 2}}]})
-    assert store.submit_call(**unserialisable)
+    assert store.submit_call(RecordInput(**unserialisable))
     write(store, call("sess-1"))
     assert store.stats()["failed"] == 1
     assert store.stats()["written"] == 1
@@ -381,7 +382,7 @@ def test_close_is_idempotent_and_flushes(tmp_path):
     capture = CaptureStore(tmp_path)
     capture.start()
     for _ in range(20):
-        capture.submit_call(**call("sess-1"))
+        capture.submit_call(RecordInput(**call("sess-1")))
     capture.close()
     capture.close()
     assert capture.stats()["written"] == 20
@@ -393,7 +394,7 @@ def test_read_only_store_creates_and_writes_nothing(tmp_path):
     missing = tmp_path / "missing"
     reader = CaptureStore.open_read_only(missing)
     assert reader.list_sessions() == []
-    assert reader.submit_call(**call("sess-1")) is False
+    assert reader.submit_call(RecordInput(**call("sess-1"))) is False
     reader.close()
     assert not missing.exists()
 
@@ -459,13 +460,13 @@ def _write_raw(capture_dir, session_id, name, data: bytes):
 
 def _count_full_parses(monkeypatch):
     parsed = []
-    real = store_module._load_record
+    real = record_files_module.load_record
 
     def counting(path):
         parsed.append(path)
         return real(path)
 
-    monkeypatch.setattr(store_module, "_load_record", counting)
+    monkeypatch.setattr(record_files_module, "load_record", counting)
     return parsed
 
 
@@ -533,14 +534,14 @@ def earlier_run(tmp_path):
 def gated_header_reads(monkeypatch):
     """Record heads are read only once the returned event is set; `reading` is set at the first read."""
     gate, reading = threading.Event(), threading.Event()
-    real = store_module._read_header
+    real = store_module.read_header
 
     def gated(path, dir_name):
         reading.set()
         assert gate.wait(20), "the test never opened the gate"
         return real(path, dir_name)
 
-    monkeypatch.setattr(store_module, "_read_header", gated)
+    monkeypatch.setattr(store_module, "read_header", gated)
     yield gate, reading
     gate.set()
 

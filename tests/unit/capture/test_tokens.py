@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from server.capture.rollout.items import message_items
 from server.capture.tokens import (
+    TokenTriple,
     generation_token_texts,
     generation_tokens,
     is_finite_numbers,
@@ -87,6 +88,20 @@ def test_every_reader_of_reasoning_takes_the_newer_vllm_name():
 
     items = message_items({"role": "assistant", "content": "Hi"}, {"reasoning": "think first"}, "x", None)
     assert items[0]["summary"] == [{"type": "summary_text", "text": "think first"}]
+
+
+def test_a_generated_turn_carries_its_triple_on_its_last_item_only_as_the_records_own_lists():
+    triple = TokenTriple([1, 2], [3], [-0.5])
+    call = {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    message = {"role": "assistant", "content": "Listing.", "tool_calls": [call]}
+    items = message_items(message, {}, "x", triple)
+    assert [item["type"] for item in items] == ["message", "function_call"]
+    assert items[-1]["prompt_token_ids"] is triple.prompt_ids  # shared, not copied
+    assert items[-1]["generation_token_ids"] is triple.generation_ids
+    assert items[-1]["generation_log_probs"] is triple.log_probs
+    assert "prompt_token_ids" not in items[0]
+    # Negative control: a turn without a triple (context, not generated) carries none.
+    assert not any("prompt_token_ids" in item for item in message_items(message, {}, "x", None))
 
 
 # ---- shapes and validation ----------------------------------------------------------------------

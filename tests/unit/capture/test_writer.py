@@ -13,7 +13,7 @@ from server.capture.read.store import CaptureStore
 from server.capture.write import writer as writer_module
 from server.capture.write.durable import GroupSync
 from server.capture.write.marks import MARK_NAME
-from server.capture.write.record import build_record
+from server.capture.write.record import RecordInput, record_of
 from tests.support.captures import captured_call as call
 
 
@@ -63,7 +63,7 @@ class Gate:
 
 async def pending_while_gated(store, gate, session_id):
     """Start a write_call, wait until the writer is inside the gate, report whether the call is done."""
-    task = asyncio.ensure_future(store.write_call(**call(session_id)))
+    task = asyncio.ensure_future(store.write_call(RecordInput(**call(session_id))))
     await asyncio.to_thread(gate.entered.wait, 30)
     await asyncio.sleep(0.05)  # room for a wrong implementation to answer early
     done_while_gated = task.done()
@@ -72,8 +72,8 @@ async def pending_while_gated(store, gate, session_id):
 
 
 def test_write_call_returns_once_the_record_is_in_its_file(make_store, monkeypatch):
-    gate = Gate(build_record)
-    monkeypatch.setattr(writer_module, "build_record", gate)
+    gate = Gate(record_of)
+    monkeypatch.setattr(writer_module, "record_of", gate)
     store = make_store()
     done_while_gated, kept = asyncio.run(pending_while_gated(store, gate, "acked"))
     assert not done_while_gated and kept is True
@@ -83,10 +83,10 @@ def test_write_call_returns_once_the_record_is_in_its_file(make_store, monkeypat
 
 def test_submit_call_does_not_wait_for_the_file(make_store, monkeypatch):
     """Negative control for the test above: the fire-and-forget path returns with nothing on disk."""
-    gate = Gate(build_record)
-    monkeypatch.setattr(writer_module, "build_record", gate)
+    gate = Gate(record_of)
+    monkeypatch.setattr(writer_module, "record_of", gate)
     store = make_store()
-    assert store.submit_call(**call("queued"))
+    assert store.submit_call(RecordInput(**call("queued")))
     assert gate.entered.wait(10)
     assert files(store.capture_dir, "queued") == []
     gate.release.set()
@@ -119,7 +119,7 @@ def test_fsync_always_counts_a_real_sync_per_group(make_store):
     store = make_store(fsync="always")
 
     async def burst():
-        return await asyncio.gather(*(store.write_call(**call(f"real-{i % 4}")) for i in range(40)))
+        return await asyncio.gather(*(store.write_call(RecordInput(**call(f"real-{i % 4}"))) for i in range(40)))
 
     assert all(asyncio.run(burst()))
     stats = store.stats()
@@ -131,7 +131,7 @@ def test_batch_syncs_a_window_of_records_at_once(make_store):
     store = make_store(fsync="batch", fsync_window_ms=2000)
 
     async def burst():
-        return await asyncio.gather(*(store.write_call(**call(f"group-{i % 5}")) for i in range(50)))
+        return await asyncio.gather(*(store.write_call(RecordInput(**call(f"group-{i % 5}"))) for i in range(50)))
 
     assert all(asyncio.run(burst()))
     assert store.stats()["synced"] < 50  # answered before their sync: the window is still open
@@ -145,7 +145,7 @@ def test_a_failed_write_degrades_capture_marks_the_session_and_recovers(make_sto
     blocked.write_text("a file where the session's directory must go")
 
     async def one(session_id):
-        return await store.write_call(**call(session_id))
+        return await store.write_call(RecordInput(**call(session_id)))
 
     assert asyncio.run(one("lost-one")) is False
     stats = store.stats()
@@ -164,12 +164,12 @@ def test_a_failed_write_degrades_capture_marks_the_session_and_recovers(make_sto
 
 
 def test_write_call_gives_up_after_its_timeout_and_the_call_goes_on(make_store, monkeypatch):
-    gate = Gate(build_record)
-    monkeypatch.setattr(writer_module, "build_record", gate)
+    gate = Gate(record_of)
+    monkeypatch.setattr(writer_module, "record_of", gate)
     store = make_store()
 
     async def one():
-        return await store.write_call(timeout=0.05, **call("slow-disk"))
+        return await store.write_call(RecordInput(**call("slow-disk")), timeout=0.05)
 
     assert asyncio.run(one()) is False
     assert store.stats()["timed_out"] == 1
@@ -182,7 +182,7 @@ def test_the_directories_the_writer_remembers_stay_bounded_and_it_writes_on_afte
     store = make_store()
     for _ in range(2):
         for i in range(10):
-            assert store.submit_call(**call(f"s{i}"))
+            assert store.submit_call(RecordInput(**call(f"s{i}")))
         assert store.flush(10)
         assert len(store.writer.made_dirs) <= 4
     for i in range(10):

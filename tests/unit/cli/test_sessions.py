@@ -14,6 +14,7 @@ import pytest
 from server.capture.catalog import sessions as capture_sessions
 from server.capture.read.store import CaptureStore
 from server.capture.rollout import RolloutError
+from server.capture.write.record import RecordInput
 from server.cli.sessions import add_sessions_parser, main, run_sessions
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response
@@ -48,7 +49,7 @@ def capture_dir(tmp_path):
         call("root-2"),
     ]
     for kwargs in calls:
-        assert store.submit_call(**kwargs)
+        assert store.submit_call(RecordInput(**kwargs))
     store.close()
     return directory
 
@@ -202,7 +203,7 @@ def test_export_includes_sessions_whose_parent_has_no_records(tmp_path, capsys):
     store = CaptureStore(directory)
     store.start()
     for kwargs in (call("worker-1", parent="job-7"), call("worker-2", parent="job-7"), call("root-1")):
-        assert store.submit_call(**kwargs)
+        assert store.submit_call(RecordInput(**kwargs))
     store.close()
     out = tmp_path / "rollouts.jsonl"
     assert run("export", "--capture-dir", str(directory), "--out", str(out)) == 0
@@ -220,7 +221,7 @@ def test_export_counts_sessions_no_root_reaches_and_fails(tmp_path, capsys):
     store = CaptureStore(directory)
     store.start()
     for kwargs in (call("a", parent="b"), call("b", parent="a"), call("root-1")):
-        assert store.submit_call(**kwargs)
+        assert store.submit_call(RecordInput(**kwargs))
     store.close()
     out = tmp_path / "rollouts.jsonl"
     assert run("export", "--capture-dir", str(directory), "--out", str(out)) == 1
