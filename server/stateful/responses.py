@@ -205,6 +205,13 @@ class ResponseStore:
                 f"DELETE FROM responses WHERE stored_at < ? AND {_NOT_RUNNING} RETURNING id", (now - bounds.max_age_s,)
             )
         }
+        if bounds.max_count_per_key is None and bounds.max_bytes_per_key is None:
+            # Without shares a key's bounds are the store's, and no key holds more than the store: a
+            # store within its bounds (one row of `totals`) needs no per-key sums, which read every
+            # row the key has and so grow with the store.
+            count, size = conn.execute("SELECT count, bytes FROM totals WHERE name = 'responses'").fetchone()
+            if count <= bounds.max_count and size <= bounds.max_bytes:
+                return gone
         for owner in sorted(writers):
             count, size = conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM responses WHERE owner = ?", (owner,)
