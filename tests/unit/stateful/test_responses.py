@@ -118,17 +118,22 @@ def statements_of_one_put(store: ResponseStore, rid: str) -> list[str]:
     return seen
 
 
-def test_a_write_within_the_bounds_reads_no_per_key_sums(tmp_path):
-    """Without per-key shares the bound check of a store within its bounds is one row of `totals`,
-    not a sum over every response of the key (which grows with the store). With shares (the
-    control), the key's sum is read."""
-    plain = make(tmp_path / "plain")
-    shared = make(tmp_path / "shared", Bounds(max_count=1000, max_bytes=10**9, max_age_s=3600, max_count_per_key=500))
+@pytest.mark.parametrize("max_count", [1000, 5], ids=["room", "full"])
+def test_a_write_reads_no_per_key_sums_without_shares(tmp_path, max_count):
+    """Without per-key shares the bound check is one row of `totals`, not a sum over every response
+    of the key (which costs more the fuller the store), whether the store has room or must evict.
+    With shares (the control), the key's sum is read."""
+    plain = make(tmp_path / "plain", Bounds(max_count=max_count, max_bytes=10**9, max_age_s=3600))
+    shared = make(
+        tmp_path / "shared", Bounds(max_count=max_count, max_bytes=10**9, max_age_s=3600, max_count_per_key=500)
+    )
     for store in (plain, shared):
         for i in range(5):
             store.put(response(f"resp_{i}"), owner="a", session_id=None, input_items=[])
     assert not [sql for sql in statements_of_one_put(plain, "resp_x") if "SUM(size)" in sql]
     assert [sql for sql in statements_of_one_put(shared, "resp_x") if "SUM(size)" in sql]
+    # A full store gave up its oldest for the new one.
+    assert plain.totals()[0] == min(6, max_count) and (plain.get("resp_0", "a") is None) == (max_count == 5)
 
 
 def test_age_bound_expires(tmp_path):
