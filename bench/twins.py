@@ -46,6 +46,7 @@ def twins(bench: Bench) -> None:
         capture_dir=bench.log_dir / "captures-gym",
         settings={"gym": {"token_id_capture": {"enabled": True, "dir": str(bench.log_dir / "gym-tokens")}}},
     )
+    bench.procs.append(gym.proc)  # its CPU is this run's, not another tenant's (the header's figure)
     try:
         serving(bench, gym, rounds, warm, dur)
     finally:
@@ -119,6 +120,7 @@ def chains_read(bench: Bench, reads: int) -> None:
     server = Server(
         "server-twins-chains", bench.mock, bench.log_dir, capture_dir=capture_dir, settings={"rollout_cache_mb": 0}
     )
+    bench.procs.append(server.proc)
     took: dict[str, list[float]] = {"rollout": [], "chains": []}
     statuses: set[int] = set()
     try:
