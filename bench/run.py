@@ -17,7 +17,7 @@ if str(REPO) not in sys.path:
 
 import orjson  # noqa: E402
 
-from bench import capture, disk, injection, latency, reads, recon, stream_load, telemetry  # noqa: E402
+from bench import capture, disk, injection, latency, reads, recon, stream_load, telemetry, twins  # noqa: E402
 from bench.harness import Bench, Section, print_table  # noqa: E402
 
 # The sections in the order they run; `--only` names them. A section is a function of the run (bench/harness.py).
@@ -25,6 +25,7 @@ SECTIONS: dict[str, Section] = {
     "ceiling": latency.ceiling,
     "sequential": latency.sequential,
     "concurrency": latency.concurrency,
+    "twins": twins.twins,
     "streams": latency.streams,
     "stream_load": stream_load.stream_load,
     "capture": capture.capture,

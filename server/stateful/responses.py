@@ -206,7 +206,11 @@ class ResponseStore:
                 f"DELETE FROM responses WHERE stored_at < ? AND {_NOT_RUNNING} RETURNING id", (now - bounds.max_age_s,)
             )
         }
-        for owner in sorted(writers):
+        # Without shares a key's bounds are the store's, and no key holds more than the store: the
+        # store's bounds (one row of `totals`) hold every key to its own, with no per-key sums, which
+        # read every row the key has and so cost more the fuller the store.
+        shared = bounds.max_count_per_key is not None or bounds.max_bytes_per_key is not None
+        for owner in sorted(writers) if shared else ():
             count, size = conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM responses WHERE owner = ?", (owner,)
             ).fetchone()
@@ -215,10 +219,9 @@ class ResponseStore:
             gone |= _drop_oldest(conn, "owner = ?", (owner,), count, size, max_count, max_bytes)
         count, size = conn.execute("SELECT count, bytes FROM totals WHERE name = 'responses'").fetchone()
         if writers and (count > bounds.max_count or size > bounds.max_bytes):
-            marks = ", ".join("?" * len(writers))
-            gone |= _drop_oldest(
-                conn, f"owner IN ({marks})", tuple(sorted(writers)), count, size, bounds.max_count, bounds.max_bytes
-            )
+            # One key (the usual batch) reads its oldest straight off its index; several are merged by a sort.
+            where = "owner = ?" if len(writers) == 1 else f"owner IN ({', '.join('?' * len(writers))})"
+            gone |= _drop_oldest(conn, where, tuple(sorted(writers)), count, size, bounds.max_count, bounds.max_bytes)
         return gone
 
     # ---- reads -------------------------------------------------------------------------------
@@ -282,7 +285,10 @@ def _drop_oldest(
         return set()
     victims: list[tuple[str]] = []
     cursor = conn.execute(
-        f"SELECT id, size FROM responses WHERE {where} AND {_NOT_RUNNING} ORDER BY stored_at, id", args
+        # Ties (one batch's responses share a time) go in the order written: `rowid`, the last
+        # column of every index, so the key's index gives this order without sorting.
+        f"SELECT id, size FROM responses WHERE {where} AND {_NOT_RUNNING} ORDER BY stored_at, rowid",
+        args,
     )
     while count > max_count or size > max_bytes:
         row = cursor.fetchone()

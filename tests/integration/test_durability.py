@@ -78,13 +78,18 @@ def stored_response_ids(capture_dir: Path) -> set[str]:
 
 
 def burst_then_kill(
-    mock_upstream: str, capture_dir: Path, config: str, answered: set[str] | None = None, tokens: int = 40
+    mock_upstream: str,
+    capture_dir: Path,
+    config: str,
+    answered: set[str] | None = None,
+    tokens: int = 40,
+    env: dict[str, str] | None = None,
 ) -> tuple[set[str], dict[str, dict]]:
     """Eight threads send correlated calls of every kind; once 120 have completed, the thread whose
     call completes next sends the server SIGKILL at once: the moment a record handed over after the
     answer is still in the writer's queue. Returns the completed calls and the records on disk; the
     ids of the completed Responses calls are added to `answered`."""
-    chain = launch_chain(mock_upstream, capture_dir, "--config", config)
+    chain = launch_chain(mock_upstream, capture_dir, "--config", config, env=env)
     completed: set[str] = set()
     lock = threading.Lock()
     stop = threading.Event()
@@ -143,7 +148,7 @@ def test_sigkill_mid_burst_loses_no_completed_call(mock_upstream, tmp_path, fsyn
     unstored = sorted(answered - stored_response_ids(capture))
     assert answered and not unstored, f"{len(unstored)} of {len(answered)} answered responses not stored"
     assert all(r["status"] in ("completed", "partial") for r in records.values())
-    # The next server on the directory serves every one of them.
+    # The next server on the directory serves every one of them, records and stored responses.
     after = launch_chain(mock_upstream, capture)
     try:
         served = set()
@@ -151,6 +156,79 @@ def test_sigkill_mid_burst_loses_no_completed_call(mock_upstream, tmp_path, fsyn
             reply = httpx.get(f"{after.url}/v1/sessions/burst-{worker}/completions", trust_env=False, timeout=30)
             served |= {r["request_id"] for r in reply.json().get("completions", [])}
         assert completed <= served
+        assert retrievable(after, answered) == answered
+    finally:
+        after.proc.stop()
+
+
+def retrievable(chain, response_ids: set[str]) -> set[str]:
+    """The ids `GET /v1/responses/{id}` serves."""
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        return {i for i in response_ids if client.get(f"{chain.v1}/responses/{i}").status_code == 200}
+
+
+# Loaded by the server under test in the control below (a `sitecustomize` on its PYTHONPATH), not a
+# setting: `put` hands the response to the writer and returns at once, so the answer goes out before
+# its batch commits, and each commit is slowed so the kill lands while answered responses wait in it.
+_ANSWER_BEFORE_COMMIT = """
+import time
+
+from server.batching import Waiter
+from server.stateful import writer
+
+async def put(self, put):
+    self._queue.put((put, Waiter.here()))
+    return True
+
+commit = writer.StoreWriter._commit
+
+def slow_commit(self, jobs):
+    time.sleep(0.1)
+    commit(self, jobs)
+
+writer.StoreWriter.put = put
+writer.StoreWriter._commit = slow_commit
+"""
+
+
+def answer_before_commit_env(tmp_path: Path) -> dict[str, str]:
+    site = tmp_path / "answer-before-commit"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_ANSWER_BEFORE_COMMIT)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def test_sigkill_mid_burst_loses_answered_responses_when_the_answer_does_not_wait_for_the_commit(
+    mock_upstream, tmp_path
+):
+    """Negative control for the stored-response checks above: answering before the batch commits
+    loses responses the clients saw complete, and a follow-up sent the instant an answer ends misses."""
+    env = answer_before_commit_env(tmp_path)
+    chain = launch_chain(mock_upstream, tmp_path / "follow-up", env=env)
+    try:
+        with httpx.Client(trust_env=False, timeout=30) as client:
+            missed = 0
+            for i in range(10):
+                first = client.post(chain.v1 + "/responses", json={"model": "x", "input": f"first {i}"}).json()
+                follow = client.post(
+                    chain.v1 + "/responses",
+                    json={"model": "x", "input": f"second {i}", "previous_response_id": first["id"]},
+                )
+                missed += follow.status_code == 404
+        assert missed, "every follow-up found its response even though nothing waited for the commit"
+    finally:
+        chain.proc.stop()
+
+    answered: set[str] = set()
+    config = settings_file(tmp_path)
+    capture = tmp_path / "captures"
+    burst_then_kill(mock_upstream, capture, config, answered, env=env)
+    lost = answered - stored_response_ids(capture)
+    print(f"answer before commit: {len(lost)} of {len(answered)} answered responses lost")
+    assert answered and lost, "every answered response was stored even though nothing waited for the commit"
+    after = launch_chain(mock_upstream, capture)
+    try:
+        assert retrievable(after, answered) == answered - lost  # what the server serves is what was committed
     finally:
         after.proc.stop()
 

@@ -98,6 +98,44 @@ def test_unbounded_store_grows_past_the_limit(tmp_path):
     assert store.totals()[0] == 20 and store.totals()[1] > 2000
 
 
+def test_a_keys_share_drops_only_that_keys_oldest(tmp_path):
+    store = make(tmp_path, Bounds(max_count=1000, max_bytes=10**9, max_age_s=3600, max_count_per_key=2))
+    for rid, owner in (("resp_a1", "a"), ("resp_b1", "b"), ("resp_a2", "a"), ("resp_a3", "a")):
+        assert store.put(response(rid), owner=owner, session_id=None, input_items=[])
+    kept = {rid for rid, owner in (("resp_a1", "a"), ("resp_a2", "a"), ("resp_a3", "a"), ("resp_b1", "b"))}
+    assert {rid for rid in kept if store.get(rid, rid[5]) is not None} == {"resp_a2", "resp_a3", "resp_b1"}
+
+
+def statements_of_one_put(store: ResponseStore, rid: str) -> list[str]:
+    """The SQL one more write runs."""
+    seen: list[str] = []
+    conn = store.db.connection()
+    conn.set_trace_callback(seen.append)
+    try:
+        store.put(response(rid), owner="a", session_id=None, input_items=[])
+    finally:
+        conn.set_trace_callback(None)
+    return seen
+
+
+@pytest.mark.parametrize("max_count", [1000, 5], ids=["room", "full"])
+def test_a_write_reads_no_per_key_sums_without_shares(tmp_path, max_count):
+    """Without per-key shares the bound check is one row of `totals`, not a sum over every response
+    of the key (which costs more the fuller the store), whether the store has room or must evict.
+    With shares (the control), the key's sum is read."""
+    plain = make(tmp_path / "plain", Bounds(max_count=max_count, max_bytes=10**9, max_age_s=3600))
+    shared = make(
+        tmp_path / "shared", Bounds(max_count=max_count, max_bytes=10**9, max_age_s=3600, max_count_per_key=500)
+    )
+    for store in (plain, shared):
+        for i in range(5):
+            store.put(response(f"resp_{i}"), owner="a", session_id=None, input_items=[])
+    assert not [sql for sql in statements_of_one_put(plain, "resp_x") if "SUM(size)" in sql]
+    assert [sql for sql in statements_of_one_put(shared, "resp_x") if "SUM(size)" in sql]
+    # A full store gave up its oldest for the new one.
+    assert plain.totals()[0] == min(6, max_count) and (plain.get("resp_0", "a") is None) == (max_count == 5)
+
+
 def test_age_bound_expires(tmp_path):
     store = make(tmp_path, Bounds(max_count=1000, max_bytes=10**9, max_age_s=0.2))
     store.put(response("resp_old"), owner="", session_id=None, input_items=[])
