@@ -65,7 +65,7 @@ def build_record(
     upstream_id = chat_response.get("id")
     response_id = response_id or upstream_id
     if not (isinstance(request_id, str) and request_id):
-        # Switchyard's record format takes request_id from the upstream completion id: the fallback.
+        # Switchyard's token-capture record takes request_id from the upstream completion id: the fallback.
         request_id = upstream_id if isinstance(upstream_id, str) else None
     model = chat_response.get("model")
 
@@ -118,7 +118,7 @@ def build_record(
         "prompt_token_ids": prompt_ids,
         "generation_token_ids": generation_ids,
         "generation_log_probs": log_probs,
-        # Ours, after the fields of Switchyard's record format: the upstream's text for each generated token
+        # Ours, after the fields of Switchyard's token-capture record: the upstream's text for each generated token
         # (vLLM's `logprobs.content[].token`), or null when it gave ids only.
         "generation_token_texts": token_texts,
         **({"injection": injection} if injection is not None else {}),
@@ -142,7 +142,7 @@ def _assistant_message(message: object) -> dict[str, Any]:
 
 
 def format_tools(tools: object) -> list[dict[str, Any]]:
-    """Tools in Switchyard's record shape `{id, description, inputSchema: {jsonSchema}}` (what Gym reads)."""
+    """Tools in the token-capture record's shape `{id, description, inputSchema: {jsonSchema}}` (what Gym reads)."""
     if not isinstance(tools, list):
         return []
     out: list[dict[str, Any]] = []
@@ -166,7 +166,7 @@ def format_tools(tools: object) -> list[dict[str, Any]]:
 
 
 def format_tool_choice(tool_choice: object) -> str:
-    """The mode string, or a named choice's `type`, as Switchyard's record keeps it; unset means "auto"."""
+    """The mode string, or a named choice's `type` (the token-capture record's way); unset means "auto"."""
     if tool_choice is None:
         return "auto"
     if isinstance(tool_choice, dict):
@@ -193,7 +193,7 @@ def _first_problem(
     generation_ids: object,
     log_probs: object,
 ) -> str | None:
-    """Why the record cannot train a model, in the order Switchyard's record checks; None when it can."""
+    """Why the record cannot train a model, in the order Switchyard's token-capture record checks; None when it can."""
     if status != "completed":
         return f"call did not complete (status {status!r})"
     if n_choices != 1:
