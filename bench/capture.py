@@ -157,7 +157,7 @@ def hold(bench: Bench) -> None:
     n, slow, tokens = (256, 600, 6) if bench.quick else (1024, 2000, 6)
     bench.log(f"hold: {n} concurrent streaming sessions through a fresh server")
     # The default upstream_max_connections (512) would queue half of 1,024 streams inside the
-    # server; the figure asked for is 1,024 held open at once, so this server allows 2,048.
+    # server; the target is 1,024 held open at once, so this server allows 2,048.
     holder = Server(
         "server-hold",
         bench.mock,

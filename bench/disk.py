@@ -196,7 +196,7 @@ def disk(bench: Bench) -> None:
         return " / ".join(f"{r[key][field] / 1024:.0f}" for n, r in encodings if n in names) + " KiB"
 
     def delta_verdict(key: str) -> str:
-        # The target: 3x (4 B x unique tokens) plus a constant per call. The constant taken
+        # Target: 3x (4 B x unique tokens) plus a constant per call. The constant taken
         # here is 1 KiB, about a record's fixed fields (ids, times, usage, counts: line 1 of a .delta).
         extra = delta[key].get("over_3x_per_call_bytes", 0.0)
         return verdict(extra <= 1024, "") + (f" (3x + {extra:.0f} B a call)" if extra else "")
@@ -298,7 +298,7 @@ def _disk_workload(
             call(sid, [{"role": "user", "content": words(8000, offset=k) + " [[mock:tokens 200]]"}])
         conversation(session_id, turns, 300, 100)
         if long_turns:
-            # The 200-call session, kept inside the mock's 32k context: ~140 new tokens a
+            # A 200-call agent session, kept inside the mock's 32k context: ~140 new tokens a
             # turn, 29k tokens at the end.
             conversation(long_id, long_turns, 100, 40)
     server.wait_capture_idle()

@@ -245,7 +245,7 @@ def independent_session(session_id: str, calls: int, *, seed: int = 3) -> list[d
 
 def bench_independent_scaling(small: int = 500, large: int = 4000, rounds: int = 5) -> dict:
     """Rebuild time of `large` independent calls over `small`, with the continuation index and with
-    the former scan of every later record (side by side in the first round).
+    the reference scan of every later record (`indexed=False`; side by side in the first round).
 
     Each size's time is the fastest of `rounds`: on a shared machine noise only ever adds time, and
     the 500-call rebuild takes tens of milliseconds, where one scheduler hiccup doubles a sample."""
@@ -257,7 +257,7 @@ def bench_independent_scaling(small: int = 500, large: int = 4000, rounds: int =
     original = chain.ContinuationIndex
     try:
         for r in range(rounds):
-            # The former scan takes seconds at 4,000 calls: it runs in the first round only.
+            # The reference scan takes seconds at 4,000 calls: it runs in the first round only.
             modes = ("indexed", "scan") if r == 0 else ("indexed",)
             for mode in modes:
                 chain.ContinuationIndex = (  # type: ignore[misc]

@@ -102,7 +102,7 @@ class Settings(BaseModel):
     capture_uncorrelated: bool = False
     capture_queue_size: int = Field(default=10000, ge=1)
     # `delta`: each record as what it adds to an earlier record of its session (`<uuid>.delta`, disk
-    # grows with the tokens, not the turns); `full`: each record whole, in the former `<uuid>.json`
+    # grows with the tokens, not the turns); `full`: each record whole, in the plain `<uuid>.json`
     # layout that outside readers of the directory expect. Served the same either way.
     capture_encoding: Literal["full", "delta"] = "full"  # full: the layout outside readers glob
     # With `capture_encoding: full`: write records gzip-compressed (`<uuid>.json.gz`); served the same.
@@ -127,7 +127,7 @@ class Settings(BaseModel):
     injection_pause_s: float = Field(default=300.0, ge=0)
     # How long a call waits for a record another process is still writing (cache misses only).
     injection_rebuild_wait_s: float = Field(default=0.25, ge=0)
-    # A call's record is in its file before the last byte of its answer leaves (false: the former
+    # A call's record is in its file before the last byte of its answer leaves (false: a
     # fire-and-forget hand-off, where a crash loses the records still queued).
     capture_before_answer: bool = True
     # Power-loss durability (a process crash loses nothing under any of them): `always` makes each

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real loopback chain (mock upstream → hosted Switchyard → this server)."""
+"""Shared fixtures: a proxy-free environment for every test, and the real loopback chain (mock upstream →
+hosted Switchyard → this server)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import settings
 
 from tests.support.chain import launch_chain
 from tests.support.deployments import ALL_PROFILE_VARS
-from tests.support.procs import start_mock_upstream
+from tests.support.procs import PROXY_VARIABLES, start_mock_upstream
 
 # In CI every property and fuzz test runs a fixed set of examples, so a run is reproducible; locally
 # they explore afresh each time (and SWITCHYARD_FUZZ_SCALE widens the fuzzers). Neither has a
@@ -19,27 +20,23 @@ settings.register_profile("local", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") == "true" else "local")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_proxy_environment():
+    """No proxy variable for the whole run, whatever the shell running the tests has: every request a
+    test makes goes to 127.0.0.1, so httpx clients need no `trust_env=False`, and every child process
+    inherits the clean environment. Session-wide, so it is in place before any module or session fixture
+    starts a process or makes a request."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in PROXY_VARIABLES:
+            patch.delenv(name, raising=False)
+        yield
+
+
 @pytest.fixture(scope="session")
 def mock_upstream():
     proc, url = start_mock_upstream()
     yield url
     proc.stop()
-
-
-@pytest.fixture(scope="module")
-def reasoning_chains(tmp_path_factory):
-    """A Qwen3-like engine (past reasoning dropped from re-rendered turns), and a chain in front of it
-    with token injection (`chains[True]`) and one without (`chains[False]`, the negative control)."""
-    upstream, url = start_mock_upstream(None, "--template", "drop-reasoning")
-    chains = {}
-    try:
-        chains[True] = launch_chain(url, tmp_path_factory.mktemp("injected"), "--token-injection")
-        chains[False] = launch_chain(url, tmp_path_factory.mktemp("plain"))
-        yield chains
-    finally:
-        for chain in chains.values():
-            chain.proc.stop()
-        upstream.stop()
 
 
 @pytest.fixture(scope="module")

@@ -352,7 +352,7 @@ def test_quickstart_curl_examples_work_against_a_real_chain(chain):
     curls = [parse_curl(line) for line in quickstart_curls()]
     ours = [c for c in curls if c["url"].startswith(DOC_BASE + "/")]
     assert len(ours) >= 8, "the quickstart lost its curl examples"
-    with httpx.Client(trust_env=False, timeout=60) as client:
+    with httpx.Client(timeout=60) as client:
         for c in ours:
             url = chain.url + c["url"][len(DOC_BASE) :]
             # Run the JSON body through a JSON parser: a broken example body fails here, not at the server.

@@ -16,8 +16,7 @@ import orjson
 import pytest
 
 from tests.support.chain import Chain, launch_chain
-
-pytestmark = pytest.mark.integration
+from tests.support.procs import wait_for
 
 # Small, so the over-limit cases send one or two megabytes rather than the default 32 MiB.
 MAX_BODY_BYTES = 1024 * 1024
@@ -40,7 +39,6 @@ def chain(mock_upstream, tmp_path_factory) -> Iterator[Chain]:
         reply = httpx.post(
             chain.v1 + "/responses",
             json={"input": "keep this"},
-            trust_env=False,
             timeout=30,
             headers={"x-session-id": KEPT_SESSION},
         )
@@ -62,13 +60,13 @@ def _sentinels(chain: Chain) -> list[Path]:
 
 
 def _record_count(chain: Chain, session_id: str) -> int:
-    response = httpx.get(f"{chain.v1}/sessions/{session_id}/completions", trust_env=False, timeout=30)
+    response = httpx.get(f"{chain.v1}/sessions/{session_id}/completions", timeout=30)
     return len(response.json()["completions"]) if response.status_code == 200 else 0
 
 
 def _capture_files(chain: Chain) -> set[str]:
     # GET /v1/sessions first waits for queued records, so anything a request caused is on disk now.
-    assert httpx.get(chain.v1 + "/sessions", trust_env=False, timeout=30).status_code == 200
+    assert httpx.get(chain.v1 + "/sessions", timeout=30).status_code == 200
     return {str(path.relative_to(chain.capture_dir)) for path in chain.capture_dir.rglob("*")}
 
 
@@ -114,7 +112,6 @@ def post(chain: Chain, endpoint: str, content: bytes | Iterator[bytes], headers:
     return httpx.post(
         chain.v1 + endpoint,
         content=content,
-        trust_env=False,
         timeout=60,
         headers={"content-type": "application/json", **(headers or {})},
     )
@@ -153,17 +150,19 @@ def raw_request(
 def switchyard_session_of(chain: Chain, request_id: str, timeout: float = 10.0) -> str:
     """The session id Switchyard logged for the call with this x-request-id (its `correlation_id`)."""
     marker = f'correlation_id="{request_id}"'
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def logged() -> list[str]:  # a list, so that an empty session id still counts as found
         for line in chain.proc.output().splitlines():
             if marker in line and "LLM request" in line and "session_id=" in line:
                 # Switchyard quotes the value, escaping `"` and `\` with a backslash.
                 quoted = re.match(r'((?:[^"\\]|\\.)*)"', line.split('session_id="', 1)[1])
                 assert quoted is not None, line
-                return re.sub(r"\\(.)", r"\1", quoted.group(1))
-        if time.monotonic() > deadline:
-            raise AssertionError(f"Switchyard logged no request with {marker}")
-        time.sleep(0.05)
+                return [re.sub(r"\\(.)", r"\1", quoted.group(1))]
+        return []
+
+    found = wait_for(logged, timeout)
+    assert found, f"Switchyard logged no request with {marker}"
+    return found[0]
 
 
 _request_counter = iter(range(1_000_000))
@@ -483,11 +482,11 @@ def test_bad_session_id_header_is_never_forwarded_or_captured(chain, header, bad
 
 
 def _refused_counts(chain: Chain) -> dict[str, int]:
-    return httpx.get(chain.url + "/health", trust_env=False, timeout=30).json()["correlation"]["refused_ids"]
+    return httpx.get(chain.url + "/health", timeout=30).json()["correlation"]["refused_ids"]
 
 
 def _metric_value(chain: Chain, name: str, label: str) -> float:
-    text = httpx.get(chain.url + "/metrics", trust_env=False, timeout=30).text
+    text = httpx.get(chain.url + "/metrics", timeout=30).text
     for line in text.splitlines():
         if line.startswith(name + "{") and label in line:
             return float(line.rsplit(" ", 1)[1])
@@ -504,7 +503,7 @@ def test_header_ids_with_colons_slashes_and_at_signs_are_forwarded_and_captured(
     assert "x-switchyard-model-refused-id" not in response.headers
     assert switchyard_session_of(chain, rid) == session_id
     # The session API names it back (percent-encoded, as any client does with a path segment).
-    reply = httpx.get(f"{chain.v1}/sessions/{quote(session_id, safe='')}/completions", trust_env=False, timeout=30)
+    reply = httpx.get(f"{chain.v1}/sessions/{quote(session_id, safe='')}/completions", timeout=30)
     assert reply.status_code == 200, reply.text
     assert [r["session_id"] for r in reply.json()["completions"]] == [session_id]
     # On disk it is one hashed directory directly under sessions/, whatever it holds.
@@ -552,7 +551,7 @@ def test_bad_parent_id_is_dropped_but_the_call_is_still_captured(chain):
     )
     assert response.status_code == 200
     assert response.headers["x-switchyard-model-refused-id"] == "header:x-parent-session-id"
-    records = httpx.get(chain.v1 + "/sessions/child-of-bad-parent/completions", trust_env=False).json()["completions"]
+    records = httpx.get(chain.v1 + "/sessions/child-of-bad-parent/completions").json()["completions"]
     assert [r["parent_session_id"] for r in records] == [None]
 
 
@@ -688,19 +687,17 @@ def test_bad_session_list_parameters_are_400(chain, query):
 
 
 def test_bad_rollout_parameter_is_400(chain):
-    response = httpx.get(
-        f"{chain.v1}/sessions/{KEPT_SESSION}/rollout", params={"allow_partial": "perhaps"}, trust_env=False
-    )
+    response = httpx.get(f"{chain.v1}/sessions/{KEPT_SESSION}/rollout", params={"allow_partial": "perhaps"})
     assert_openai_error(response, 400, param="allow_partial")
 
 
 def test_wrong_method_is_405_in_the_openai_shape(chain):
-    assert_openai_error(httpx.get(chain.v1 + "/responses", trust_env=False), 405)
-    assert_openai_error(httpx.delete(chain.v1 + "/sessions", trust_env=False), 405)
+    assert_openai_error(httpx.get(chain.v1 + "/responses"), 405)
+    assert_openai_error(httpx.delete(chain.v1 + "/sessions"), 405)
 
 
 def test_server_is_healthy_after_all_of_it(chain):
-    assert httpx.get(chain.url + "/health", trust_env=False).json()["status"] == "ok"
+    assert httpx.get(chain.url + "/health").json()["status"] == "ok"
     assert post_json(chain, "/responses", {"input": "still here?"}).status_code == 200
     assert chain.proc.popen.poll() is None
     for path in _sentinels(chain):

@@ -14,8 +14,6 @@ import yaml
 from tests.integration.test_viewer import start_view
 from tests.support.procs import start_server
 
-pytestmark = pytest.mark.integration
-
 REBOUND = {"host": "rebind.attacker.example"}
 
 
@@ -36,19 +34,18 @@ def keyless(mock_upstream, tmp_path_factory):
 def test_a_rebound_host_name_is_refused(keyless):
     url, _ = keyless
     for path in ("/v1/models", "/v1/sessions", "/health", "/ui/"):
-        refused = httpx.get(url + path, headers=REBOUND, trust_env=False, timeout=30)
+        refused = httpx.get(url + path, headers=REBOUND, timeout=30)
         assert refused.status_code == 421, (path, refused.text)
         assert refused.json()["error"]["code"] == "host_not_allowed"
     posted = httpx.post(
         url + "/ng-rollout/victim/v1/chat/completions",
         json={"model": "x", "messages": [{"role": "user", "content": "hi"}]},
         headers=REBOUND,
-        trust_env=False,
         timeout=30,
     )
     assert posted.status_code == 421
     for host in ("localhost", "127.0.0.1", url.removeprefix("http://")):
-        assert httpx.get(url + "/v1/sessions", headers={"host": host}, trust_env=False, timeout=30).status_code == 200
+        assert httpx.get(url + "/v1/sessions", headers={"host": host}, timeout=30).status_code == 200
 
 
 def test_a_cross_site_post_is_not_served_or_recorded(keyless):
@@ -59,16 +56,14 @@ def test_a_cross_site_post_is_not_served_or_recorded(keyless):
         {"content-type": "application/x-www-form-urlencoded", "origin": "https://evil.example"},
         {"origin": "https://evil.example"},  # a Blob body without a type: no content type at all
     ):
-        forged = httpx.post(url + "/ng-rollout/victim/v1/responses", content=body, headers=headers, trust_env=False)
+        forged = httpx.post(url + "/ng-rollout/victim/v1/responses", content=body, headers=headers)
         assert forged.status_code == 415, (headers, forged.text)
         assert forged.json()["error"]["code"] == "unsupported_media_type"
-    assert httpx.get(url + "/v1/sessions/victim/completions", trust_env=False, timeout=30).status_code == 404
+    assert httpx.get(url + "/v1/sessions/victim/completions", timeout=30).status_code == 404
     # Real clients: JSON, or (curl, scripts) no content type and no Origin.
-    ok = httpx.post(url + "/ng-rollout/victim/v1/responses", content=body, trust_env=False, timeout=30)
+    ok = httpx.post(url + "/ng-rollout/victim/v1/responses", content=body, timeout=30)
     assert ok.status_code == 200, ok.text
-    sdk_like = httpx.post(
-        url + "/v1/responses", content=body, headers={"content-type": "application/json"}, trust_env=False, timeout=30
-    )
+    sdk_like = httpx.post(url + "/v1/responses", content=body, headers={"content-type": "application/json"}, timeout=30)
     assert sdk_like.status_code == 200
 
 
@@ -77,8 +72,8 @@ def test_sessions_view_refuses_a_rebound_host(keyless):
     proc, view_url = start_view(capture_dir)
     try:
         root = view_url.removesuffix("/ui/")
-        assert httpx.get(root + "/v1/sessions", headers=REBOUND, trust_env=False, timeout=30).status_code == 421
-        assert httpx.get(root + "/v1/sessions", trust_env=False, timeout=30).status_code == 200
+        assert httpx.get(root + "/v1/sessions", headers=REBOUND, timeout=30).status_code == 421
+        assert httpx.get(root + "/v1/sessions", timeout=30).status_code == 200
     finally:
         proc.stop()
 
@@ -90,30 +85,28 @@ def test_session_ids_the_server_accepts_reach_every_view_route(keyless):
         url + "/v1/chat/completions",
         json={"model": "x", "messages": [{"role": "user", "content": "hi"}]},
         headers={"x-session-id": session_id},
-        trust_env=False,
         timeout=30,
     )
     assert reply.status_code == 200
     encoded = httpx.URL(url).copy_with(raw_path=b"/v1/sessions/swe:django%2F1234:0/timeline")
-    timeline = httpx.get(encoded, trust_env=False, timeout=30)
+    timeline = httpx.get(encoded, timeout=30)
     assert timeline.status_code == 200, timeline.text
     record_uuid = timeline.json()["calls"][0]["uuid"]
     one = httpx.get(
         httpx.URL(url).copy_with(raw_path=f"/v1/sessions/swe:django%2F1234:0/completions/{record_uuid}".encode()),
-        trust_env=False,
         timeout=30,
     )
     assert one.status_code == 200 and one.json()["session_id"] == session_id
     for bad in ("/v1/sessions/%20bad/timeline", f"/v1/sessions/%20bad/completions/{record_uuid}"):
-        missing = httpx.get(httpx.URL(url).copy_with(raw_path=bad.encode()), trust_env=False, timeout=30)
+        missing = httpx.get(httpx.URL(url).copy_with(raw_path=bad.encode()), timeout=30)
         assert missing.status_code == 404, (bad, missing.text)
 
 
 def test_the_viewer_redirect_is_relative_and_every_viewer_answer_has_its_policy(keyless):
     url, _ = keyless
-    redirect = httpx.get(url + "/ui", headers={"host": "localhost"}, trust_env=False, timeout=30)
+    redirect = httpx.get(url + "/ui", headers={"host": "localhost"}, timeout=30)
     assert redirect.status_code in (302, 307) and redirect.headers["location"] == "/ui/"
-    missing = httpx.get(url + "/ui/nope.js", trust_env=False, timeout=30)
+    missing = httpx.get(url + "/ui/nope.js", timeout=30)
     assert missing.status_code == 404
     for reply in (redirect, missing):
         assert "default-src 'none'" in reply.headers.get("content-security-policy", "")

@@ -13,9 +13,7 @@ import psutil
 import pytest
 
 from tests.support.chain import launch_chain
-from tests.support.procs import free_port, start_server, start_switchyard_host
-
-pytestmark = pytest.mark.integration
+from tests.support.procs import free_port, start_server, start_switchyard_host, wait_for
 
 TOKEN_FIELDS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
 
@@ -25,7 +23,7 @@ def client(chain, **headers) -> openai.OpenAI:
         base_url=chain.v1,
         api_key="sk-test",
         default_headers=headers or None,
-        http_client=httpx.Client(trust_env=False),
+        http_client=httpx.Client(),
         max_retries=0,
     )
 
@@ -97,22 +95,16 @@ def test_client_gets_the_shape_it_asked_for(chain):
 )
 def test_session_id_from_each_source_reaches_switchyard(chain, path_prefix, headers, body_extra, expected):
     body = {"model": "x", "messages": [{"role": "user", "content": "who am i"}], **body_extra}
-    response = httpx.post(
-        chain.url + path_prefix + "/v1/chat/completions", json=body, headers=headers, trust_env=False, timeout=30
-    )
+    response = httpx.post(chain.url + path_prefix + "/v1/chat/completions", json=body, headers=headers, timeout=30)
     assert response.status_code == 200, response.text
     # Switchyard's own request log (fd 2 of the server process) names the session.
-    deadline = time.monotonic() + 5
-    while f'session_id="{expected}"' not in chain.proc.output() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert f'session_id="{expected}"' in chain.proc.output()
+    assert wait_for(lambda: f'session_id="{expected}"' in chain.proc.output(), 5)
     assert "proxy_x_session_id" not in last_upstream_body(chain)  # ours, never forwarded
 
 
 def test_bad_session_id_is_never_forwarded(chain):
     response = httpx.post(
         chain.url + "/v1/chat/completions",
-        trust_env=False,
         timeout=30,
         json={"model": "x", "messages": [{"role": "user", "content": "x"}], "proxy_x_session_id": "../ ../etc/passwd"},
     )
@@ -121,9 +113,9 @@ def test_bad_session_id_is_never_forwarded(chain):
 
 
 def test_models_and_health(chain):
-    models = httpx.get(chain.v1 + "/models", trust_env=False).json()
+    models = httpx.get(chain.v1 + "/models").json()
     assert models["data"][0]["id"] == "demo" and models["data"][0]["max_model_len"] == 32768
-    health = httpx.get(chain.url + "/health", trust_env=False).json()
+    health = httpx.get(chain.url + "/health").json()
     assert health["status"] == "ok" and health["mode"] == "launch-hosted" and health["proxy"]["up"] is True
 
 
@@ -140,7 +132,6 @@ def assert_openai_error(response: httpx.Response, status: int) -> dict:
 def chat(chain, content: str, **kw) -> httpx.Response:
     return httpx.post(
         chain.v1 + "/chat/completions",
-        trust_env=False,
         timeout=60,
         json={"model": "x", "messages": [{"role": "user", "content": content}], **kw},
     )
@@ -158,22 +149,20 @@ def test_client_errors(chain):
     bad_json = httpx.post(
         chain.v1 + "/chat/completions",
         content=b'{"messages": [',
-        trust_env=False,
         headers={"content-type": "application/json"},
     )
     assert_openai_error(bad_json, 400)
-    too_big = httpx.post(chain.v1 + "/chat/completions", content=b"x" * (33 * 1024 * 1024), trust_env=False)
+    too_big = httpx.post(chain.v1 + "/chat/completions", content=b"x" * (33 * 1024 * 1024))
     assert_openai_error(too_big, 413)
-    assert_openai_error(httpx.get(chain.v1 + "/nope", trust_env=False), 404)
-    assert_openai_error(httpx.get(chain.v1 + "/chat/completions", trust_env=False), 405)
-    assert_openai_error(httpx.post(chain.v1 + "/chat/completions", json={"messages": "hi"}, trust_env=False), 400)
+    assert_openai_error(httpx.get(chain.v1 + "/nope"), 404)
+    assert_openai_error(httpx.get(chain.v1 + "/chat/completions"), 405)
+    assert_openai_error(httpx.post(chain.v1 + "/chat/completions", json={"messages": "hi"}), 400)
 
 
 def test_mid_stream_failure_ends_with_an_error_event(chain):
     with httpx.stream(
         "POST",
         chain.v1 + "/chat/completions",
-        trust_env=False,
         timeout=30,
         json={
             "model": "x",
@@ -207,11 +196,10 @@ def test_connection_refused_is_502():
     )
     try:
         proc.wait_http(url + "/health", expect=503)
-        health = httpx.get(url + "/health", trust_env=False).json()
+        health = httpx.get(url + "/health").json()
         assert health["proxy"]["up"] is False and health["mode"] == "attach"
         response = httpx.post(
             url + "/v1/chat/completions",
-            trust_env=False,
             timeout=30,
             json={"messages": [{"role": "user", "content": "x"}]},
         )
@@ -225,20 +213,16 @@ def test_attach_to_a_switchyard_hosted_by_another_process(mock_upstream, tmp_pat
     try:
         proc, url = start_server("--switchyard-base-url", switchyard_v1, "--capture-dir", str(tmp_path))
         try:
-            health = httpx.get(url + "/health", trust_env=False).json()
+            health = httpx.get(url + "/health").json()
             assert health["mode"] == "attach" and health["route"] == "demo"
             reply = httpx.post(
                 url + "/v1/chat/completions",
                 headers={"x-session-id": "attached-1"},
-                trust_env=False,
                 timeout=30,
                 json={"messages": [{"role": "user", "content": "hi"}]},
             )
             assert reply.status_code == 200 and reply.json()["model"] == "mock-model"
-            deadline = time.monotonic() + 5
-            while 'session_id="attached-1"' not in host.output() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert 'session_id="attached-1"' in host.output()
+            assert wait_for(lambda: 'session_id="attached-1"' in host.output(), 5)
         finally:
             proc.stop()
     finally:
@@ -251,18 +235,16 @@ def test_launched_switchyard_that_dies_gives_503_then_is_restarted(mock_upstream
     config.write_text("proxy_restart_backoff_s: [3.0]\n")  # a wide window in which it is down
     chain = launch_chain(mock_upstream, tmp_path / "cap", "--switchyard-command", command, "--config", str(config))
     try:
-        assert httpx.get(chain.url + "/health", trust_env=False).json()["mode"] == "launch-process"
+        assert httpx.get(chain.url + "/health").json()["mode"] == "launch-process"
         assert chat(chain, "hi").status_code == 200
         children = psutil.Process(chain.proc.pid).children()
         assert len(children) == 1, "the launched Switchyard should be the server's only child"
         children[0].send_signal(signal.SIGKILL)
         children[0].wait(5)
-        health = httpx.get(chain.url + "/health", trust_env=False)
+        health = httpx.get(chain.url + "/health")
         assert health.status_code == 503 and health.json()["proxy"]["up"] is False
         assert_openai_error(chat(chain, "hi"), 503)
-        deadline = time.monotonic() + 30
-        while httpx.get(chain.url + "/health", trust_env=False).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: httpx.get(chain.url + "/health").status_code == 200, 30, interval=0.1)
         assert chat(chain, "hi again").status_code == 200
         restarted = psutil.Process(chain.proc.pid).children()
         assert len(restarted) == 1 and restarted[0].pid != children[0].pid
@@ -287,13 +269,13 @@ def test_bad_deployment_and_busy_port_fail_startup_with_exit_2(tmp_path):
 
 def test_shutdown_closes_the_hosted_proxy(mock_upstream, tmp_path):
     chain = launch_chain(mock_upstream, tmp_path)
-    proxy_url = httpx.get(chain.url + "/health", trust_env=False).json()["proxy"]["url"]
-    assert httpx.get(proxy_url + "/health", trust_env=False).status_code == 200
+    proxy_url = httpx.get(chain.url + "/health").json()["proxy"]["url"]
+    assert httpx.get(proxy_url + "/health").status_code == 200
     # uvicorn re-raises the signal after its graceful shutdown, so -SIGTERM is a clean exit too.
     assert chain.proc.stop() in (0, -signal.SIGTERM)
     assert "shutdown signal received; draining" in chain.proc.output()  # Switchyard's close() ran
     with pytest.raises(httpx.ConnectError):
-        httpx.get(proxy_url + "/health", trust_env=False)
+        httpx.get(proxy_url + "/health")
 
 
 @pytest.mark.parametrize("endpoint", ["/chat/completions", "/responses"])
@@ -305,7 +287,7 @@ def test_an_engine_error_reaches_the_client_unwrapped(chain, endpoint):
         if endpoint == "/chat/completions"
         else {"input": long_text}
     )
-    reply = httpx.post(chain.v1 + endpoint, json=body, trust_env=False, timeout=60)
+    reply = httpx.post(chain.v1 + endpoint, json=body, timeout=60)
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert error["message"].startswith("This model's maximum context length is 32768 tokens.")

@@ -13,8 +13,6 @@ import httpx
 import openai
 import pytest
 
-pytestmark = pytest.mark.integration
-
 TOOLS = [
     {
         "type": "function",
@@ -34,18 +32,18 @@ def sdk(chain, session: str) -> openai.OpenAI:
         api_key="sk-test",
         max_retries=0,
         default_headers={"x-session-id": session},
-        http_client=httpx.Client(trust_env=False, timeout=60),
+        http_client=httpx.Client(timeout=60),
     )
 
 
 @pytest.fixture(autouse=True)
 def fresh_mock(mock_upstream):
-    httpx.post(mock_upstream + "/mock/reset", trust_env=False)
+    httpx.post(mock_upstream + "/mock/reset")
     yield
 
 
 def get(chain, path: str) -> dict:
-    reply = httpx.get(chain.v1 + path, trust_env=False, timeout=60)
+    reply = httpx.get(chain.v1 + path, timeout=60)
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -142,6 +140,6 @@ def test_a_client_that_compacts(chain):
     assert isinstance(body["breaks"][0]["position"], int)
     rollout = get(chain, "/sessions/chains-compact/rollout")
     assert "the client compacted the history" in rollout["partial_reason"]
-    listing = httpx.get(chain.v1 + "/sessions", params={"q": "chains-compact", "summary": "true"}, trust_env=False)
+    listing = httpx.get(chain.v1 + "/sessions", params={"q": "chains-compact", "summary": "true"})
     summary_row = listing.json()["sessions"][0]["summary"]
     assert summary_row["trainable_fraction"] == 1.0 and summary_row["rollout_fraction"] == 0.0

@@ -19,7 +19,6 @@ from tests.support.agents import (
 )
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.clients,
     pytest.mark.skipif(
         not installed("@anthropic-ai/claude-code"), reason=not_installed_reason("@anthropic-ai/claude-code")

@@ -8,12 +8,9 @@ import sys
 import time
 
 import httpx
-import pytest
 
 from tests.support.captures import records_in
-from tests.support.procs import Proc, free_port, start_server
-
-pytestmark = pytest.mark.integration
+from tests.support.procs import Proc, free_port, start_server, wait_for
 
 # Interrupted: our status 130, or death by SIGINT, which a shell reports as the same 130. CPython
 # chooses the second by itself when the interrupt landed inside code compiled from a string (e.g.
@@ -31,11 +28,8 @@ def ctrl_c(proc: Proc, timeout: float = 60.0) -> int:
 
 
 def wait_for_line(proc: Proc, text: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in proc.output():
-        assert proc.popen.poll() is None, proc.output()[-3000:]
-        assert time.monotonic() < deadline, f"{text!r} never printed:\n{proc.output()[-3000:]}"
-        time.sleep(0.1)
+    wait_for(lambda: text in proc.output() or proc.popen.poll() is not None, timeout, interval=0.1)
+    assert text in proc.output(), f"{text!r} never printed:\n{proc.output()[-3000:]}"
 
 
 def test_ctrl_c_on_serve_exits_cleanly_and_keeps_the_records(mock_upstream, tmp_path):
@@ -47,7 +41,6 @@ def test_ctrl_c_on_serve_exits_cleanly_and_keeps_the_records(mock_upstream, tmp_
         url + "/v1/chat/completions",
         json={"messages": [{"role": "user", "content": "hi"}]},
         headers={"x-session-id": "before-ctrl-c"},
-        trust_env=False,
         timeout=30,
     )
     assert reply.status_code == 200
@@ -102,7 +95,7 @@ def test_mock_upstream_says_where_it_listens(tmp_path):
     try:
         wait_for_line(proc, "listening on http://127.0.0.1:", timeout=60)
         url = proc.output().split("listening on ", 1)[1].split()[0]
-        assert httpx.get(url + "/health", trust_env=False, timeout=10).status_code == 200
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
         code = ctrl_c(proc)
         assert "Traceback" not in proc.output()
         assert code == 0

@@ -23,7 +23,6 @@ from tests.support.agents import (
 from tests.support.chain import token_breaks
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.clients,
     pytest.mark.skipif(not installed("@openai/codex"), reason=not_installed_reason("@openai/codex")),
 ]
@@ -284,7 +283,7 @@ def test_codex_on_a_reasoning_model_is_one_token_chain_with_injection(reasoning_
     """Codex unchanged (Responses, reasoning items sent back as it keeps them): with injection its calls
     reach the engine as one token chain and the rollout is whole; without it the rollout reports the break."""
     chain = reasoning_chains[injection]
-    httpx.post(chain.upstream_url + "/mock/reset", trust_env=False)
+    httpx.post(chain.upstream_url + "/mock/reset")
     prompt = "Write the marker. [[mock:reasoning]] " + directive("exec_command", {"cmd": "echo reasoned > marker.txt"})
     run, workdir = run_codex(chain, tmp_path, prompt)
     assert run.returncode == 0, run.describe(chain.proc.output())

@@ -5,12 +5,8 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import orjson
-import pytest
 from openai.types.responses import Response, ResponseCustomToolCall
-
-pytestmark = pytest.mark.integration
 
 GRAMMAR = 'start: "*** Begin Patch" LF hunk+ "*** End Patch" LF?\n%import common.LF\n'
 APPLY_PATCH = {
@@ -26,13 +22,6 @@ WEATHER = {
 }
 # Quotes, backslashes, newlines and non-ASCII: every escape the arguments' JSON can need.
 PATCH = '*** Begin Patch\n*** Update File: app.py\n@@\n-greeting = "hi"\n+greeting = "h\u00e9llo \\\\ \U0001f600"\n*** End Patch\n'
-
-
-@pytest.fixture(scope="module")
-def sdk(chain) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=chain.v1, api_key="sk-test", max_retries=0, http_client=httpx.Client(trust_env=False, timeout=60)
-    )
 
 
 def call_patch(marker: str) -> str:
@@ -117,7 +106,7 @@ def test_custom_tool_call_survives_previous_response_id_and_is_captured(chain, s
     assert len(records) == 2 and all(r["is_valid"] for r in records)
     assert records[0]["messages"][-1]["tool_calls"][0]["function"]["name"] == "apply_patch"
     assert [t["id"] for t in records[0]["tools"]] == ["apply_patch"]
-    rollout = httpx.get(f"{chain.v1}/sessions/{session}/rollout", trust_env=False).json()
+    rollout = httpx.get(f"{chain.v1}/sessions/{session}/rollout").json()
     assert rollout["partial_reason"] is None and rollout["mask_sample"] is False
     kinds = [item["type"] for item in rollout["output"]]
     assert kinds == ["function_call", "function_call_output", "message"]

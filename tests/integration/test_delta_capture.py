@@ -9,7 +9,6 @@ import sys
 
 import httpx
 import orjson
-import pytest
 import yaml
 from openai import OpenAI
 
@@ -17,8 +16,6 @@ from server.capture.read.delta_read import parse_delta_file
 from server.capture.read.store import session_dir_name
 from server.capture.write.delta import DELTA_SUFFIX
 from tests.support.chain import launch_chain
-
-pytestmark = pytest.mark.integration
 
 TOOLS = [
     {
@@ -36,7 +33,7 @@ PER_SERVER = ("uuid", "captured_at", "latency_ms", "server_run", "request_id", "
 
 def agent_session(base_url: str, session_id: str, turns: int) -> None:
     """A tool-using agent over the openai SDK: tool turns and plain turns, streamed and not."""
-    client = OpenAI(base_url=base_url, api_key="x", http_client=httpx.Client(trust_env=False, timeout=60))
+    client = OpenAI(base_url=base_url, api_key="x", http_client=httpx.Client(timeout=60))
     headers = {"x-session-id": session_id}
     messages: list[dict] = [{"role": "system", "content": "You are a weather agent. " * 30}]
     for turn in range(turns):
@@ -88,8 +85,8 @@ def test_a_delta_server_serves_what_a_full_server_serves(mock_upstream, tmp_path
         chain = launch_chain(mock_upstream, capture_dir, "--config", config)
         try:
             agent_session(chain.v1, "weather-agent", turns=9)
-            completions = httpx.get(f"{chain.v1}/sessions/weather-agent/completions", trust_env=False, timeout=30)
-            rollout = httpx.get(f"{chain.v1}/sessions/weather-agent/rollout", trust_env=False, timeout=60)
+            completions = httpx.get(f"{chain.v1}/sessions/weather-agent/completions", timeout=30)
+            rollout = httpx.get(f"{chain.v1}/sessions/weather-agent/rollout", timeout=60)
             assert completions.status_code == rollout.status_code == 200
             served[encoding] = {"completions": completions.json(), "rollout": rollout.json(), "dir": capture_dir}
         finally:

@@ -7,15 +7,12 @@ import re
 import shlex
 import signal
 import sys
-import time
 
 import httpx
 import psutil
 import pytest
 
-from tests.support.procs import REPO, Proc, free_port
-
-pytestmark = pytest.mark.integration
+from tests.support.procs import REPO, Proc, free_port, wait_for
 
 READY_LINE = "Press Ctrl-C to stop."
 
@@ -27,11 +24,8 @@ def _start_demo(tmp_path, *, ignore_sigint: bool = False) -> Proc:
         # SIGINT ignored, and the ignoring inherited through exec.
         argv = ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *argv]
     proc = Proc(argv, env={"TMPDIR": str(tmp_path)})
-    deadline = time.monotonic() + 180
-    while READY_LINE not in proc.output():
-        assert proc.popen.poll() is None, proc.output()[-3000:]
-        assert time.monotonic() < deadline, proc.output()[-3000:]
-        time.sleep(0.1)
+    wait_for(lambda: READY_LINE in proc.output() or proc.popen.poll() is not None, timeout=180, interval=0.1)
+    assert READY_LINE in proc.output() and proc.popen.poll() is None, proc.output()[-3000:]
     return proc
 
 
@@ -43,10 +37,8 @@ def _alive(process: psutil.Process) -> bool:
 
 
 def _left_behind(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    while (living := [p for p in processes if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return living
+    wait_for(lambda: not any(_alive(p) for p in processes), timeout, interval=0.1)
+    return [p for p in processes if _alive(p)]
 
 
 @pytest.mark.parametrize(
@@ -120,14 +112,13 @@ def test_the_harnesses_recipe_for_a_server_of_ones_own_runs_and_any_model_name_r
             f"http://127.0.0.1:{port}/v1/chat/completions",
             json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
             headers={"x-session-id": "own-server"},
-            trust_env=False,
             timeout=30,
         )
         assert reply.status_code == 200, reply.text
         assert reply.json()["model"] == "mock-model"  # the name sent was replaced by the route
-        record = httpx.get(
-            f"http://127.0.0.1:{port}/v1/sessions/own-server/completions", trust_env=False, timeout=30
-        ).json()["completions"][0]
+        record = httpx.get(f"http://127.0.0.1:{port}/v1/sessions/own-server/completions", timeout=30).json()[
+            "completions"
+        ][0]
         assert record["route"] == "demo" and record.get("injection") is not None  # --token-injection took effect
     finally:
         server.stop()

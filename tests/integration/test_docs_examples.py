@@ -33,8 +33,6 @@ import pytest
 from server.dev.demo import run_agent
 from tests.test_docs import DOC_BASE, REPO, SHELL_LANGS, command_lines, parse_curl
 
-pytestmark = pytest.mark.integration
-
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*\n?", re.MULTILINE | re.DOTALL)
 _MARKER = re.compile(r"<!--\s*example(?:\s+status=(?P<status>\d{3}))?(?:\s+skip:\s*(?P<skip>[^>]*?))?\s*-->\s*$")
@@ -134,7 +132,6 @@ def demo_chain(chain):
         chain.v1 + "/chat/completions",
         json={"model": "demo", "messages": [{"role": "user", "content": "hi"}]},
         headers={"x-session-id": "has a space"},
-        trust_env=False,
         timeout=30,
     )
     assert refused.status_code == 200
@@ -144,7 +141,7 @@ def demo_chain(chain):
 @pytest.mark.parametrize("path", [p for p in DOCS if any(e["marked"] for e in answered_curls(p))], ids=lambda p: p.name)
 def test_every_example_answers_with_the_documented_shape(demo_chain, path):
     problems = []
-    with httpx.Client(trust_env=False, timeout=60) as client:
+    with httpx.Client(timeout=60) as client:
         for example in answered_curls(path):
             if not example["marked"] or example["skip"] is not None:
                 continue

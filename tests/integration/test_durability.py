@@ -20,8 +20,6 @@ from tests.support.captures import records_in
 from tests.support.chain import launch_chain
 from tests.support.procs import wait_for
 
-pytestmark = pytest.mark.integration
-
 KINDS = ("chat", "chat-stream", "responses", "responses-stream")
 
 
@@ -97,7 +95,7 @@ def burst_then_kill(
     ids = itertools.count()
 
     def load(worker: int) -> None:
-        with httpx.Client(trust_env=False, timeout=30) as client:
+        with httpx.Client(timeout=30) as client:
             for i in itertools.count():
                 if stop.is_set():
                     return
@@ -153,7 +151,7 @@ def test_sigkill_mid_burst_loses_no_completed_call(mock_upstream, tmp_path, fsyn
     try:
         served = set()
         for worker in range(8):
-            reply = httpx.get(f"{after.url}/v1/sessions/burst-{worker}/completions", trust_env=False, timeout=30)
+            reply = httpx.get(f"{after.url}/v1/sessions/burst-{worker}/completions", timeout=30)
             served |= {r["request_id"] for r in reply.json().get("completions", [])}
         assert completed <= served
         assert retrievable(after, answered) == answered
@@ -234,7 +232,7 @@ def test_sigkill_mid_burst_loses_answered_responses_when_the_answer_does_not_wai
 
 
 def test_sigkill_mid_burst_loses_completed_calls_when_the_answer_does_not_wait(mock_upstream, tmp_path):
-    """Negative control: the former hand-off (record queued after the answer) fails the test above."""
+    """Negative control: a fire-and-forget hand-off (record queued after the answer) fails the test above."""
     config = settings_file(tmp_path, capture_before_answer=False, capture_fsync="always")
     # The loss is a race (the kill must land while completed calls' records are still queued), so
     # the control's records are long (more for the writer to do after each answer) and it gets
@@ -284,7 +282,7 @@ def fill(directory: Path) -> Path:
 def chat(chain, session_id: str, text: str = "hello", stream: bool = False) -> httpx.Response:
     headers = {"x-session-id": session_id} if session_id else {}
     body = {"model": "x", "stream": stream, "messages": [{"role": "user", "content": text}]}
-    return httpx.post(chain.v1 + "/chat/completions", json=body, headers=headers, trust_env=False, timeout=30)
+    return httpx.post(chain.v1 + "/chat/completions", json=body, headers=headers, timeout=30)
 
 
 class Conversation:
@@ -300,7 +298,6 @@ class Conversation:
             self.chain.v1 + "/chat/completions",
             json=body,
             headers={"x-session-id": self.session_id},
-            trust_env=False,
             timeout=30,
         )
         if reply.status_code == 200:
@@ -311,11 +308,11 @@ class Conversation:
 
 
 def capture_health(chain) -> dict:
-    return httpx.get(chain.url + "/health", trust_env=False, timeout=10).json()["capture"]
+    return httpx.get(chain.url + "/health", timeout=10).json()["capture"]
 
 
 def rollout(chain, session_id: str) -> dict:
-    return httpx.get(f"{chain.url}/v1/sessions/{session_id}/rollout", trust_env=False, timeout=30).json()
+    return httpx.get(f"{chain.url}/v1/sessions/{session_id}/rollout", timeout=30).json()
 
 
 def test_a_full_disk_is_loud_marks_the_session_and_recovers(mock_upstream, small_tmpfs, tmp_path):

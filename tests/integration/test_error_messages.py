@@ -7,15 +7,13 @@ import json
 import httpx
 import pytest
 
-pytestmark = pytest.mark.integration
-
 CUT = "[[mock:tokens 40]] [[mock:streamcut 5]]"  # the model server drops the connection mid-stream
 
 
 def test_a_chat_stream_the_engine_cut_says_so(chain):
     body = {"model": "x", "stream": True, "messages": [{"role": "user", "content": CUT}]}
     headers = {"x-session-id": "cut-chat"}
-    with httpx.stream("POST", chain.v1 + "/chat/completions", json=body, headers=headers, trust_env=False) as r:
+    with httpx.stream("POST", chain.v1 + "/chat/completions", json=body, headers=headers) as r:
         assert r.status_code == 200
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     error = json.loads(lines[-1].removeprefix("data: "))["error"]
@@ -27,7 +25,7 @@ def test_a_responses_stream_the_engine_cut_says_so(chain):
     body = {"model": "x", "stream": True, "input": CUT}
     headers = {"x-session-id": "cut-responses"}
     events = []
-    with httpx.stream("POST", chain.v1 + "/responses", json=body, headers=headers, trust_env=False) as r:
+    with httpx.stream("POST", chain.v1 + "/responses", json=body, headers=headers) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 events.append(json.loads(line.removeprefix("data: ")))
@@ -47,7 +45,7 @@ def test_a_responses_stream_the_engine_cut_says_so(chain):
     ],
 )
 def test_a_path_that_exists_under_v1_gets_a_did_you_mean(chain, method, path, meant):
-    response = httpx.request(method, chain.url + path, json={}, trust_env=False, timeout=10)
+    response = httpx.request(method, chain.url + path, json={}, timeout=10)
     assert response.status_code == 404
     error = response.json()["error"]
     assert error["code"] == "endpoint_not_found"
@@ -55,5 +53,5 @@ def test_a_path_that_exists_under_v1_gets_a_did_you_mean(chain, method, path, me
 
 
 def test_a_path_that_exists_nowhere_gets_no_suggestion(chain):
-    error = httpx.post(chain.url + "/completely/else", json={}, trust_env=False, timeout=10).json()["error"]
+    error = httpx.post(chain.url + "/completely/else", json={}, timeout=10).json()["error"]
     assert error["code"] == "endpoint_not_found" and "did you mean" not in error["message"], error

@@ -11,15 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import orjson
-import pytest
 import yaml
 
 from server.capture.read.store import CaptureStore
 from tests.support.captures import captured_call, chat_response, records_in, submit_all
 from tests.support.memory import TreePeak
 from tests.support.procs import Proc, start_server, wait_for
-
-pytestmark = pytest.mark.integration
 
 KEY_A, KEY_B = "key-a-0123456789", "key-b-0123456789"
 A = {"authorization": f"Bearer {KEY_A}"}
@@ -44,7 +41,6 @@ def background(url: str, headers: dict, text: str = "slow [[mock:sleep 4000]]") 
         url + "/v1/responses",
         json={"model": "x", "input": text, "background": True},
         headers=headers,
-        trust_env=False,
         timeout=30,
     )
 
@@ -57,7 +53,6 @@ def foreground_ms(url: str) -> float:
         url + "/v1/chat/completions",
         json={"model": "x", "messages": [{"role": "user", "content": "quick"}]},
         headers=B,
-        trust_env=False,
         timeout=20,
     )
     assert reply.status_code == 200, reply.text
@@ -75,9 +70,7 @@ def test_background_runs_are_bounded_per_key_and_in_all(mock_upstream, tmp_path)
         by_b = [background(url, B) for _ in range(3)]
         assert [r.status_code for r in by_b] == [200, 200, 429]  # five in all
         # Places come back when runs end: cancelling one of A's lets A start another.
-        cancelled = httpx.post(
-            f"{url}/v1/responses/{by_a[0].json()['id']}/cancel", headers=A, trust_env=False, timeout=30
-        )
+        cancelled = httpx.post(f"{url}/v1/responses/{by_a[0].json()['id']}/cancel", headers=A, timeout=30)
         assert cancelled.status_code == 200
         # The place comes back once the cancelled run has ended, which the cancel does not wait for.
         assert wait_for(lambda: background(url, A).status_code == 200, timeout=10, interval=0.2)
@@ -104,7 +97,6 @@ def respond(url: str, headers: dict, text: str, **fields) -> httpx.Response:
         url + "/v1/responses",
         json={"model": "x", "input": text, **fields},
         headers=headers,
-        trust_env=False,
         timeout=30,
     )
 
@@ -114,22 +106,22 @@ def test_one_key_cannot_evict_another_keys_stored_state(mock_upstream, tmp_path)
     try:
 
         def conversation(headers: dict) -> str:
-            return httpx.post(url + "/v1/conversations", json={}, headers=headers, trust_env=False).json()["id"]
+            return httpx.post(url + "/v1/conversations", json={}, headers=headers).json()["id"]
 
         conversations_of_a = [conversation(A) for _ in range(2)]
         for _ in range(4):
             conversation(B)
         for conversation_id in conversations_of_a:
-            reply = httpx.get(f"{url}/v1/conversations/{conversation_id}", headers=A, trust_env=False)
+            reply = httpx.get(f"{url}/v1/conversations/{conversation_id}", headers=A)
             assert reply.status_code == 200
 
         kept_by_a = [respond(url, A, f"A's {i}").json()["id"] for i in range(2)]
         by_b = [respond(url, B, f"B's {i}").json() for i in range(5)]
         for response_id in kept_by_a:
-            assert httpx.get(f"{url}/v1/responses/{response_id}", headers=A, trust_env=False).status_code == 200
+            assert httpx.get(f"{url}/v1/responses/{response_id}", headers=A).status_code == 200
         # B made room by dropping its own oldest: its latest ones are there, the store within its bound.
-        assert httpx.get(f"{url}/v1/responses/{by_b[-1]['id']}", headers=B, trust_env=False).status_code == 200
-        assert httpx.get(f"{url}/v1/responses/{by_b[0]['id']}", headers=B, trust_env=False).status_code == 404
+        assert httpx.get(f"{url}/v1/responses/{by_b[-1]['id']}", headers=B).status_code == 200
+        assert httpx.get(f"{url}/v1/responses/{by_b[0]['id']}", headers=B).status_code == 404
     finally:
         proc.stop()
 
@@ -160,7 +152,6 @@ def test_a_huge_list_is_refused_with_memory_proportional_to_the_body(mock_upstre
                         url + "/v1/responses",
                         content=body,
                         headers={**A, "content-type": "application/json"},
-                        trust_env=False,
                         timeout=120,
                     ),
                     range(4),
@@ -202,7 +193,7 @@ def test_one_call_of_a_long_session_is_read_outside_the_serving_process(mock_ups
                 pool.map(
                     lambda i: (
                         httpx.get(
-                            f"{url}/v1/sessions/long/completions/{uuids[i % len(uuids)]}", trust_env=False, timeout=120
+                            f"{url}/v1/sessions/long/completions/{uuids[i % len(uuids)]}", timeout=120
                         ).status_code
                     ),
                     range(40),

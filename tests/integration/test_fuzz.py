@@ -16,8 +16,6 @@ from server.api.chat import validate_chat
 from server.errors import OpenAIError
 from server.translate.request import ChatRequest, responses_to_chat
 
-pytestmark = pytest.mark.integration
-
 OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 # Examples per fuzz test are multiplied by this (e.g. SWITCHYARD_FUZZ_SCALE=20 for a long hunt).
 SCALE = float(os.environ.get("SWITCHYARD_FUZZ_SCALE", "1"))
@@ -294,7 +292,7 @@ def check_reply(response: httpx.Response, endpoint: str) -> None:
 
 @pytest.fixture(scope="module")
 def http(chain) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=chain.v1, trust_env=False, timeout=30) as client:
+    with httpx.Client(base_url=chain.v1, timeout=30) as client:
         yield client
 
 
@@ -416,7 +414,7 @@ else:
 def test_server_is_healthy_after_fuzzing(chain, http):
     """Last in the file, so after every fuzz test above: the process is alive, healthy, and logged no crash."""
     assert chain.proc.popen.poll() is None
-    assert httpx.get(chain.url + "/health", trust_env=False).json()["status"] == "ok"
+    assert httpx.get(chain.url + "/health").json()["status"] == "ok"
     assert http.post("/responses", json={"input": "still fine?"}).status_code == 200
     output = chain.proc.output()
     assert "Traceback" not in output and "unhandled error" not in output, output[-3000:]

@@ -23,8 +23,6 @@ import yaml
 
 from tests.support.procs import REPO, Proc, free_port
 
-pytestmark = pytest.mark.integration
-
 
 def gyms_setup_command():
     """Gym 0.7.0's `setup_env_command`, loaded from the installed wheel."""
@@ -143,7 +141,7 @@ def test_gyms_setup_installs_the_written_directory_and_the_server_starts(tmp_pat
     try:
         url = f"http://127.0.0.1:{port}"
         proc.wait_http(url + "/health")
-        reply = httpx.post(url + "/v1/responses", json={"model": "m", "input": "hi"}, trust_env=False, timeout=30)
+        reply = httpx.post(url + "/v1/responses", json={"model": "m", "input": "hi"}, timeout=30)
         assert reply.status_code == 200 and reply.json()["model"] == "mock-model"
     finally:
         proc.stop()

@@ -8,11 +8,8 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.support.procs import REPO, Proc, free_port, start_mock_upstream, start_server, start_switchyard_host
-
-pytestmark = pytest.mark.integration
 
 GYM_YAML = str(REPO / "profiles" / "gym.yaml")
 
@@ -20,7 +17,6 @@ GYM_YAML = str(REPO / "profiles" / "gym.yaml")
 def gym_call(url: str, rollout_id: str) -> dict:
     response = httpx.post(
         f"{url}/ng-rollout/{rollout_id}/v1/responses",
-        trust_env=False,
         timeout=30,
         json={"model": "caller-supplied", "input": [{"role": "user", "content": "hi"}]},
     )
@@ -38,7 +34,7 @@ def test_gym_yaml_launch_mode_with_provenance(mock_upstream, tmp_path):
     }
     proc, url = start_server("--config", GYM_YAML, env=env)
     try:
-        assert httpx.get(url + "/health", trust_env=False).json()["mode"] == "launch-hosted"
+        assert httpx.get(url + "/health").json()["mode"] == "launch-hosted"
         body = gym_call(url, "task0-r1-a0")
         assert body["model"] == "mock-model" and body["usage"]["input_tokens_details"]["cached_tokens"] == 0
         manifest = json.loads((condition / "switchyard-condition.json").read_text())
@@ -49,7 +45,7 @@ def test_gym_yaml_launch_mode_with_provenance(mock_upstream, tmp_path):
         assert (
             manifest["deployment_sha256"] == hashlib.sha256(Path(manifest["deployment_path"]).read_bytes()).hexdigest()
         )
-        sessions = httpx.get(url + "/v1/sessions", trust_env=False).json()["sessions"]
+        sessions = httpx.get(url + "/v1/sessions").json()["sessions"]
         assert [s["session_id"] for s in sessions] == ["task0-r1-a0"]
     finally:
         proc.stop()
@@ -68,7 +64,7 @@ def test_gym_yaml_attach_mode(mock_upstream, tmp_path):
         }
         proc, url = start_server("--config", GYM_YAML, env=env)
         try:
-            assert httpx.get(url + "/health", trust_env=False).json()["mode"] == "attach"
+            assert httpx.get(url + "/health").json()["mode"] == "attach"
             assert gym_call(url, "task1-r0")["model"] == "mock-model"
         finally:
             proc.stop()
@@ -107,7 +103,7 @@ target = "policy"
         mock.wait_http(mock_url + "/health")
         proc, url = start_server("--deployment", str(deployment), "--no-capture")
         try:
-            models = httpx.get(url + "/v1/models", trust_env=False).json()["data"]
+            models = httpx.get(url + "/v1/models").json()["data"]
             assert models == [
                 {"id": "policy", "object": "model", "created": 0, "owned_by": "switchyard", "max_model_len": 12345}
             ]
@@ -153,8 +149,8 @@ def test_started_the_way_gym_starts_a_model_server(mock_upstream, tmp_path):
     try:
         url = f"http://127.0.0.1:{port}"
         proc.wait_http(url + "/")
-        assert httpx.get(url + "/", trust_env=False).json() == {"status": "ok"}  # Gym's liveness probe
-        assert httpx.get(url + "/health", trust_env=False).json()["route"] == "demo"
+        assert httpx.get(url + "/").json() == {"status": "ok"}  # Gym's liveness probe
+        assert httpx.get(url + "/health").json()["route"] == "demo"
         assert gym_call(url, "task7-r0")["model"] == "mock-model"
         assert (tmp_path / "cap" / "sessions").is_dir()
     finally:

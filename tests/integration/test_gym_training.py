@@ -20,8 +20,6 @@ import yaml
 
 from tests.support.procs import REPO, Proc, free_port, wait_for
 
-pytestmark = pytest.mark.integration
-
 DROP_IN = REPO / "profiles" / "gym" / "responses_api_models" / "switchyard_model"
 TRAINING = "training-token-capture"
 TOOLS = [
@@ -36,7 +34,7 @@ CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in tool.items() if
 
 
 def post(url: str, path: str, body: dict, headers: dict | None = None) -> httpx.Response:
-    return httpx.post(url + path, json=body, headers=headers, trust_env=False, timeout=30)
+    return httpx.post(url + path, json=body, headers=headers, timeout=30)
 
 
 def test_the_training_path_is_served_and_correlated(chain):
@@ -52,7 +50,7 @@ def test_the_training_path_is_served_and_correlated(chain):
         {"model": "m", "messages": [{"role": "user", "content": "hi [[mock:say two]]"}]},
     )
     assert chat.status_code == 200, chat.text
-    session = httpx.get(chain.url + "/v1/sessions/train-a/completions", trust_env=False).json()
+    session = httpx.get(chain.url + "/v1/sessions/train-a/completions").json()
     assert session["session_id"] == "train-a" and len(session["completions"]) == 2
 
 
@@ -139,7 +137,7 @@ def gym_rollout(gym, tokens: Path, rollout_id: str) -> dict:
 
 
 def our_rollout(url: str, session_id: str) -> dict:
-    return httpx.get(f"{url}/v1/sessions/{session_id}/rollout", trust_env=False, timeout=30).json()
+    return httpx.get(f"{url}/v1/sessions/{session_id}/rollout", timeout=30).json()
 
 
 def responses_agent(url: str, rollout_id: str, *, stream: bool, headers: dict | None = None) -> None:
@@ -154,7 +152,7 @@ def responses_agent(url: str, rollout_id: str, *, stream: bool, headers: dict | 
     for _ in range(2):
         body = {"model": "m", "input": items, "tools": TOOLS, "instructions": "be brief", "stream": stream}
         if stream:
-            with httpx.stream("POST", url + path, json=body, headers=headers, trust_env=False, timeout=30) as reply:
+            with httpx.stream("POST", url + path, json=body, headers=headers, timeout=30) as reply:
                 assert reply.status_code == 200
                 events = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
             response = next(e["response"] for e in events if e.get("type") == "response.completed")
@@ -177,7 +175,7 @@ def chat_agent(url: str, rollout_id: str, *, stream: bool) -> None:
     for _ in range(2):
         body = {"model": "m", "messages": messages, "tools": CHAT_TOOLS, "stream": stream}
         if stream:
-            with httpx.stream("POST", url + path, json=body, trust_env=False, timeout=30) as reply:
+            with httpx.stream("POST", url + path, json=body, timeout=30) as reply:
                 assert reply.status_code == 200
                 chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
             message: dict = {
@@ -256,9 +254,7 @@ def test_a_cut_stream_masks_the_rollout_in_gyms_eyes(gym, gym_server):
     """The engine's stream breaks off: the client gets an in-band error, Gym's store an intent without an entry."""
     url, tokens, _ = gym_server
     body = {"model": "m", "input": "hi [[mock:streamcut 3]]", "stream": True}
-    with httpx.stream(
-        "POST", f"{url}/ng-rollout/cut-1/{TRAINING}/v1/responses", json=body, trust_env=False, timeout=30
-    ) as reply:
+    with httpx.stream("POST", f"{url}/ng-rollout/cut-1/{TRAINING}/v1/responses", json=body, timeout=30) as reply:
         assert reply.status_code == 200 and "response.failed" in reply.read().decode()
     built = gym_rollout(gym, tokens, "cut-1")
     assert built["mask_sample"] is True and built["metrics"].get("capture_incomplete") is True
@@ -431,7 +427,7 @@ def messages_agent(url: str, rollout_id: str, *, stream: bool, training: bool = 
         api_key="sk-test",
         max_retries=0,
         timeout=30,
-        http_client=anthropic.DefaultHttpxClient(trust_env=False),
+        http_client=anthropic.DefaultHttpxClient(),
     )
     request = {"model": "m", "max_tokens": 300, "system": "be brief", "tools": [BASH]}
     request["thinking"] = {"type": "enabled", "budget_tokens": 100}
@@ -514,9 +510,7 @@ def test_a_cut_messages_stream_masks_the_rollout_in_gyms_eyes(gym, gym_server):
         "stream": True,
         "messages": [{"role": "user", "content": "[[mock:streamcut 3]]"}],
     }
-    with httpx.stream(
-        "POST", f"{url}/ng-rollout/cut-m/{TRAINING}/v1/messages", json=body, trust_env=False, timeout=30
-    ) as reply:
+    with httpx.stream("POST", f"{url}/ng-rollout/cut-m/{TRAINING}/v1/messages", json=body, timeout=30) as reply:
         assert reply.status_code == 200 and "event: error" in reply.read().decode()
     built = gym_rollout(gym, tokens, "cut-m")
     assert built["mask_sample"] is True and built["metrics"].get("capture_incomplete") is True

@@ -13,15 +13,12 @@ import importlib.util
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.chain import Chain, launch_chain, token_breaks
-
-pytestmark = pytest.mark.integration
+from tests.support.chain import Chain, token_breaks
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "harnesses.md"
@@ -39,17 +36,8 @@ def needs(*modules: str):
     return pytest.mark.skipif(bool(missing), reason=f"needs {missing} (pip install 'switchyard-model[harnesses]')")
 
 
-@pytest.fixture(scope="module")
-def chain(mock_upstream, tmp_path_factory) -> Iterator[Chain]:
-    chain = launch_chain(mock_upstream, tmp_path_factory.mktemp("harness-captures"))
-    try:
-        yield chain
-    finally:
-        chain.proc.stop()
-
-
 def session_ids(chain: Chain) -> set[str]:
-    reply = httpx.get(chain.v1 + "/sessions", params={"limit": "10000"}, trust_env=False, timeout=30)
+    reply = httpx.get(chain.v1 + "/sessions", params={"limit": "10000"}, timeout=30)
     return {s["session_id"] for s in reply.json()["sessions"]}
 
 
@@ -73,7 +61,6 @@ def run_recipe(chain: Chain, name: str, task: str, tmp_path: Path, *, edit=None)
         env={
             "PATH": "/usr/bin:/bin",
             "HOME": str(tmp_path),
-            "NO_PROXY": "127.0.0.1,localhost",
             "HF_HUB_OFFLINE": "1",  # nothing may reach for a hub: the recipes must work offline
         },
     )
@@ -86,7 +73,7 @@ def assert_whole_rollout(chain: Chain, session_id: str, calls: int) -> dict:
     records = chain.records(session_id)
     assert len(records) == calls, [r["messages"][-1] for r in records]
     assert all(r["is_valid"] for r in records), [r.get("invalid_reason") for r in records]
-    reply = httpx.get(f"{chain.v1}/sessions/{session_id}/rollout", trust_env=False, timeout=30)
+    reply = httpx.get(f"{chain.v1}/sessions/{session_id}/rollout", timeout=30)
     assert reply.status_code == 200, reply.text
     rollout = reply.json()
     assert rollout.get("partial_reason") is None and rollout["mask_sample"] is False, rollout.get("partial_reason")
@@ -165,7 +152,7 @@ def test_inspect_ai_with_a_run_wide_header_is_one_broken_session(chain, tmp_path
     assert new == {run}
     calls = chain.records(run)
     assert len(calls) >= 4  # both samples' tool loops
-    rollout = httpx.get(f"{chain.v1}/sessions/{run}/rollout", trust_env=False, timeout=30).json()
+    rollout = httpx.get(f"{chain.v1}/sessions/{run}/rollout", timeout=30).json()
     # One rollout for two samples: the other sample's calls are set aside (as retries or side calls),
     # so a trainer would get one sample where the eval ran two.
     assert len(rollout["record_uuids"]) == 2 < len(calls)
@@ -205,7 +192,7 @@ def test_a_recipe_on_a_reasoning_model_is_one_token_chain_with_injection(reasoni
     """The harness unchanged: with injection its calls reach the engine as one token chain and its rollout
     is whole; without it (the negative control) the engine's second prompt drops the first reasoning."""
     chain = reasoning_chains[injection]
-    httpx.post(chain.upstream_url + "/mock/reset", trust_env=False)
+    httpx.post(chain.upstream_url + "/mock/reset")
     new, out = run_recipe(chain, recipe, REASONING_WEATHER_TASK, tmp_path)
     (session,) = new
     assert "sunny, 21 C in Paris" in out
@@ -217,7 +204,7 @@ def test_a_recipe_on_a_reasoning_model_is_one_token_chain_with_injection(reasoni
         assert_whole_rollout(chain, session, calls=2)
     else:
         assert reasons == [None, None]
-        rollout = httpx.get(f"{chain.v1}/sessions/{session}/rollout", trust_env=False, timeout=30).json()
+        rollout = httpx.get(f"{chain.v1}/sessions/{session}/rollout", timeout=30).json()
         assert rollout["mask_sample"] is True and "do not extend" in rollout["partial_reason"]
 
 
@@ -225,7 +212,7 @@ WEATHER_CITY_TASK = 'What is the weather in Paris? [[mock:tool weather {"city": 
 
 
 def chains_of(chain: Chain, session_id: str) -> dict:
-    reply = httpx.get(f"{chain.v1}/sessions/{session_id}/chains", trust_env=False, timeout=30)
+    reply = httpx.get(f"{chain.v1}/sessions/{session_id}/chains", timeout=30)
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -248,6 +235,6 @@ def test_smolagents_recipe_yields_chains_that_keep_every_token(chain, tmp_path):
     records = chain.records(session)
     assert sorted(u for c in body["chains"] for u in c["record_uuids"]) == sorted(r["uuid"] for r in records)
     assert len(body["chains"]) > 1 and body["trainable_fraction"] == 1.0
-    rollout = httpx.get(f"{chain.v1}/sessions/{session}/rollout", trust_env=False, timeout=30).json()
+    rollout = httpx.get(f"{chain.v1}/sessions/{session}/rollout", timeout=30).json()
     assert rollout["mask_sample"] is True
     assert "the client re-sent a tool call as text" in rollout["partial_reason"]

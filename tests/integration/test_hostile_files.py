@@ -16,14 +16,11 @@ import zlib
 
 import httpx
 import orjson
-import pytest
 import yaml
 import zstandard
 
 from tests.support.memory import TreePeak
 from tests.support.procs import start_server
-
-pytestmark = pytest.mark.integration
 
 BOMB_BYTES = 1 << 30  # each hostile file holds (or claims) 1 GiB
 GROWTH_LIMIT = 400 * 1024 * 1024  # the tree may grow this much at most while serving them
@@ -84,15 +81,12 @@ def serve_dir(mock_upstream, tmp_path, capture_dir):
         )
     )
     proc, url = start_server("--config", str(config), wait=False)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", trust_env=False, timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.stop()
-    raise AssertionError(proc.output()[-3000:])
+    try:
+        proc.wait_http(url + "/health", timeout=60)
+    except (RuntimeError, TimeoutError):
+        proc.stop()
+        raise
+    return proc, url
 
 
 def stop_timed(proc) -> float:
@@ -108,11 +102,11 @@ def test_compression_bombs_and_sparse_files_do_not_exhaust_the_server(mock_upstr
     try:
         baseline = TreePeak(proc.pid).rss()
         with TreePeak(proc.pid) as tree:
-            listed = httpx.get(url + "/v1/sessions", trust_env=False, timeout=60)
+            listed = httpx.get(url + "/v1/sessions", timeout=60)
             assert listed.status_code == 200, listed.text
             for session_id in ("bomb-delta", "bomb-gz", "sparse", "ordinary"):
                 for suffix in ("/completions", "/timeline", "/rollout", "/tree"):
-                    reply = httpx.get(f"{url}/v1/sessions/{session_id}{suffix}", trust_env=False, timeout=60)
+                    reply = httpx.get(f"{url}/v1/sessions/{session_id}{suffix}", timeout=60)
                     assert reply.status_code in (200, 404, 422), (session_id, suffix, reply.text)
         growth = tree.peak - baseline
         print(f"process tree: baseline {baseline >> 20} MiB, peak {tree.peak >> 20} MiB")
@@ -128,9 +122,9 @@ def test_a_fifo_in_a_session_folder_neither_hangs_reads_nor_shutdown(mock_upstre
     proc, url = serve_dir(mock_upstream, tmp_path, capture_dir)
     try:
         # The index is built in the background: the list waits for it, so a blocked scan hangs it.
-        listed = httpx.get(url + "/v1/sessions", trust_env=False, timeout=20)
+        listed = httpx.get(url + "/v1/sessions", timeout=20)
         assert listed.status_code == 200, listed.text
-        reply = httpx.get(url + "/v1/sessions/fifo/completions", trust_env=False, timeout=20)
+        reply = httpx.get(url + "/v1/sessions/fifo/completions", timeout=20)
         assert reply.status_code == 404
     finally:
         stopped_in = stop_timed(proc)

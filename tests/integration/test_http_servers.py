@@ -18,10 +18,8 @@ import pytest
 from server.capture.read.rebuilds import rollout_json
 from server.capture.read.store import CaptureStore
 from server.capture.write.record import RecordInput
-from tests.support.procs import start_server
+from tests.support.procs import start_server, wait_for
 from tests.support.tcp import NaglingStreamServer, delayed_acks
-
-pytestmark = pytest.mark.integration
 
 SERVERS = ["uvicorn", "granian"]
 PACED = "[[mock:tokens 12]] [[mock:slow 150]] go"  # about 1.8 s of stream, a chunk every 150 ms
@@ -41,7 +39,7 @@ def _serve(mock_upstream: str, impl: str, *extra: str):
 
 def _paced_stream(base: str, seen: dict) -> None:
     body = {"model": "x", "stream": True, "messages": [{"role": "user", "content": PACED}]}
-    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30, trust_env=False) as response:
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as response:
         seen["status"] = response.status_code
         chunks = []
         for chunk in response.iter_raw():
@@ -55,15 +53,12 @@ def _paced_stream(base: str, seen: dict) -> None:
 def test_streams_arrive_as_they_are_made_and_sigterm_lets_them_finish(mock_upstream, impl):
     proc, base = _serve(mock_upstream, impl)
     try:
-        health = httpx.get(base + "/health", trust_env=False, timeout=10).json()
+        health = httpx.get(base + "/health", timeout=10).json()
         assert health["http_server"] == impl
         seen: dict = {}
         client = threading.Thread(target=_paced_stream, args=(base, seen))
         client.start()
-        deadline = time.monotonic() + 20
-        while "first_chunk_at" not in seen and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert "first_chunk_at" in seen, "no byte of the stream arrived"
+        assert wait_for(lambda: "first_chunk_at" in seen, 20, interval=0.02), "no byte of the stream arrived"
         proc.popen.send_signal(signal.SIGTERM)  # mid-stream: the stream must still finish whole
         client.join(30)
         # uvicorn re-raises the signal once its graceful shutdown is done (the process ends by it);
@@ -82,7 +77,7 @@ def test_streams_arrive_as_they_are_made_and_sigterm_lets_them_finish(mock_upstr
 def test_sigint_shuts_down_cleanly(mock_upstream, impl):
     proc, base = _serve(mock_upstream, impl)
     try:
-        assert httpx.get(base + "/health", trust_env=False, timeout=10).status_code == 200
+        assert httpx.get(base + "/health", timeout=10).status_code == 200
         proc.popen.send_signal(signal.SIGINT)
         code = proc.popen.wait(30)
     finally:
@@ -138,7 +133,7 @@ def test_a_large_rollout_arrives_whole_from_its_spool_file(tmp_path, mock_upstre
     )
     try:
         for _ in range(3):
-            response = httpx.get(base + "/v1/sessions/big/rollout", timeout=60, trust_env=False)
+            response = httpx.get(base + "/v1/sessions/big/rollout", timeout=60)
             assert response.status_code == 200
             assert response.headers["content-length"] == str(len(expected))
             assert response.content == expected

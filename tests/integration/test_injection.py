@@ -20,8 +20,6 @@ from openai import OpenAI
 from tests.support.chain import Chain, launch_chain, token_breaks
 from tests.support.procs import start_mock_upstream, start_server, start_switchyard_host
 
-pytestmark = pytest.mark.integration
-
 TOOLS = [
     {
         "type": "function",
@@ -68,8 +66,8 @@ def plain(upstream, tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def fresh_mock(upstream):
-    httpx.post(upstream + "/mock/reset", trust_env=False)
-    httpx.post(upstream + "/mock/config", json={"token_in": "honor"}, trust_env=False)
+    httpx.post(upstream + "/mock/reset")
+    httpx.post(upstream + "/mock/config", json={"token_in": "honor"})
     yield
 
 
@@ -192,7 +190,7 @@ def responses_stateful_session(chain: Chain, session: str, stateful: str) -> Non
 
 def engine_calls(upstream: str, main_only: bool = True) -> list[dict]:
     """The chat calls the mock served, in order (title calls left out unless asked)."""
-    log = httpx.get(upstream + "/mock/requests", trust_env=False).json()["requests"]
+    log = httpx.get(upstream + "/mock/requests").json()["requests"]
     calls = [e for e in log if e["path"] == "/v1/chat/completions" and "prompt_token_ids" in e]
     if main_only:
         calls = [e for e in calls if "title generator" not in json.dumps(e["body"]["messages"][0])]
@@ -201,7 +199,7 @@ def engine_calls(upstream: str, main_only: bool = True) -> list[dict]:
 
 def rollout(chain: Chain, session: str, run: str | None = None) -> dict:
     params = {"run": run} if run else None
-    return httpx.get(f"{chain.url}/v1/sessions/{session}/rollout", params=params, trust_env=False).json()
+    return httpx.get(f"{chain.url}/v1/sessions/{session}/rollout", params=params).json()
 
 
 def assert_one_chain(chain: Chain, upstream: str, session: str, run: str | None = None) -> None:
@@ -251,7 +249,7 @@ def test_without_injection_the_same_session_breaks_and_the_rollout_says_so(plain
 def test_a_session_under_the_ng_rollout_prefix_is_injected_and_its_rollout_is_whole(injected, plain, upstream, shape):
     """Gym's observability prefix names the session (no session header): the chain is keyed on it."""
     for chain, injects in ((injected, True), (plain, False)):  # the plain server: the negative control
-        httpx.post(upstream + "/mock/reset", trust_env=False)
+        httpx.post(upstream + "/mock/reset")
         rollout_id = f"ngr-{shape}-{uuid.uuid4().hex[:8]}"
         if shape == "responses-stream":
             responses_stream_session(chain, rollout_id, via_prefix=True)
@@ -323,13 +321,11 @@ def test_the_workers_of_one_server_serve_a_session_in_turn_and_keep_its_chain(up
         if response.request.url.path.endswith("/chat/completions"):
             served_by.append(response.headers["x-switchyard-model-worker"])
 
-    fresh_connections = httpx.Client(
-        headers={"connection": "close"}, trust_env=False, event_hooks={"response": [note_worker]}
-    )
+    fresh_connections = httpx.Client(headers={"connection": "close"}, event_hooks={"response": [note_worker]})
     crossed = 0
     try:
         for attempt in range(12):  # until two sessions moved between workers mid-chain
-            httpx.post(upstream + "/mock/reset", trust_env=False)
+            httpx.post(upstream + "/mock/reset")
             served_by.clear()
             session = f"workers-{attempt}-{uuid.uuid4().hex[:8]}"
             chat_session(lambda turn: chain, session, stream=attempt % 2 == 1, http_client=fresh_connections)
@@ -386,12 +382,12 @@ def test_attached_to_a_switchyard_run_elsewhere_it_asks_the_named_engine_to_toke
         )
         attached = Chain(url, proc, tmp_path / "captures", upstream)
         try:
-            assert httpx.get(url + "/health", trust_env=False).json()["mode"] == "attach"
+            assert httpx.get(url + "/health").json()["mode"] == "attach"
             session = f"attach-{uuid.uuid4().hex[:8]}"
             chat_session(lambda turn: attached, session, stream=False)
             assert_one_chain(attached, upstream, session)
             # The first call renders twice (learning the template's generation prompt), then one per call.
-            assert httpx.get(upstream + "/mock/stats", trust_env=False).json()["tokenize"] == 4
+            assert httpx.get(upstream + "/mock/stats").json()["tokenize"] == 4
         finally:
             proc.stop()
     finally:
@@ -399,7 +395,7 @@ def test_attached_to_a_switchyard_run_elsewhere_it_asks_the_named_engine_to_toke
 
 
 def test_an_engine_that_ignores_the_field_gets_fallbacks_and_the_rollout_reports_the_break(injected, upstream):
-    httpx.post(upstream + "/mock/config", json={"token_in": "ignore"}, trust_env=False)
+    httpx.post(upstream + "/mock/config", json={"token_in": "ignore"})
     session = f"ignore-{uuid.uuid4().hex[:8]}"
     chat_session(lambda turn: injected, session, stream=False)
     calls = engine_calls(upstream)
@@ -408,7 +404,7 @@ def test_an_engine_that_ignores_the_field_gets_fallbacks_and_the_rollout_reports
     assert reasons == ["first_call", "echo_mismatch", "echo_mismatch"]
     result = rollout(injected, session)
     assert result["mask_sample"] is True and "echo_mismatch" in result["partial_reason"]
-    metrics = httpx.get(injected.url + "/metrics", trust_env=False).text
+    metrics = httpx.get(injected.url + "/metrics").text
     assert 'outcome="echo_mismatch"' in metrics and "switchyard_model_injection_calls_total" in metrics
 
 
@@ -427,14 +423,14 @@ def test_the_other_transports_cross_switchyard_and_keep_the_chain(upstream, tmp_
         assert sent[0] is None and all(isinstance(ids, list) and ids for ids in sent[1:])
         assert {r["injection"]["transport"] for r in chain.records(session)} == {transport}
         # NeMo-RL's engine renders and splices: its chains are matched by their messages, never tokenized here.
-        tokenizes = httpx.get(upstream + "/mock/stats", trust_env=False).json()["tokenize"]
+        tokenizes = httpx.get(upstream + "/mock/stats").json()["tokenize"]
         assert (tokenizes == 0) == (transport == "nemo_rl")
         # A Responses stream (its messages translated anew on every call) keeps its chain the same way.
-        httpx.post(upstream + "/mock/reset", trust_env=False)
+        httpx.post(upstream + "/mock/reset")
         responses_stream_session(chain, session + "-responses")
         assert_one_chain(chain, upstream, session + "-responses")
         # And one whose history the server expands from its stored responses.
-        httpx.post(upstream + "/mock/reset", trust_env=False)
+        httpx.post(upstream + "/mock/reset")
         responses_stateful_session(chain, session + "-stateful", "previous_response_id")
         assert_one_chain(chain, upstream, session + "-stateful")
     finally:

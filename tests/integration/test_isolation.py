@@ -17,8 +17,6 @@ import yaml
 
 from tests.support.procs import Proc, start_server, wait_for
 
-pytestmark = pytest.mark.integration
-
 KEY_A, KEY_B, ADMIN = "key-a-0123456789", "key-b-0123456789", "admin-0123456789"
 A = {"authorization": f"Bearer {KEY_A}"}
 B = {"authorization": f"Bearer {KEY_B}"}
@@ -46,13 +44,12 @@ def chat(url: str, headers: dict, text: str = "hello", **extra_headers: str) -> 
         url + "/v1/chat/completions",
         json={"model": "x", "messages": [{"role": "user", "content": text}]},
         headers={**headers, **extra_headers},
-        trust_env=False,
         timeout=30,
     )
 
 
 def get(url: str, path: str, headers: dict) -> httpx.Response:
-    return httpx.get(url + path, headers=headers, trust_env=False, timeout=30)
+    return httpx.get(url + path, headers=headers, timeout=30)
 
 
 def session_texts(url: str, session_id: str, headers: dict) -> list[str]:
@@ -72,12 +69,11 @@ def test_a_key_reads_and_deletes_only_its_own_sessions(keyed):
     url = keyed
     assert chat(url, A, "secret of A", **{"x-session-id": "thread-a"}).status_code == 200
     # A conversation's id is its session id: B must not reach it through /v1/sessions either.
-    conversation = httpx.post(url + "/v1/conversations", json={}, headers=A, trust_env=False, timeout=30).json()
+    conversation = httpx.post(url + "/v1/conversations", json={}, headers=A, timeout=30).json()
     reply = httpx.post(
         url + "/v1/responses",
         json={"model": "x", "input": "conversation secret", "conversation": conversation["id"]},
         headers=A,
-        trust_env=False,
         timeout=30,
     )
     assert reply.status_code == 200, reply.text
@@ -86,7 +82,7 @@ def test_a_key_reads_and_deletes_only_its_own_sessions(keyed):
             seen = get(url, f"/v1/sessions/{session_id}{suffix}", B)
             assert seen.status_code == 404, (session_id, suffix, seen.text)
             assert seen.json()["error"]["code"] == "session_not_found"
-        gone = httpx.delete(f"{url}/v1/sessions/{session_id}", headers=B, trust_env=False, timeout=30)
+        gone = httpx.delete(f"{url}/v1/sessions/{session_id}", headers=B, timeout=30)
         assert gone.status_code == 404
     record_uuid = get(url, "/v1/sessions/thread-a/completions", A).json()["completions"][0]["uuid"]
     assert get(url, f"/v1/sessions/thread-a/completions/{record_uuid}", B).status_code == 404
@@ -111,7 +107,6 @@ def test_a_call_under_another_keys_session_is_refused_and_never_lands_there(keye
         url + "/ng-rollout/rollout-a/v1/responses",
         json={"model": "x", "input": "B via the Gym prefix"},
         headers=B,
-        trust_env=False,
         timeout=30,
     )
     assert prefixed.status_code == 403
@@ -145,14 +140,13 @@ def test_deleting_a_running_background_response_sticks(keyed):
         url + "/v1/responses",
         json={"model": "x", "input": "private input [[mock:sleep 2000]]", "background": True},
         headers=A,
-        trust_env=False,
         timeout=30,
     ).json()
     assert created["status"] in ("queued", "in_progress")
     # Running upstream (not merely queued) when deleted.
     assert wait_for(lambda: get(url, f"/v1/responses/{created['id']}", A).json()["status"] == "in_progress")
     time.sleep(0.3)
-    deleted = httpx.delete(f"{url}/v1/responses/{created['id']}", headers=A, trust_env=False, timeout=30)
+    deleted = httpx.delete(f"{url}/v1/responses/{created['id']}", headers=A, timeout=30)
     assert deleted.json()["deleted"] is True
     time.sleep(3.0)  # past the run's end: before, the run wrote its row back as `cancelled`
     for path in (f"/v1/responses/{created['id']}", f"/v1/responses/{created['id']}/input_items"):
@@ -170,7 +164,6 @@ def sealed_item(url: str, headers: dict = A) -> dict:
             "include": ["reasoning.encrypted_content"],
         },
         headers=headers,
-        trust_env=False,
         timeout=30,
     ).json()
     (reasoning,) = [item for item in first["output"] if item["type"] == "reasoning"]
@@ -184,7 +177,7 @@ def sealed_item(url: str, headers: dict = A) -> dict:
 
 def send_back(url: str, headers: dict, item: dict) -> httpx.Response:
     follow_up = {"model": "x", "store": False, "input": [item, {"role": "user", "content": "again"}]}
-    return httpx.post(url + "/v1/responses", json=follow_up, headers=headers, trust_env=False, timeout=30)
+    return httpx.post(url + "/v1/responses", json=follow_up, headers=headers, timeout=30)
 
 
 def test_sealed_reasoning_opens_only_for_the_key_that_sealed_it(keyed):
@@ -204,7 +197,7 @@ def messages_call(url: str, key: str, messages: list, **extra_headers: str) -> h
         "messages": messages,
     }
     headers = {"x-api-key": key, "anthropic-version": "2023-06-01", **extra_headers}
-    return httpx.post(url + "/v1/messages", json=body, headers=headers, trust_env=False, timeout=30)
+    return httpx.post(url + "/v1/messages", json=body, headers=headers, timeout=30)
 
 
 def test_a_signed_thinking_block_opens_only_for_the_key_that_signed_it(keyed):
@@ -233,7 +226,7 @@ def test_an_x_api_key_caller_is_scoped_like_a_bearer_caller(keyed):
 
 
 def test_health_does_not_publish_switchyards_address_when_keys_are_set(keyed, mock_upstream):
-    health = httpx.get(keyed + "/health", trust_env=False, timeout=30).json()
+    health = httpx.get(keyed + "/health", timeout=30).json()
     assert health["proxy"]["url"] is None
     assert mock_upstream not in str(health)
 

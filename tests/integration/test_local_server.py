@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import httpx
 import orjson
@@ -17,8 +16,7 @@ import pytest
 from server.capture.read.store import session_dir_name
 from server.spawn import LocalServer, ServerStartError
 from tests.support import scripted_agent
-
-pytestmark = pytest.mark.integration
+from tests.support.procs import wait_for
 
 
 def demo_server(tmp_path, mock_upstream, **kwargs) -> LocalServer:
@@ -32,15 +30,14 @@ def demo_server(tmp_path, mock_upstream, **kwargs) -> LocalServer:
 
 def wait_gone(pid: int, timeout: float = 60.0) -> bool:
     """Whether `pid` has exited (or is a zombie) within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
         try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return True
-        time.sleep(0.1)
-    return False
+
+    return bool(wait_for(gone, timeout, interval=0.1))
 
 
 def test_a_rollout_through_its_own_server_comes_back_whole(tmp_path, mock_upstream):
@@ -65,9 +62,9 @@ def test_a_broken_rollout_is_a_masked_sample_with_its_reason_not_an_exception(tm
         url = server.base_url + "/chat/completions"
         headers = {"x-session-id": "drifted"}
         messages = [{"role": "user", "content": "Say something. [[mock:drift]]"}]
-        first = httpx.post(url, json={"model": "demo", "messages": messages}, headers=headers, trust_env=False)
+        first = httpx.post(url, json={"model": "demo", "messages": messages}, headers=headers)
         messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "again"}]
-        httpx.post(url, json={"model": "demo", "messages": messages}, headers=headers, trust_env=False)
+        httpx.post(url, json={"model": "demo", "messages": messages}, headers=headers)
         scripted_agent.run(server.base_url, "fine")
     # A record file nobody can read, in a session of its own.
     garbage = tmp_path / "capture" / "sessions" / session_dir_name("garbage")
@@ -153,18 +150,16 @@ def test_port_file_holds_the_bound_port_once_the_server_answers(tmp_path, mock_u
     proc = subprocess.Popen(
         [sys.executable, "-m", "server.cli", "serve", "--deployment", "demo", "--port", "0"]
         + ["--port-file", str(port_file), "--capture-dir", str(tmp_path / "c")],
-        env={**os.environ, "MOCK_UPSTREAM_URL": mock_upstream + "/v1", "NO_PROXY": "127.0.0.1"},
+        env={**os.environ, "MOCK_UPSTREAM_URL": mock_upstream + "/v1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not port_file.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for(lambda: port_file.exists() or proc.poll() is not None, 120)
+        assert port_file.exists() and proc.poll() is None
         port = int(port_file.read_text())
         assert port > 0
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", trust_env=False)  # no retry: it must answer now
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models")  # no retry: it must answer now
         assert models.status_code == 200 and orjson.loads(models.content)["data"]
     finally:
         proc.terminate()

@@ -13,8 +13,6 @@ from anthropic.types import Message
 from tests.support.agents import assert_token_exact, get_json
 from tests.support.chain import token_breaks
 
-pytestmark = pytest.mark.integration
-
 BASH = {
     "name": "Bash",
     "description": "Run a shell command",
@@ -28,7 +26,7 @@ def client_for(url: str) -> anthropic.Anthropic:
         api_key="sk-test",
         max_retries=0,
         timeout=60,
-        http_client=anthropic.DefaultHttpxClient(trust_env=False),  # the SDK's own httpx flavour
+        http_client=anthropic.DefaultHttpxClient(),  # the SDK's own httpx flavour
     )
 
 
@@ -198,9 +196,7 @@ def test_upstream_429_and_500_in_anthropic_shape(sdk, streamed):
 
 def raw_events(chain, body: dict) -> list[tuple[str, dict]]:
     """The stream's events in wire order: (the `event:` name, the data)."""
-    with httpx.stream(
-        "POST", chain.v1 + "/messages?beta=true", json={**body, "stream": True}, trust_env=False, timeout=60
-    ) as response:
+    with httpx.stream("POST", chain.v1 + "/messages?beta=true", json={**body, "stream": True}, timeout=60) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         text = response.read().decode()
     events = []
@@ -258,7 +254,6 @@ def test_without_the_session_header_a_call_is_not_recorded(chain):
     response = httpx.post(
         chain.v1 + "/messages",
         json={"model": "x", "max_tokens": 20, "messages": [{"role": "user", "content": marker}]},
-        trust_env=False,
         timeout=60,
     )
     assert response.status_code == 200
@@ -269,7 +264,7 @@ def test_without_the_session_header_a_call_is_not_recorded(chain):
 
 
 def test_errors_in_anthropic_shape(chain):
-    post = lambda body: httpx.post(chain.v1 + "/messages", json=body, trust_env=False, timeout=60)  # noqa: E731
+    post = lambda body: httpx.post(chain.v1 + "/messages", json=body, timeout=60)  # noqa: E731
     unknown = post({"model": "x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "bogus": 1})
     assert unknown.status_code == 400
     assert unknown.json() == {
@@ -299,7 +294,6 @@ def test_under_the_gym_prefix_the_rollout_is_the_session(chain):
     response = httpx.post(
         f"{chain.url}/ng-rollout/{rollout_id}/v1/messages?beta=true",
         json={"model": "x", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]},
-        trust_env=False,
         timeout=60,
     )
     assert response.status_code == 200 and response.json()["type"] == "message"
@@ -309,7 +303,7 @@ def test_under_the_gym_prefix_the_rollout_is_the_session(chain):
 
 def test_metrics_name_the_messages_api(sdk, chain):
     sdk.messages.create(model="x", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
-    metrics = httpx.get(chain.url + "/metrics", trust_env=False, timeout=30).text
+    metrics = httpx.get(chain.url + "/metrics", timeout=30).text
     assert 'openai_api_type="messages"' in metrics
 
 

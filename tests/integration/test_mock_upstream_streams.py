@@ -12,9 +12,7 @@ import pytest
 
 from server.dev.mock_upstream.generation import filler_text
 from tests.support.mock_chat import SYSTEM, TOKEN_EXTRAS, TOOLS, user
-from tests.support.procs import start_mock_upstream
-
-pytestmark = pytest.mark.integration
+from tests.support.procs import start_mock_upstream, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +39,7 @@ def stream_chat(url: str, messages: list[dict[str, Any]], tools: list[Any] | Non
     body = {"model": "mock-model", "messages": messages, "stream": True, **extra}
     if tools is not None:
         body["tools"] = tools
-    with httpx.Client(timeout=30, trust_env=False) as client:
+    with httpx.Client(timeout=30) as client:
         with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
@@ -49,12 +47,15 @@ def stream_chat(url: str, messages: list[dict[str, Any]], tools: list[Any] | Non
 
 
 def wait_for_stats(url: str, predicate, timeout: float = 5.0) -> dict[str, int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = httpx.get(url + "/mock/stats", trust_env=False).json()
-        if predicate(stats) or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.02)
+    """The mock's counters once `predicate` holds for them (or as they are when `timeout` passes)."""
+    polled: list[dict[str, int]] = []
+
+    def holds() -> bool:
+        polled.append(httpx.get(url + "/mock/stats").json())
+        return predicate(polled[-1])
+
+    wait_for(holds, timeout, interval=0.02)
+    return polled[-1]
 
 
 @pytest.mark.parametrize(
@@ -70,9 +71,7 @@ def test_stream_matches_non_stream_chunk_by_chunk(upstream, text: str) -> None:
     messages = [SYSTEM, user(text)]
     extras = {**TOKEN_EXTRAS, "stream_options": {"include_usage": True}}
     events = stream_chat(url, messages, TOOLS, **extras)
-    whole = httpx.post(
-        url + "/v1/chat/completions", json={"messages": messages, "tools": TOOLS, **TOKEN_EXTRAS}, trust_env=False
-    ).json()
+    whole = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "tools": TOOLS, **TOKEN_EXTRAS}).json()
     choice = whole["choices"][0]
 
     assert events[-1] == "[DONE]"
@@ -129,7 +128,7 @@ def test_stream_without_extras_and_with_bigger_chunks(upstream) -> None:
 def test_openai_sdk_reads_the_stream(upstream) -> None:
     openai = pytest.importorskip("openai")
     _, url = upstream
-    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-local", http_client=httpx.Client(trust_env=False))
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-local", http_client=httpx.Client())
     stream = client.chat.completions.create(
         model="mock-model",
         messages=[user('[[mock:tool bash {"command": "pwd"}]]')],
@@ -152,37 +151,33 @@ def test_openai_sdk_reads_the_stream(upstream) -> None:
 
 def test_stream_cancellation_is_counted(upstream) -> None:
     _, url = upstream
-    httpx.post(url + "/mock/reset", trust_env=False)
+    httpx.post(url + "/mock/reset")
     body = {"messages": [user("[[mock:tokens 200]] [[mock:slow 50]]")], "stream": True}
-    with httpx.Client(timeout=30, trust_env=False) as client:
+    with httpx.Client(timeout=30) as client:
         with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
             lines = response.iter_lines()
             received = [line for line, _ in zip(lines, range(6)) if line]
             assert received and received[0].startswith("data: ")
-            assert httpx.get(url + "/mock/stats", trust_env=False).json()["in_flight"] == 1
+            assert httpx.get(url + "/mock/stats").json()["in_flight"] == 1
     stats = wait_for_stats(url, lambda s: s["cancelled"] == 1 and s["in_flight"] == 0)
     assert stats["cancelled"] == 1 and stats["in_flight"] == 0 and stats["completed"] == 0
 
 
 def test_hang_and_sleep(upstream) -> None:
     _, url = upstream
-    httpx.post(url + "/mock/reset", trust_env=False)
+    httpx.post(url + "/mock/reset")
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            url + "/v1/chat/completions", json={"messages": [user("[[mock:hang 10]]")]}, timeout=0.3, trust_env=False
-        )
+        httpx.post(url + "/v1/chat/completions", json={"messages": [user("[[mock:hang 10]]")]}, timeout=0.3)
     stats = wait_for_stats(url, lambda s: s["cancelled"] == 1)
     assert stats["cancelled"] == 1 and stats["in_flight"] == 0
 
     started = time.monotonic()
-    answer = httpx.post(
-        url + "/v1/chat/completions", json={"messages": [user("[[mock:sleep 300]]")]}, trust_env=False, timeout=10
-    )
+    answer = httpx.post(url + "/v1/chat/completions", json={"messages": [user("[[mock:sleep 300]]")]}, timeout=10)
     assert answer.status_code == 200 and time.monotonic() - started >= 0.3
 
     # Streams: headers at once, the first chunk after the sleep, then `slow` between chunks.
     body = {"messages": [user("[[mock:sleep 300]] [[mock:slow 100]] [[mock:tokens 2]]")], "stream": True}
-    with httpx.Client(timeout=10, trust_env=False) as client:
+    with httpx.Client(timeout=10) as client:
         started = time.monotonic()
         with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
             headers_at = time.monotonic() - started
@@ -196,10 +191,10 @@ def test_hang_and_sleep(upstream) -> None:
 
 def test_streamcut_drops_the_connection(upstream) -> None:
     proc, url = upstream
-    httpx.post(url + "/mock/reset", trust_env=False)
+    httpx.post(url + "/mock/reset")
     body = {"messages": [user("[[mock:streamcut 3]] [[mock:tokens 20]]")], "stream": True}
     received = []
-    with httpx.Client(timeout=10, trust_env=False) as client:
+    with httpx.Client(timeout=10) as client:
         with pytest.raises(httpx.RemoteProtocolError):
             with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
                 for line in response.iter_lines():

@@ -17,8 +17,6 @@ import pytest
 from tests.support.procs import free_port, scratch_dir, start_server
 from tests.support.tcp import PeerSocket, tcp_sockets_of
 
-pytestmark = pytest.mark.integration
-
 
 def _hidden_uvloop_path() -> str:
     folder = scratch_dir() / "no-uvloop"

@@ -21,7 +21,6 @@ from tests.support.agents import (
 from tests.support.chain import token_breaks
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.clients,
     pytest.mark.skipif(not installed("opencode-ai"), reason=not_installed_reason("opencode-ai")),
 ]
@@ -170,7 +169,7 @@ def test_opencode_on_a_reasoning_model_keeps_one_token_chain_beside_its_title_ca
     """opencode's title generator shares the main session id: with injection it neither breaks nor joins the
     agent's chain, whose calls reach the engine as one token chain; without it (the negative control) they break."""
     chain = reasoning_chains[injection]
-    httpx.post(chain.upstream_url + "/mock/reset", trust_env=False)
+    httpx.post(chain.upstream_url + "/mock/reset")
     command = {"command": "echo reasoned > marker.txt", "description": "Write the marker"}
     run, workdir = run_opencode(
         opencode_config(chain.v1, None), tmp_path, "Write the marker. [[mock:reasoning]] " + directive("bash", command)

@@ -16,8 +16,7 @@ import pytest
 
 from tests.support.chain import Chain, launch_chain
 from tests.support.phoenix import PHOENIX_PYTHON, Phoenix, listening_addresses, start_phoenix
-
-pytestmark = pytest.mark.integration
+from tests.support.procs import wait_for
 
 WEATHER = {
     "type": "function",
@@ -90,7 +89,7 @@ def _drive(chain: Chain, run: str) -> dict[str, tuple[int, int]]:
     """Chat, a stream, Responses with a tool, a failure; sessions `{run}-alpha`, `-beta`, `-failing`.
     Returns each session's engine tokens. (Phoenix keys sessions by id across projects: each run
     needs its own ids.)"""
-    client = httpx.Client(base_url=chain.v1, trust_env=False, timeout=60)
+    client = httpx.Client(base_url=chain.v1, timeout=60)
     tokens = {}
     before = chain.engine_mark()
     alpha = {"x-session-id": f"{run}-alpha"}
@@ -137,17 +136,19 @@ def _drive(chain: Chain, run: str) -> dict[str, tuple[int, int]]:
 
 def _read_project(phoenix: Phoenix, project: str, want_spans: int) -> dict:
     """The project once it has at least `want_spans` spans and no more arrived for a second."""
-    deadline = time.monotonic() + 60
-    last_count = -1
-    while True:
+    seen: dict = {"count": -1}
+
+    def settled() -> bool:
         projects = {e["node"]["name"]: e["node"] for e in phoenix.graphql(_PROJECT_QUERY)["projects"]["edges"]}
         found = projects.get(project)
         count = len(found["spans"]["edges"]) if found else 0
-        if count >= want_spans and count == last_count or time.monotonic() > deadline:
-            assert found, sorted(projects)
-            return found
-        last_count = count
-        time.sleep(1.0)
+        done = count >= want_spans and count == seen["count"]
+        seen.update(count=count, found=found, projects=projects)
+        return done
+
+    wait_for(settled, 60, interval=1.0)
+    assert seen["found"], sorted(seen["projects"])
+    return seen["found"]
 
 
 def _spans(project: dict) -> list[dict]:

@@ -8,7 +8,6 @@ and the rollouts come back through the object store.
 from __future__ import annotations
 
 import os
-import time
 
 import psutil
 import pytest
@@ -16,8 +15,6 @@ import pytest
 from server.capture.catalog.sessions import build_rollout
 from server.capture.read.store import CaptureStore
 from tests.support import scripted_agent
-
-pytestmark = pytest.mark.integration
 
 # Before Ray is imported (it reads them then): keep every Ray process on loopback, and let nothing of
 # Ray's reach out. Without the first, Ray binds and dials the machine's interface address.
@@ -29,6 +26,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from server.ray_tasks import get_rollouts, submit_rollout  # noqa: E402
+from tests.support.procs import wait_for
 
 LOOPBACK = "127.0.0.1"
 
@@ -112,10 +110,8 @@ def test_removing_a_node_ends_its_rollout_with_an_error_and_the_others_complete(
         )
         for name, node_id in (("doomed", doomed_id), ("survivor", head_id))
     }
-    deadline = time.monotonic() + 240
-    while not all(os.path.exists(path + ".started") for path in hold.values()):
-        assert time.monotonic() < deadline, "the rollouts did not get going"
-        time.sleep(0.2)
+    started = wait_for(lambda: all(os.path.exists(path + ".started") for path in hold.values()), 240, interval=0.2)
+    assert started, "the rollouts did not get going"
     doomed_servers = servers_under(tmp_path / "doomed")
     assert len(doomed_servers) == 1  # the rollout is mid-run, its server up
 

@@ -7,8 +7,6 @@ import pytest
 
 from tests.support.chain import launch_chain
 
-pytestmark = pytest.mark.integration
-
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
 RESPONSES = {"model": "x", "input": "hi"}
 
@@ -36,7 +34,7 @@ def test_a_refused_header_id_is_a_400_naming_the_header_and_the_rule(strict_chai
     headers = {header: "has a space"}
     if header == "x-parent-session-id":  # a refused parent, beside a valid session id
         headers["x-session-id"] = "fine-id"
-    response = httpx.post(strict_chain.v1 + path, json=body, headers=headers, trust_env=False, timeout=30)
+    response = httpx.post(strict_chain.v1 + path, json=body, headers=headers, timeout=30)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "invalid_session_id" and error["param"] == header, error
@@ -45,14 +43,10 @@ def test_a_refused_header_id_is_a_400_naming_the_header_and_the_rule(strict_chai
 
 
 def test_a_refused_rollout_prefix_and_body_field_are_400s_too(strict_chain):
-    prefixed = httpx.post(
-        strict_chain.url + "/ng-rollout/bad@id/v1/chat/completions", json=CHAT, trust_env=False, timeout=30
-    )
+    prefixed = httpx.post(strict_chain.url + "/ng-rollout/bad@id/v1/chat/completions", json=CHAT, timeout=30)
     assert prefixed.status_code == 400 and "/ng-rollout/" in prefixed.json()["error"]["message"]
     assert "Gym's charset" in prefixed.json()["error"]["message"]
-    body_field = httpx.post(
-        strict_chain.v1 + "/responses", json={**RESPONSES, "proxy_x_session_id": "a b"}, trust_env=False, timeout=30
-    )
+    body_field = httpx.post(strict_chain.v1 + "/responses", json={**RESPONSES, "proxy_x_session_id": "a b"}, timeout=30)
     assert body_field.status_code == 400 and body_field.json()["error"]["param"] == "proxy_x_session_id"
 
 
@@ -61,7 +55,6 @@ def test_a_valid_id_is_served_as_always(strict_chain):
         strict_chain.v1 + "/chat/completions",
         json=CHAT,
         headers={"x-session-id": "ok:id/1"},
-        trust_env=False,
         timeout=30,
     )
     assert response.status_code == 200, response.text
@@ -69,7 +62,7 @@ def test_a_valid_id_is_served_as_always(strict_chain):
 
 def test_by_default_a_refused_id_is_still_served_uncorrelated(chain):
     response = httpx.post(
-        chain.v1 + "/chat/completions", json=CHAT, headers={"x-session-id": "has a space"}, trust_env=False, timeout=30
+        chain.v1 + "/chat/completions", json=CHAT, headers={"x-session-id": "has a space"}, timeout=30
     )
     assert response.status_code == 200
     assert response.headers["x-switchyard-model-refused-id"] == "header:x-session-id"

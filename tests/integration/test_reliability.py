@@ -6,7 +6,6 @@ import hashlib
 import os
 import signal
 import threading
-import time
 
 import httpx
 import psutil
@@ -16,11 +15,9 @@ from tests.support.captures import records_in
 from tests.support.chain import launch_chain
 from tests.support.procs import wait_for
 
-pytestmark = pytest.mark.integration
-
 
 def completions(chain, session_id: str) -> dict:
-    return httpx.get(f"{chain.url}/v1/sessions/{session_id}/completions", trust_env=False, timeout=30).json()
+    return httpx.get(f"{chain.url}/v1/sessions/{session_id}/completions", timeout=30).json()
 
 
 def stream_body(content: str) -> dict:
@@ -29,7 +26,7 @@ def stream_body(content: str) -> dict:
 
 def test_disconnect_mid_stream_cancels_upstream_and_records_a_partial_call(chain):
     before = chain.mock_stats()["cancelled"]
-    with httpx.Client(trust_env=False, timeout=30) as client:
+    with httpx.Client(timeout=30) as client:
         with client.stream(
             "POST",
             chain.v1 + "/chat/completions",
@@ -51,7 +48,6 @@ def test_disconnect_before_the_first_byte_cancels_upstream(chain):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             chain.v1 + "/chat/completions",
-            trust_env=False,
             timeout=0.5,
             json={"model": "x", "messages": [{"role": "user", "content": "[[mock:hang 20]] hi"}]},
         )
@@ -68,7 +64,6 @@ def test_sigterm_lets_an_inflight_stream_finish_and_loses_no_record(mock_upstrea
             "POST",
             chain.v1 + "/chat/completions",
             headers={"x-session-id": "shutdown-1"},
-            trust_env=False,
             timeout=60,
             json=stream_body("[[mock:tokens 30]] [[mock:slow 40]]"),
         ) as response:
@@ -78,9 +73,15 @@ def test_sigterm_lets_an_inflight_stream_finish_and_loses_no_record(mock_upstrea
     worker.start()
     assert wait_for(lambda: chain.mock_stats()["in_flight"] > 0)
     os.kill(chain.proc.pid, signal.SIGTERM)
-    time.sleep(0.2)
-    with pytest.raises(httpx.ConnectError):  # no longer accepting
-        httpx.get(chain.url + "/health", trust_env=False, timeout=2)
+
+    def refused() -> bool:
+        try:
+            httpx.get(chain.url + "/health", timeout=2)
+        except httpx.ConnectError:
+            return True
+        return False
+
+    assert wait_for(refused, timeout=10), "still accepting connections after SIGTERM"
     worker.join(60)
     assert result["lines"][-1] == "data: [DONE]"  # the in-flight stream finished
     assert chain.proc.popen.wait(30) in (0, -signal.SIGTERM)
@@ -99,7 +100,7 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
     acknowledged = []
 
     def load(worker: int):
-        with httpx.Client(trust_env=False, timeout=30) as client:
+        with httpx.Client(timeout=30) as client:
             for i in range(10_000):
                 if stop.is_set():
                     return
@@ -119,7 +120,7 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
         w.start()
     assert wait_for(lambda: len(acknowledged) > 150, timeout=60)
     # What the server has reported written must survive the kill; what was still queued may not.
-    written = httpx.get(chain.url + "/health", trust_env=False).json()["capture"]["written"]
+    written = httpx.get(chain.url + "/health").json()["capture"]["written"]
     os.kill(chain.proc.pid, signal.SIGKILL)
     stop.set()
     for w in workers:
@@ -153,14 +154,13 @@ def test_unwritable_capture_dir_degrades_to_counted_failures(mock_upstream, tmp_
             r = httpx.post(
                 chain.v1 + "/chat/completions",
                 headers={"x-session-id": "blocked"},
-                trust_env=False,
                 timeout=30,
                 json={"model": "x", "messages": [{"role": "user", "content": f"hi {i}"}]},
             )
             assert r.status_code == 200
 
         def health():
-            return httpx.get(chain.url + "/health", trust_env=False).json()
+            return httpx.get(chain.url + "/health").json()
 
         assert wait_for(lambda: health()["capture"]["failed"] >= 3)
         assert health()["status"] == "ok"
@@ -173,6 +173,7 @@ def test_fault_storm_leaks_no_connections_or_fds(chain):
     """A leak grows with every storm; pools (ours, and the hosted Switchyard's to the model server,
     which live in the same process) plateau. So: one storm to fill the pools, count, then more."""
     server = psutil.Process(chain.proc.pid)
+    port = int(chain.url.rsplit(":", 1)[1])
     faults = [
         "[[mock:error 500]]",
         "[[mock:error 400]]",
@@ -182,7 +183,7 @@ def test_fault_storm_leaks_no_connections_or_fds(chain):
     ]
 
     def storm(rounds: int) -> None:
-        with httpx.Client(trust_env=False, timeout=30) as client:
+        with httpx.Client(timeout=30) as client:
             for _ in range(rounds):
                 for fault in faults:
                     client.post(
@@ -199,7 +200,15 @@ def test_fault_storm_leaks_no_connections_or_fds(chain):
                         json={"model": "x", "messages": [{"role": "user", "content": "[[mock:hang 5]]"}]},
                     )
         assert wait_for(lambda: chain.mock_stats()["in_flight"] == 0, timeout=15)
-        time.sleep(0.5)
+        # The storm's client has closed its connections: count once the server has let go of its ends.
+        assert wait_for(lambda: not client_connections(), timeout=15), client_connections()
+
+    def client_connections() -> list:
+        return [
+            c
+            for c in server.net_connections(kind="tcp")
+            if c.laddr and c.laddr.port == port and c.status != psutil.CONN_LISTEN
+        ]
 
     storm(2)
     fds_before, conns_before = server.num_fds(), len(server.net_connections(kind="tcp"))
@@ -216,7 +225,6 @@ def test_a_restarted_server_serves_what_the_previous_one_recorded(mock_upstream,
             r = httpx.post(
                 first.v1 + "/chat/completions",
                 headers={"x-session-id": "restart-1"},
-                trust_env=False,
                 timeout=30,
                 json={"model": "x", "messages": [{"role": "user", "content": f"turn {turn}"}]},
             )
@@ -227,7 +235,7 @@ def test_a_restarted_server_serves_what_the_previous_one_recorded(mock_upstream,
     second = launch_chain(mock_upstream, tmp_path)
     try:
         assert completions(second, "restart-1") == before and len(before["completions"]) == 2
-        sessions = httpx.get(second.url + "/v1/sessions", trust_env=False).json()["sessions"]
+        sessions = httpx.get(second.url + "/v1/sessions").json()["sessions"]
         assert [s["session_id"] for s in sessions] == ["restart-1"]
     finally:
         second.proc.stop()

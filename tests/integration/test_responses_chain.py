@@ -6,10 +6,7 @@ import json
 
 import httpx
 import openai
-import pytest
 from openai.types.responses import Response
-
-pytestmark = pytest.mark.integration
 
 WEATHER = {
     "type": "function",
@@ -17,13 +14,6 @@ WEATHER = {
     "description": "Weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
-
-
-@pytest.fixture(scope="module")
-def sdk(chain) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=chain.v1, api_key="sk-test", max_retries=0, http_client=httpx.Client(trust_env=False, timeout=60)
-    )
 
 
 def test_text_non_stream(sdk):
@@ -77,7 +67,6 @@ def test_length_stop_is_incomplete(sdk):
 def test_token_triple_when_asked(sdk, chain):
     raw = httpx.post(
         chain.v1 + "/responses",
-        trust_env=False,
         timeout=60,
         json={"model": "x", "input": "tokens please", "return_token_id_information": True},
     ).json()
@@ -93,7 +82,6 @@ def test_token_triple_in_the_completed_event_of_a_stream(chain):
     with httpx.stream(
         "POST",
         chain.v1 + "/responses",
-        trust_env=False,
         timeout=60,
         json={"model": "x", "input": "tokens", "stream": True, "return_token_id_information": True},
     ) as r:
@@ -111,7 +99,6 @@ def test_mid_stream_failure_sends_error_then_response_failed(chain):
     with httpx.stream(
         "POST",
         chain.v1 + "/responses",
-        trust_env=False,
         timeout=60,
         json={"model": "x", "stream": True, "input": "[[mock:tokens 40]] [[mock:streamcut 5]]"},
     ) as r:
@@ -122,9 +109,7 @@ def test_mid_stream_failure_sends_error_then_response_failed(chain):
 
 
 def test_unknown_field_is_a_400_naming_it(chain):
-    response = httpx.post(
-        chain.v1 + "/responses", trust_env=False, timeout=30, json={"model": "x", "input": "hi", "frobnicate": 1}
-    )
+    response = httpx.post(chain.v1 + "/responses", timeout=30, json={"model": "x", "input": "hi", "frobnicate": 1})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "frobnicate"
 
@@ -141,7 +126,7 @@ def test_upstream_api_responses_passes_through_and_still_records(mock_upstream, 
             api_key="k",
             max_retries=0,
             default_headers={"x-session-id": "pt-1"},
-            http_client=httpx.Client(trust_env=False, timeout=60),
+            http_client=httpx.Client(timeout=60),
         )
         response = sdk.responses.create(model="x", input="hello passthrough")
         assert response.output_text and response.model == "mock-model"

@@ -13,12 +13,9 @@ import subprocess
 import sys
 
 import httpx
-import pytest
 from openai import OpenAI
 
 from tests.support.chain import launch_chain
-
-pytestmark = pytest.mark.integration
 
 ROLLOUT_ID = "task7-r0-a0"
 WEATHER_TOOL = {
@@ -54,7 +51,7 @@ def _cli(*args: str) -> dict:
 
 
 def _get(url: str, path: str, **params: str) -> httpx.Response:
-    return httpx.get(url + path, params=params, trust_env=False, timeout=30)
+    return httpx.get(url + path, params=params, timeout=30)
 
 
 def test_a_session_id_used_again_by_a_later_run_keeps_each_runs_rollout_whole(mock_upstream, tmp_path):
@@ -95,7 +92,7 @@ def test_a_session_id_used_again_by_a_later_run_keeps_each_runs_rollout_whole(mo
         assert earlier["record_uuids"] == before["record_uuids"] and earlier["mask_sample"] is False
         assert earlier["output"] == before["output"]
 
-        # Negative control: merging both runs is what the server used to serve.
+        # Negative control: merging both runs (`run=all`) gives a rollout masked as broken.
         merged = _get(second.url, rollout_path, run="all").json()
         assert merged["mask_sample"] is True and merged["partial_reason"] is not None
 

@@ -6,12 +6,9 @@ import threading
 import time
 
 import httpx
-import pytest
 import yaml
 
 from tests.support.procs import start_server
-
-pytestmark = pytest.mark.integration
 
 
 def serve(tmp_path, mock_upstream, **settings):
@@ -31,13 +28,13 @@ def serve(tmp_path, mock_upstream, **settings):
 
 
 def last_request(mock_upstream) -> dict:
-    return httpx.get(mock_upstream + "/mock/requests", trust_env=False).json()["requests"][-1]
+    return httpx.get(mock_upstream + "/mock/requests").json()["requests"][-1]
 
 
 def post(url, path="/v1/chat/completions", headers=None, **body):
     if path.endswith("/chat/completions"):
         body.setdefault("messages", [{"role": "user", "content": "hi"}])
-    return httpx.post(url + path, json=body, headers=headers or {}, trust_env=False, timeout=30)
+    return httpx.post(url + path, json=body, headers=headers or {}, timeout=30)
 
 
 def test_headers_body_and_route_sent_upstream(tmp_path, mock_upstream):
@@ -103,9 +100,9 @@ def test_aliases_strict_mode_and_auth(tmp_path, mock_upstream):
         # The mock's own /v1/models lists mock-model, so the route name itself is accepted in strict mode.
         assert post(url, model="mock-model", headers=model_auth).status_code == 200
         sessions = url + "/v1/sessions"
-        assert httpx.get(sessions, headers=model_auth, trust_env=False).status_code == 401
-        assert httpx.get(sessions, headers={"authorization": "Bearer session-key"}, trust_env=False).status_code == 200
-        assert httpx.get(url + "/health", trust_env=False).status_code == 200  # probes stay open
+        assert httpx.get(sessions, headers=model_auth).status_code == 401
+        assert httpx.get(sessions, headers={"authorization": "Bearer session-key"}).status_code == 200
+        assert httpx.get(url + "/health").status_code == 200  # probes stay open
     finally:
         proc.stop()
 
@@ -127,7 +124,7 @@ def test_max_concurrent_requests_caps_upstream_calls(tmp_path, mock_upstream):
     def watch():
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, httpx.get(mock_upstream + "/mock/stats", trust_env=False).json()["in_flight"])
+            peak = max(peak, httpx.get(mock_upstream + "/mock/stats").json()["in_flight"])
             time.sleep(0.01)
 
     try:
@@ -157,14 +154,13 @@ def test_buffered_upstream_streams_still_stream_to_the_client_with_token_ids(tmp
             "POST",
             url + "/v1/chat/completions",
             headers={"x-session-id": "buffered"},
-            trust_env=False,
             timeout=30,
             json={"stream": True, "messages": [{"role": "user", "content": "hi there"}]},
         ) as r:
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]" and len(lines) >= 3
         assert last_request(mock_upstream)["body"]["stream"] is False  # called non-stream upstream
-        records = httpx.get(url + "/v1/sessions/buffered/completions", trust_env=False).json()["completions"]
+        records = httpx.get(url + "/v1/sessions/buffered/completions").json()["completions"]
         assert records[0]["stream"] is True and records[0]["is_valid"] is True
         assert records[0]["generation_token_ids"]
     finally:

@@ -1,6 +1,6 @@
 """The stateful Responses API on the real chain, driven by the openai SDK, the Agents SDK and raw HTTP.
 
-Each peer bug named in the issue has its regression test here: tool calls surviving
+Each bug known from peer proxies of this API has its regression test here: tool calls surviving
 previous_response_id, a follow-up sent the instant the first answer ends, one id across events,
 store and records, a restart keeping stored responses, and the store's bounds under load.
 """
@@ -19,8 +19,6 @@ import pytest
 
 from tests.support.chain import launch_chain
 
-pytestmark = pytest.mark.integration
-
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -35,7 +33,7 @@ def sdk_for(url: str, key: str = "sk-test", **headers) -> openai.OpenAI:
         api_key=key,
         max_retries=0,
         default_headers=headers or None,
-        http_client=httpx.Client(trust_env=False, timeout=60),
+        http_client=httpx.Client(timeout=60),
     )
 
 
@@ -63,7 +61,6 @@ def test_stream_ids_agree_across_events_store_and_record(chain, sdk):
     with httpx.stream(
         "POST",
         chain.v1 + "/responses",
-        trust_env=False,
         timeout=60,
         headers={"x-session-id": "ids-agree"},
         json={"model": "x", "input": "hello ids", "stream": True},
@@ -169,7 +166,7 @@ def test_chained_session_reconstructs_as_one_rollout(chain, sdk):
     sdk.responses.create(model="x", previous_response_id=second.id, input="thanks", tools=[WEATHER])
     assert [r["response_id"] for r in chain.records("chained-rollout")][:2] == [first.id, second.id]
     assert len(chain.records("chained-rollout")) == 3
-    rollout = httpx.get(f"{chain.v1}/sessions/chained-rollout/rollout", trust_env=False, timeout=30).json()
+    rollout = httpx.get(f"{chain.v1}/sessions/chained-rollout/rollout", timeout=30).json()
     assert rollout.get("partial_reason") is None and rollout.get("mask_sample") is False, rollout
     generated = [item for item in rollout["output"] if item.get("generation_token_ids")]
     assert len(generated) == 3
@@ -196,18 +193,15 @@ def test_sdk_retrieve_input_items_delete(sdk):
 
 def test_retrieve_stream_replays_with_starting_after(chain, sdk):
     response = sdk.responses.create(model="x", input="replay me")
-    with httpx.stream(
-        "GET", f"{chain.v1}/responses/{response.id}", params={"stream": "true"}, trust_env=False, timeout=30
-    ) as reply:
+    with httpx.stream("GET", f"{chain.v1}/responses/{response.id}", params={"stream": "true"}, timeout=30) as reply:
         events = sse_events(reply)
     assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
-    stored = httpx.get(f"{chain.v1}/responses/{response.id}", trust_env=False, timeout=30).json()
+    stored = httpx.get(f"{chain.v1}/responses/{response.id}", timeout=30).json()
     assert events[-1]["response"] == stored
     with httpx.stream(
         "GET",
         f"{chain.v1}/responses/{response.id}",
         params={"stream": "true", "starting_after": "3"},
-        trust_env=False,
         timeout=30,
     ) as reply:
         resumed = sse_events(reply)
@@ -249,7 +243,7 @@ def test_background_cancel_cancels_the_upstream_call(chain, sdk):
 def test_background_stream_resumes_after_a_dropped_connection(chain):
     body = {"model": "x", "input": "[[mock:tokens 30]] [[mock:slow 20]]", "stream": True, "background": True}
     seen: list[dict] = []
-    with httpx.stream("POST", chain.v1 + "/responses", json=body, trust_env=False, timeout=60) as reply:
+    with httpx.stream("POST", chain.v1 + "/responses", json=body, timeout=60) as reply:
         for line in reply.iter_lines():
             if line.startswith("data: {"):
                 seen.append(json.loads(line[6:]))
@@ -261,7 +255,6 @@ def test_background_stream_resumes_after_a_dropped_connection(chain):
         "GET",
         f"{chain.v1}/responses/{response_id}",
         params={"stream": "true", "starting_after": str(last)},
-        trust_env=False,
         timeout=60,
     ) as reply:
         rest = sse_events(reply)
@@ -344,9 +337,7 @@ def _agent(url: str):
         """Weather for a city."""
         return f"fog in {city}, agent-tool-output"
 
-    client = openai.AsyncOpenAI(
-        base_url=url + "/v1", api_key="sk-test", max_retries=0, http_client=httpx.AsyncClient(trust_env=False)
-    )
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0, http_client=httpx.AsyncClient())
     model = OpenAIResponsesModel(model="x", openai_client=client)
     return Agent(name="weather", instructions="Answer briefly.", model=model, tools=[get_weather])
 

@@ -9,28 +9,13 @@ the client receives through the chain.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import orjson
 import pytest
 from openai import OpenAI
 
-from tests.support.chain import Chain, launch_chain
-
-pytestmark = pytest.mark.integration
-
 TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
 PROMPT = 'hi there [[mock:reasoning]] [[mock:tool get {"a": 1}]]'
-
-
-@pytest.fixture(scope="module")
-def chain(mock_upstream, tmp_path_factory) -> Iterator[Chain]:
-    chain = launch_chain(mock_upstream, tmp_path_factory.mktemp("fidelity-captures"))
-    try:
-        yield chain
-    finally:
-        chain.proc.stop()
 
 
 def sse_chunks(text: str) -> list[dict]:
@@ -68,10 +53,10 @@ def test_a_chat_stream_arrives_as_the_model_server_sent_it(chain, stream_options
     body["tools"] = TOOLS
     if stream_options is not None:
         body["stream_options"] = stream_options
-    direct = httpx.post(chain.upstream_url + "/v1/chat/completions", json=body, trust_env=False, timeout=30)
+    direct = httpx.post(chain.upstream_url + "/v1/chat/completions", json=body, timeout=30)
     session_id = f"{session}-{orjson.dumps(stream_options).decode()}"  # e.g. fidelity-captured-{"include_usage":true}
     headers = {"x-session-id": session_id} if session else {}
-    relayed = httpx.post(chain.v1 + "/chat/completions", json=body, headers=headers, trust_env=False, timeout=30)
+    relayed = httpx.post(chain.v1 + "/chat/completions", json=body, headers=headers, timeout=30)
     assert relayed.status_code == 200
     expected, got = sse_chunks(direct.text), sse_chunks(relayed.text)
     # Chunk for chunk, field for field (apart from the completion id and time): nothing added, nothing lost.
@@ -86,10 +71,8 @@ def test_a_chat_stream_arrives_as_the_model_server_sent_it(chain, stream_options
 
 def test_a_non_stream_answer_arrives_as_the_model_server_sent_it(chain):
     body = {"model": "mock-model", "messages": [{"role": "user", "content": PROMPT}], "tools": TOOLS}
-    direct = httpx.post(chain.upstream_url + "/v1/chat/completions", json=body, trust_env=False, timeout=30).json()
-    relayed = httpx.post(
-        chain.v1 + "/chat/completions", json=body, headers={"x-session-id": "fidelity-plain"}, trust_env=False
-    ).json()
+    direct = httpx.post(chain.upstream_url + "/v1/chat/completions", json=body, timeout=30).json()
+    relayed = httpx.post(chain.v1 + "/chat/completions", json=body, headers={"x-session-id": "fidelity-plain"}).json()
     for answer in (direct, relayed):
         answer.pop("id")
         answer.pop("created")

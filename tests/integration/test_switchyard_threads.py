@@ -9,8 +9,6 @@ import yaml
 
 from tests.support.procs import start_server, tokio_workers
 
-pytestmark = pytest.mark.integration
-
 
 def _serve(tmp_path, mock_upstream, env=None, wait=True, **settings):
     config = tmp_path / "settings.yaml"
@@ -32,8 +30,8 @@ def test_the_hosted_switchyard_runs_the_threads_asked_for(tmp_path, mock_upstrea
     proc, url = _serve(tmp_path, mock_upstream, switchyard_threads=threads)
     try:
         body = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
-        assert httpx.post(url + "/v1/chat/completions", json=body, trust_env=False, timeout=30).status_code == 200
-        assert httpx.get(url + "/health", trust_env=False, timeout=10).json()["proxy"]["threads"] == threads
+        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+        assert httpx.get(url + "/health", timeout=10).json()["proxy"]["threads"] == threads
         assert tokio_workers(proc.popen.pid) == threads
     finally:
         proc.stop()

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
 from tests.support.chain import launch_chain
 from tests.support.otlp_receiver import OtlpReceiver
-
-pytestmark = pytest.mark.integration
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
@@ -28,7 +25,6 @@ def test_one_trace_per_call_across_this_server_and_switchyard(mock_upstream, tmp
         try:
             response = httpx.post(
                 chain.v1 + "/responses",
-                trust_env=False,
                 timeout=30,
                 headers={
                     "x-session-id": "otel-chain-1",

@@ -13,7 +13,6 @@ import math
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,10 +21,8 @@ import pytest
 import yaml
 
 from server.capture.read.store import CaptureStore
-from tests.support.procs import Proc, start_server
+from tests.support.procs import Proc, start_server, wait_for
 from tests.support.viewer_data import XSS_MARKUP, write_demo_sessions
-
-pytestmark = pytest.mark.integration
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -55,14 +52,15 @@ def launch_browser(playwright):
 def start_view(capture_dir: Path, *options: str) -> tuple[Proc, str]:
     """`switchyard-model sessions view --capture-dir D --port 0`; the URL is read from what it prints."""
     proc = Proc([sys.executable, "-m", "server.cli", "sessions", "view", "--capture-dir", str(capture_dir), *options])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        match = re.search(r"(http://127\.0\.0\.1:\d+/ui/)", proc.output())
-        if match:
-            return proc, match.group(1)
-        if proc.popen.poll() is not None:
-            raise RuntimeError(f"sessions view exited early:\n{proc.output()}")
-        time.sleep(0.05)
+
+    def printed_or_exited() -> re.Match[str] | bool:
+        return re.search(r"(http://127\.0\.0\.1:\d+/ui/)", proc.output()) or proc.popen.poll() is not None
+
+    match = wait_for(printed_or_exited, 60)
+    if isinstance(match, re.Match):
+        return proc, match.group(1)
+    if proc.popen.poll() is not None:
+        raise RuntimeError(f"sessions view exited early:\n{proc.output()}")
     proc.stop()
     raise TimeoutError(f"sessions view printed no URL:\n{proc.output()}")
 
@@ -229,9 +227,7 @@ def test_pending_statuses_are_filled_in_on_the_page(demo, pages):
         page = pages.open(url + "#/?q=agent&limit=25")
         first = badges(page)
         assert first and set(first.values()) == {"…"}  # nothing was summarised before this page asked
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "…" in badges(page).values():
-            time.sleep(0.2)
+        wait_for(lambda: "…" not in badges(page).values(), 60, interval=0.2)
         # The control: the default server (4 MB limit) shows these small sessions' statuses at once.
         reference = pages.open(demo["url"] + "#/?q=agent&limit=25")
         assert badges(page) == badges(reference) and "…" not in badges(reference).values()
@@ -403,16 +399,14 @@ def test_export_downloads_the_rollout_and_the_records(demo, pages):
         page.click("#export-rollout")
     assert download.value.suggested_filename == "agent-main.rollout.json"
     rollout = json.loads(Path(download.value.path()).read_text())
-    assert rollout == httpx.get(api + "/rollout", trust_env=False).json()
+    assert rollout == httpx.get(api + "/rollout").json()
     assert rollout["subagents"][0]["session_id"] == "agent-main-sub1"
 
     with page.expect_download() as download:
         page.click("#export-jsonl")
     assert download.value.suggested_filename == "agent-main.records.jsonl"
     lines = Path(download.value.path()).read_text().splitlines()
-    assert [json.loads(line) for line in lines] == httpx.get(api + "/completions", trust_env=False).json()[
-        "completions"
-    ]
+    assert [json.loads(line) for line in lines] == httpx.get(api + "/completions").json()["completions"]
 
     with page.expect_download() as download:
         page.click("#export-json")
@@ -469,13 +463,13 @@ def test_invalid_ids_never_reach_the_api(demo, pages):
         "v1/sessions/agent-main/completions/..%2Fx",
         "v1/sessions/.hidden/timeline",
     ):
-        response = httpx.get(demo["root"] + path, trust_env=False)
+        response = httpx.get(demo["root"] + path)
         assert response.status_code == 404, path
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_viewer_pages_carry_a_strict_content_security_policy(demo):
-    response = httpx.get(demo["url"], trust_env=False)
+    response = httpx.get(demo["url"])
     assert response.status_code == 200
     policy = response.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "default-src 'none'" in policy
@@ -498,7 +492,7 @@ def test_live_chain_behind_a_key(tmp_path, mock_upstream, pages):
             base_url=url + "/v1",
             api_key="unused",
             default_headers={"x-session-id": "live-reasoning"},
-            http_client=httpx.Client(trust_env=False),
+            http_client=httpx.Client(),
             max_retries=0,
         )
         messages = [{"role": "user", "content": "think first [[mock:reasoning]]"}]
@@ -510,7 +504,7 @@ def test_live_chain_behind_a_key(tmp_path, mock_upstream, pages):
         ]
         sdk.chat.completions.create(model="any", messages=messages)
         auth = {"authorization": "Bearer viewer-key"}
-        records = httpx.get(url + "/v1/sessions/live-reasoning/completions", headers=auth, trust_env=False).json()
+        records = httpx.get(url + "/v1/sessions/live-reasoning/completions", headers=auth).json()
 
         page = pages.open(url + "/ui/", allow=("401",))
         assert page.locator("#api-key").is_visible()  # no key yet: the page asks for one

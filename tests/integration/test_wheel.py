@@ -12,8 +12,6 @@ import pytest
 
 from tests.support.procs import REPO
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
@@ -38,7 +36,6 @@ def installed(tmp_path_factory) -> Path:
 def _run(bin_dir: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     outside = bin_dir.parent.parent  # the temp folder: not the checkout, not on any path to it
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["NO_PROXY"] = "127.0.0.1,localhost"
     return subprocess.run(
         [str(bin_dir / "switchyard-model"), *args],
         cwd=outside,

@@ -12,12 +12,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import httpx
 import orjson
 import psutil
-import pytest
 import yaml
 
 from server.capture.read.store import CaptureStore
@@ -25,9 +23,7 @@ from server.cli.workers import READY_DIR_PREFIX
 from server.files import process_temp_dir
 from server.switchyard import profiles
 from tests.support import scripted_agent
-from tests.support.procs import Proc
-
-pytestmark = pytest.mark.integration
+from tests.support.procs import Proc, wait_for
 
 WORKER = scripted_agent.WORKER_HEADER
 
@@ -41,11 +37,8 @@ def start_workers(tmp_path, mock_upstream, workers: int = 2, env=None, **setting
         + ["--port-file", str(port_file), "--workers", str(workers), "--capture-dir", str(tmp_path / "capture")],
         env={"MOCK_UPSTREAM_URL": mock_upstream + "/v1", **(env or {})},
     )
-    deadline = time.monotonic() + 180
-    while not port_file.exists():
-        assert proc.popen.poll() is None, proc.output()[-3000:]
-        assert time.monotonic() < deadline, proc.output()[-3000:]
-        time.sleep(0.1)
+    wait_for(lambda: port_file.exists() or proc.popen.poll() is not None, 180, interval=0.1)
+    assert port_file.exists() and proc.popen.poll() is None, proc.output()[-3000:]
     return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
 
 
@@ -53,7 +46,7 @@ def from_each_worker(method: str, url: str, workers: int = 2, tries: int = 400) 
     """Repeat a request on fresh connections until every worker has answered it once."""
     answers: dict[str, httpx.Response] = {}
     for _ in range(tries):
-        response = httpx.request(method, url, headers={"connection": "close"}, trust_env=False, timeout=60)
+        response = httpx.request(method, url, headers={"connection": "close"}, timeout=60)
         answers.setdefault(response.headers[WORKER], response)
         if len(answers) == workers:
             return answers
@@ -73,14 +66,13 @@ def offline(*args: str, capture_dir) -> dict:
 
 def wait_for_records(capture_dir, count: int, timeout: float = 60.0) -> None:
     """Records are written after the answer; wait until all `count` are on disk."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def written() -> int:
         reader = CaptureStore.open_read_only(capture_dir)
-        total = sum(s["record_count"] for s in reader.list_sessions(limit=100000))
-        if total >= count or time.monotonic() > deadline:
-            assert total == count
-            return
-        time.sleep(0.1)
+        return sum(s["record_count"] for s in reader.list_sessions(limit=100000))
+
+    wait_for(lambda: written() >= count, timeout, interval=0.1)
+    assert written() == count
 
 
 def test_every_worker_answers_like_the_offline_reader(tmp_path, mock_upstream):
@@ -129,7 +121,7 @@ def test_every_worker_answers_like_the_offline_reader(tmp_path, mock_upstream):
 
         # A DELETE through one worker is seen by every worker at once.
         doomed = f"{spread[0]}-sub"
-        deleted = httpx.delete(f"{url}/v1/sessions/{doomed}", trust_env=False, timeout=60)
+        deleted = httpx.delete(f"{url}/v1/sessions/{doomed}", timeout=60)
         assert deleted.status_code == 200 and deleted.json()["records"] == 2
         listing = offline("list", "--json", capture_dir=capture)["sessions"]
         assert doomed not in [s["session_id"] for s in listing]

@@ -153,7 +153,7 @@ def run_client(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: floa
 
 
 def get_json(url: str, **params: Any) -> Any:
-    response = httpx.get(url, params=params or None, trust_env=False, timeout=60)
+    response = httpx.get(url, params=params or None, timeout=60)
     assert response.status_code == 200, f"GET {url}: {response.status_code} {response.text[:2000]}"
     return response.json()
 
@@ -183,7 +183,7 @@ def assert_token_exact(chain: Any, rollout: dict) -> None:
         body.pop("stream", None)
         body.pop("stream_options", None)
         body.update(return_token_ids=True, logprobs=True, top_logprobs=0)
-        replay = httpx.post(chain.upstream_url + "/v1/chat/completions", json=body, trust_env=False, timeout=60)
+        replay = httpx.post(chain.upstream_url + "/v1/chat/completions", json=body, timeout=60)
         assert replay.status_code == 200, replay.text[:2000]
         reply = replay.json()
         assert reply["choices"][0]["token_ids"] == record["generation_token_ids"], (

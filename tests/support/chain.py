@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 import httpx
 
-from tests.support.procs import Proc, start_server
+from tests.support.procs import Proc, start_server, wait_for
 
 
 @dataclass
@@ -24,20 +23,25 @@ class Chain:
         return self.url + "/v1"
 
     def mock_requests(self) -> list[dict]:
-        return httpx.get(self.upstream_url + "/mock/requests", trust_env=False).json()["requests"]
+        return httpx.get(self.upstream_url + "/mock/requests").json()["requests"]
 
     def mock_stats(self) -> dict:
-        return httpx.get(self.upstream_url + "/mock/stats", trust_env=False).json()
+        return httpx.get(self.upstream_url + "/mock/stats").json()
 
     def records(self, session_id: str, wait_s: float = 0.0) -> list[dict]:
         """The session's captured records as `GET /v1/sessions/{id}/completions` lists them.
 
         `wait_s`: how long to keep asking while the session is not there yet (its first record may
         still be on its way to disk after a stream's last byte)."""
-        deadline = time.monotonic() + wait_s
         url = f"{self.v1}/sessions/{quote(session_id, safe='')}/completions"
-        while (reply := httpx.get(url, trust_env=False, timeout=30)).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        replies: list[httpx.Response] = []
+
+        def answered() -> bool:
+            replies.append(httpx.get(url, timeout=30))
+            return replies[-1].status_code == 200
+
+        wait_for(answered, wait_s, interval=0.1)
+        reply = replies[-1]
         assert reply.status_code == 200, reply.text
         return reply.json()["completions"]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import threading
-import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from tests.support.procs import wait_for
 
 _KINDS = {
     Span.SPAN_KIND_INTERNAL: "INTERNAL",
@@ -128,14 +129,10 @@ class OtlpReceiver:
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
         """Poll until predicate() is truthy; returns its value, or raises TimeoutError."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise TimeoutError("the OTLP receiver did not get what was expected in time")
-            time.sleep(0.02)
+        value = wait_for(predicate, timeout, interval=0.02)
+        if not value:
+            raise TimeoutError("the OTLP receiver did not get what was expected in time")
+        return value
 
     # ---- decoding ------------------------------------------------------------------------------
     def _accept_traces(self, body: bytes) -> bytes:

@@ -38,6 +38,19 @@ def dead_and_living_dirs(root: Path, prefix: str) -> tuple[Path, Path]:
     return orphan, living
 
 
+# The variables through which httpx, requests, Node and curl route a request via a proxy. Tests only
+# talk to 127.0.0.1, so none of them may apply: the autouse fixture in tests/conftest.py clears them
+# for the test process, and `Proc` leaves them out of every child's environment.
+PROXY_VARIABLES = tuple(
+    case(name) for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY") for case in (str.upper, str.lower)
+)
+
+
+def without_proxies(env: dict[str, str]) -> dict[str, str]:
+    """`env` less every proxy variable."""
+    return {name: value for name, value in env.items() if name not in PROXY_VARIABLES}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -51,10 +64,10 @@ class Proc:
         self.log_path = Path(tempfile.mkstemp(prefix="proc-", suffix=".log", dir=scratch_dir())[1])
         self._log = open(self.log_path, "wb")
         # TMPDIR: what a child killed on purpose cannot remove (its rollout spool, its private
-        # deployment copy) goes into this run's scratch folder, not /tmp.
+        # deployment copy) goes into this run's scratch folder, not /tmp. No proxy variable, also when
+        # this runs outside pytest (where tests/conftest.py has not cleared them).
         full_env = {
-            **os.environ,
-            "NO_PROXY": "127.0.0.1,localhost",
+            **without_proxies(dict(os.environ)),
             "PYTHONUNBUFFERED": "1",
             "TMPDIR": str(scratch_dir()),
             **(env or {}),
@@ -78,7 +91,7 @@ class Proc:
                     f"process exited with {self.popen.returncode} before ready:\n{self.output()[-3000:]}"
                 )
             try:
-                response = httpx.get(url, timeout=1.0, trust_env=False)
+                response = httpx.get(url, timeout=1.0)
                 if expect is None or response.status_code == expect:
                     return
                 last = response.status_code

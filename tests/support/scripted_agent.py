@@ -6,11 +6,12 @@ land on whichever worker accepts them. The mock upstream's directives script the
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.support.procs import wait_for
 
 SHELL_TOOL = {
     "type": "function",
@@ -31,7 +32,6 @@ def _turns(base_url: str, headers: dict[str, str], task: str, served_by: list[st
             base_url + "/chat/completions",
             json={"model": "demo", "messages": messages, "tools": [SHELL_TOOL]},
             headers={**headers, "connection": "close"},
-            trust_env=False,
             timeout=60,
         )
         response.raise_for_status()
@@ -52,9 +52,7 @@ def run(base_url: str, rollout_id: str, hold_file: str | None = None, hold_s: fl
     _turns(base_url, {"x-session-id": rollout_id}, f"Task {rollout_id}: look around.", served_by)
     if hold_file is not None:
         Path(hold_file + ".started").write_text(rollout_id)
-        deadline = time.monotonic() + hold_s
-        while not Path(hold_file).exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: Path(hold_file).exists(), hold_s, interval=0.1)
     sub_headers = {"x-session-id": f"{rollout_id}-sub", "x-parent-session-id": rollout_id}
     _turns(base_url, sub_headers, f"Sub-task of {rollout_id}: list files.", served_by)
     return {"rollout_id": rollout_id, "served_by": served_by}

@@ -77,8 +77,8 @@ class CaptureStore:
         # The id of this server run, written into every record it builds (docs/capture.md#server-runs).
         self.server_run = server_run
         # Opt-in compact encoding: `<uuid>.json.gz` (gzip, level 1). Both kinds are always read, so
-        # the setting can change between runs on one directory; readers of the former layout
-        # (plain `.json`) see only the uncompressed records.
+        # the setting can change between runs on one directory; readers that know only the plain
+        # `.json` layout see only the uncompressed records.
         self.compress = compress
         self.sessions_dir = self.capture_dir / SESSIONS_SUBDIR
         self.capture_uncorrelated = capture_uncorrelated

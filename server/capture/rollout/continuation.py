@@ -44,8 +44,8 @@ class _Node:
 class ContinuationIndex:
     """For records at positions 0..n-1 (their prompts; None where a record has none), answers
     `continued(position, prompt, generation)`: some record after `position` has a prompt that starts
-    with prompt + generation. `indexed=False` scans every later record instead (the old quadratic
-    way, kept as the reference the tests compare against)."""
+    with prompt + generation. `indexed=False` scans every later record instead (quadratic, kept
+    as the reference the tests compare against)."""
 
     def __init__(self, prompts: Sequence[list[Any] | None], *, indexed: bool = True) -> None:
         self._prompts = prompts

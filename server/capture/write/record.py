@@ -152,7 +152,7 @@ def build_record(
     upstream_id = chat_response.get("id")
     response_id = response_id or upstream_id
     if not (isinstance(request_id, str) and request_id):
-        # The former format's request_id was the upstream completion id; keep that as the fallback.
+        # Switchyard's token-capture record takes request_id from the upstream completion id: the fallback.
         request_id = upstream_id if isinstance(upstream_id, str) else None
     model = chat_response.get("model")
 
@@ -205,7 +205,7 @@ def build_record(
         "prompt_token_ids": prompt_ids,
         "generation_token_ids": generation_ids,
         "generation_log_probs": log_probs,
-        # Ours, after the former format's fields: the upstream's text for each generated token
+        # Ours, after the fields of Switchyard's token-capture record: the upstream's text for each generated token
         # (vLLM's `logprobs.content[].token`), or null when it gave ids only.
         "generation_token_texts": token_texts,
     }
@@ -244,7 +244,7 @@ def _parsed(body: dict[str, Any] | bytes) -> dict[str, Any]:
 
 
 def _assistant_message(message: object) -> dict[str, Any]:
-    """The generated turn in chat format; reasoning is kept (the former format dropped it)."""
+    """The generated turn in chat format, its reasoning included."""
     out: dict[str, Any] = {"role": "assistant"}
     if not isinstance(message, dict):
         return out
@@ -260,7 +260,7 @@ def _assistant_message(message: object) -> dict[str, Any]:
 
 
 def format_tools(tools: object) -> list[dict[str, Any]]:
-    """Tools in the former record's shape `{id, description, inputSchema: {jsonSchema}}` (what Gym reads)."""
+    """Tools in the token-capture record's shape `{id, description, inputSchema: {jsonSchema}}` (what Gym reads)."""
     if not isinstance(tools, list):
         return []
     out: list[dict[str, Any]] = []
@@ -284,7 +284,7 @@ def format_tools(tools: object) -> list[dict[str, Any]]:
 
 
 def format_tool_choice(tool_choice: object) -> str:
-    """The former record kept the mode string, or a named choice's `type`; unset means "auto"."""
+    """The mode string, or a named choice's `type` (the token-capture record's way); unset means "auto"."""
     if tool_choice is None:
         return "auto"
     if isinstance(tool_choice, dict):
@@ -312,7 +312,7 @@ def _first_problem(
     generation_ids: object,
     log_probs: object,
 ) -> str | None:
-    """Why the record cannot train a model, in the former format's order; None when it can."""
+    """Why the record cannot train a model, in the order Switchyard's token-capture record checks; None when it can."""
     if status != "completed":
         return f"call did not complete (status {status!r})"
     if n_choices != 1:

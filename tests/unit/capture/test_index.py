@@ -16,6 +16,7 @@ from server.capture.read.store import CaptureStore, session_dir_name
 from server.capture.write import journal as journal_module
 from server.capture.write.record import RecordInput
 from tests.support.captures import captured_call as call
+from tests.support.procs import wait_for
 
 
 def alternate(writers: list[CaptureStore], calls: list[dict]) -> None:
@@ -316,7 +317,7 @@ def test_the_journal_shows_another_writers_record_without_revalidating_every_dir
 def test_negative_control_a_writer_that_does_not_append_is_unseen_until_a_full_revalidation(tmp_path):
     """What makes the record above visible is the journal: the same write without it is not seen."""
     reader = CaptureStore(tmp_path, full_revalidation_s=NEVER)
-    every_look = CaptureStore(tmp_path, full_revalidation_s=0)  # the former index: one stat per directory
+    every_look = CaptureStore(tmp_path, full_revalidation_s=0)  # no journal shortcut: one stat per directory
     older = CaptureStore(tmp_path, change_journal=False)  # as a server from before the journal writes
     for store in (reader, every_look, older):
         store.start()
@@ -451,10 +452,7 @@ def test_the_store_keeps_its_index_up_on_a_thread_of_its_own(tmp_path, monkeypat
     store = CaptureStore(tmp_path)
     store.start()
     try:
-        deadline = time.monotonic() + 10
-        while len(calls) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(calls) >= 3
+        assert wait_for(lambda: len(calls) >= 3, 10, interval=0.01)
     finally:
         store.close()
     assert store._keeper is not None and not store._keeper.is_alive()  # stopped with the store

@@ -1,4 +1,4 @@
-"""Capture record: the former Switchyard record's fields and checks, plus ours, and the reader check."""
+"""Capture record: the fields and checks of Switchyard's record format, plus ours, and the reader check."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, 
 
 
 def vllm_completion(**choice_overrides):
-    """A vLLM chat completion with return_token_ids + logprobs, like the former tests' helper."""
+    """A vLLM chat completion with return_token_ids + logprobs."""
     choice = {
         "index": 0,
         "message": {"role": "assistant", "content": "hi"},

@@ -137,7 +137,7 @@ def test_records_without_a_run_are_one_legacy_run(tmp_path):
     _run(directory, None, encoding="full")  # what a server wrote before records carried a run id
     raw = next((directory / "sessions" / session_dir_name(SESSION)).glob("*.json"))
     record = orjson.loads(raw.read_bytes())
-    del record["server_run"]  # the former format has no such key at all
+    del record["server_run"]  # a record written before `server_run` existed has no such key at all
     raw.write_bytes(orjson.dumps(record))
     _run(directory, "run-b", sampled=9)
     reader = CaptureStore.open_read_only(directory)

@@ -1,4 +1,4 @@
-"""Capture store: durable atomic files at the former layout, the writer thread, the index, reads, deletes."""
+"""Capture store: durable atomic files in the plain `<uuid>.json` layout, the writer thread, the index, reads, deletes."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def session_path(store, session_id):
 
 
 def test_record_lands_at_the_former_layout(tmp_path):
-    """`encoding="full"` (`capture_encoding: full`) keeps the former token capture's layout."""
+    """`encoding="full"` (`capture_encoding: full`) keeps the plain layout of Switchyard's token capture."""
     store = CaptureStore(tmp_path / "captures", encoding="full")
     store.start()
     write(store, call("sess-1", record_uuid="11111111-2222-3333-4444-555555555555"))

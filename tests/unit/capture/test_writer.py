@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-import time
 
 import pytest
 
@@ -15,6 +14,7 @@ from server.capture.write.durable import GroupSync
 from server.capture.write.marks import MARK_NAME
 from server.capture.write.record import RecordInput, record_of
 from tests.support.captures import captured_call as call
+from tests.support.procs import wait_for
 
 
 def session_dir(root, session_id):
@@ -23,13 +23,6 @@ def session_dir(root, session_id):
 
 def files(root, session_id):
     return sorted(session_dir(root, session_id).glob("*.json"))
-
-
-def wait_until(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not predicate():
-        time.sleep(0.02)
-    return predicate()
 
 
 @pytest.fixture
@@ -135,7 +128,7 @@ def test_batch_syncs_a_window_of_records_at_once(make_store):
 
     assert all(asyncio.run(burst()))
     assert store.stats()["synced"] < 50  # answered before their sync: the window is still open
-    assert wait_until(lambda: store.stats()["synced"] == 50)
+    assert wait_for(lambda: store.stats()["synced"] == 50)
     assert store.stats()["syncs"] < 50  # one sync covered many records
 
 
@@ -153,7 +146,7 @@ def test_a_failed_write_degrades_capture_marks_the_session_and_recovers(make_sto
     assert stats["sessions_with_lost_records"] == 1 and store.lost_records("lost-one") == 1
     assert store.lost_records("never-lost") == 0
     blocked.unlink()  # the disk works again: the probe writes the mark, and capture recovers by itself
-    assert wait_until(lambda: not store.degraded)
+    assert wait_for(lambda: not store.degraded)
     assert (blocked / MARK_NAME).exists()
     assert asyncio.run(one("lost-one")) is True
     store.close()

@@ -123,7 +123,7 @@ def test_check_closes_switchyard_and_removes_the_private_copy(clean_env, monkeyp
     try:
         assert port == 0
         with pytest.raises(httpx.ConnectError):
-            httpx.get(server.base_url + "/health", timeout=2.0, trust_env=False)
+            httpx.get(server.base_url + "/health", timeout=2.0)
         assert written and not written[0].exists()
     finally:
         server.close(timeout_secs=2.0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import orjson
 import pytest
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 from server.dev.mock_upstream.app import create_app
 from server.injection.ids import is_id_list
 from server.injection.tokenize import Render, TokenizeClient, TokenizeError, _tokens_cut_out, template_options
-from tests.support.procs import free_port
+from tests.support.procs import free_port, wait_for
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
 
@@ -27,9 +26,7 @@ def mock_url():
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: server.started, 10, interval=0.02)
     yield f"http://127.0.0.1:{port}", app.state.mock
     server.should_exit = True
     thread.join(5)

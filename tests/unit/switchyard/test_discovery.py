@@ -59,7 +59,7 @@ def test_discovery_of_an_unreachable_server_is_none(caplog):
     from tests.support.procs import free_port
 
     async def go():
-        async with httpx.AsyncClient(trust_env=False) as client:
+        async with httpx.AsyncClient() as client:
             return await discovery.discover_max_model_len(f"http://127.0.0.1:{free_port()}/v1", "m", client)
 
     assert asyncio.run(go()) is None

@@ -229,7 +229,6 @@ def switchyard(tmp_path, monkeypatch):
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), _ChatUpstream)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     monkeypatch.setenv("UP_URL", f"http://127.0.0.1:{upstream.server_address[1]}/v1")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("TEAM_TOKEN", SECRET)
     source = tmp_path / "deploy.toml"
     source.write_text(DEPLOYMENT)
@@ -247,7 +246,6 @@ def switchyard(tmp_path, monkeypatch):
 def test_stats_snapshot_after_traffic(tmp_path, switchyard):
     reply = httpx.post(
         f"{switchyard}/v1/chat/completions",
-        trust_env=False,
         timeout=10,
         json={"model": "up", "messages": [{"role": "user", "content": "hi"}]},
     )

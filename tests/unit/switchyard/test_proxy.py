@@ -65,7 +65,7 @@ def test_hosted_proxy_serves_health_and_closes_once(deployment):
         proxy = HostedProxy(deployment, None)
         await proxy.start()
         try:
-            async with httpx.AsyncClient(trust_env=False) as client:
+            async with httpx.AsyncClient() as client:
                 assert (await client.get(proxy.root_url + "/health")).status_code == 200
                 models = (await client.get(proxy.root_url + "/v1/models")).json()
                 assert [m["id"] for m in models["data"]] == ["policy-model"]
@@ -74,7 +74,7 @@ def test_hosted_proxy_serves_health_and_closes_once(deployment):
         await proxy.close()  # a second close is a no-op
         assert proxy.is_running() is False
         with pytest.raises(httpx.ConnectError):
-            async with httpx.AsyncClient(trust_env=False) as client:
+            async with httpx.AsyncClient() as client:
                 await client.get(proxy.root_url + "/health")
         assert proxy._rendered_path is None  # the private copy of the deployment is gone
 
@@ -150,7 +150,7 @@ def test_launched_process_starts_serves_and_is_terminated(deployment):
         private = proxy._rendered_path.parent  # the deployment copy and Switchyard's stderr, both private
         try:
             assert (private / "switchyard-stderr.log").exists()
-            async with httpx.AsyncClient(trust_env=False) as client:
+            async with httpx.AsyncClient() as client:
                 assert (await client.get(proxy.root_url + "/health")).status_code == 200
         finally:
             await proxy.close()

@@ -365,7 +365,6 @@ def test_otlp_export_uses_the_standard_environment(monkeypatch):
     with OtlpReceiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
         monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=test,team=rl")
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
         tel = Telemetry(settings())
         assert tel.enabled
         span = tel.start_call(
@@ -390,7 +389,6 @@ def test_service_name_comes_from_otel_service_name(monkeypatch):
     with OtlpReceiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.endpoint + "/v1/traces")
         monkeypatch.setenv("OTEL_SERVICE_NAME", "policy-server")
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
         tel = Telemetry(settings())
         tel.start_call(
             api="chat", route="demo", request=REQUEST, correlation=SESSION, stream=False, scope=scope()
@@ -414,7 +412,6 @@ def test_service_name_comes_from_otel_service_name(monkeypatch):
 def test_a_dead_collector_never_affects_calls_and_is_logged_once_per_interval(monkeypatch, caplog):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # seconds, as the Python exporter reads it
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     for name in environment.EXPORTER_LOGGERS:
         for f in logging.getLogger(name).filters:
             if isinstance(f, OncePerInterval):
