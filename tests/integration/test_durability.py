@@ -161,7 +161,7 @@ def test_sigkill_mid_burst_loses_no_completed_call(mock_upstream, tmp_path, fsyn
 
 def retrievable(chain, response_ids: set[str]) -> set[str]:
     """The ids `GET /v1/responses/{id}` serves."""
-    with httpx.Client(trust_env=False, timeout=30) as client:
+    with httpx.Client(timeout=30) as client:
         return {i for i in response_ids if client.get(f"{chain.v1}/responses/{i}").status_code == 200}
 
 
@@ -204,7 +204,7 @@ def test_sigkill_mid_burst_loses_answered_responses_when_the_answer_does_not_wai
     env = answer_before_commit_env(tmp_path)
     chain = launch_chain(mock_upstream, tmp_path / "follow-up", env=env)
     try:
-        with httpx.Client(trust_env=False, timeout=30) as client:
+        with httpx.Client(timeout=30) as client:
             missed = 0
             for i in range(10):
                 first = client.post(chain.v1 + "/responses", json={"model": "x", "input": f"first {i}"}).json()
