@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import threading
 
+from starlette.types import Scope
+
 from middleware.auth import presented_key
 
 _SALT = b"switchyard-model owner v1"
@@ -37,7 +39,7 @@ class Owners:
         self._tags: dict[bytes, str] = {}
         self._lock = threading.Lock()
 
-    def tag(self, scope) -> str:
+    def tag(self, scope: Scope) -> str:
         """This request's owner tag; "" when nothing is scoped."""
         if not self.scoped:
             return ""
@@ -51,7 +53,7 @@ class Owners:
                 self._tags[key] = tag
         return tag
 
-    def is_admin(self, scope) -> bool:
+    def is_admin(self, scope: Scope) -> bool:
         """An admin key (one of `session_api_keys`), or no keys at all: it sees every session."""
         if not self.scoped:
             return True

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from starlette.types import Message, Receive, Scope, Send
 
 from server.capture.catalog.runs import new_run_id
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -50,12 +51,12 @@ class _NameTheWorker:
         self.app = app
         self.header = (WORKER_HEADER, str(os.getpid()).encode())
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def named_send(message) -> None:
+        async def named_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), self.header]}
             await send(message)

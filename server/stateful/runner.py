@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 import orjson
+from starlette.types import Send
 
 from server.errors import OpenAIError
 from server.http.asgi import SSE_HEADERS, send_json
@@ -26,7 +27,7 @@ log = logging.getLogger("switchyard_model.stateful")
 
 
 async def start_background(
-    endpoints: Any, call, body, tool_map, headers, span, turn: Turn, created_at: int, send
+    endpoints: Any, call, body, tool_map, headers, span, turn: Turn, created_at: int, send: Send
 ) -> None:
     """`endpoints` is the Responses endpoint: its `limit()` and `stream()` run the call."""
     stateful = turn.stateful

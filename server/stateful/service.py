@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from starlette.types import Scope
+
 from server.config import ConfigError
 from server.owners import Owners
 from server.stateful.background import BackgroundRuns
@@ -84,6 +86,6 @@ class Stateful:
         self.writer.close()  # what is queued is committed first
         self.db.close()
 
-    def owner(self, scope) -> str:
+    def owner(self, scope: Scope) -> str:
         """Whose objects this request may see: its key's owner tag when auth is on, else everyone's ("")."""
         return self.owners.tag(scope)

@@ -213,7 +213,7 @@ class Telemetry:
         request: dict,
         correlation: Any,
         stream: bool,
-        scope: dict,
+        scope: Mapping[str, Any],
         client_request: dict | None = None,
     ) -> CallSpan:
         """Begin the telemetry of one model call; never raises (telemetry must not fail a call).
@@ -393,7 +393,7 @@ class _TracedCall(_MeteredCall):
         request: dict,
         correlation: Any,
         stream: bool,
-        scope: dict,
+        scope: Mapping[str, Any],
         client_request: Any,
     ) -> None:
         self._capture_content = tel.capture_content
