@@ -1,4 +1,8 @@
-"""The rollout viewer: static pages (vanilla ES modules + CSS, shipped in the package) served at /ui/."""
+"""The rollout viewer: static pages (vanilla ES modules + CSS, shipped in the package) served at /ui/.
+
+`__all__` lists `ui_routes` and the module `offline` (the viewer served without the model server),
+whose names are not re-exported: `offline` imports `ui_routes` from here, which would be a cycle.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from server.errors import OpenAIError, error_response
+
+__all__ = ["offline", "ui_routes"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _TYPES = {
