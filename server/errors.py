@@ -36,12 +36,16 @@ Every exception class of the project, by base, with where it lives:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import Send
+
+if TYPE_CHECKING:
+    # Only for annotations: every layer imports this module, and importing Starlette's responses
+    # with it made that import about six times slower (python -X importtime: 22 ms, 140 ms).
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.types import Send
 
 # The OpenAI `type` that goes with each status this server produces.
 _TYPE_FOR_STATUS = {
@@ -130,6 +134,8 @@ def error_response(
     error: OpenAIError, *, anthropic: bool = False, headers: Mapping[str, str] | None = None
 ) -> Response:
     """The error as a Starlette response: its status, its body, its own headers and then `headers`."""
+    from starlette.responses import Response
+
     return Response(
         error_body(error, anthropic=anthropic),
         status_code=error.status,
@@ -147,7 +153,7 @@ async def send_error(send: Send, error: OpenAIError, *, anthropic: bool = False)
     await send({"type": "http.response.body", "body": body})
 
 
-Endpoint = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[["Request"], Awaitable["Response"]]
 
 
 def with_error_responses(endpoint: Endpoint) -> Endpoint:

@@ -92,9 +92,9 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def _cross_package_uses(importer: Module, modules: dict[str, Module]) -> list[tuple[str, str, str, int]]:
-    """(package, entry, what, line) for each import of another package's module or name: `entry` is
-    what must be on the package's surface (the name, or the module it comes from, either one)."""
+def _cross_package_uses(importer: Module, modules: dict[str, Module]) -> list[tuple[str, tuple[str, ...], str, int]]:
+    """(package, entries, what, line) for each import of another package's module or name: one of
+    `entries` must be on the package's surface (the name, or the module it comes from)."""
     uses = []
     for node in ast.walk(ast.parse(importer.path.read_text())):
         pairs: list[tuple[str, str | None]] = []  # (module path, name taken from it or None)
@@ -108,16 +108,16 @@ def _cross_package_uses(importer: Module, modules: dict[str, Module]) -> list[tu
             full = f"{path}.{name}" if name else path
             if full in modules:  # a module (or package) itself
                 package, _, entry = full.rpartition(".")
-                entries = [entry]
+                entries: tuple[str, ...] = (entry,)
             elif path in modules:  # a name taken from a module
                 package = modules[path].package
-                entries = [name or ""] if modules[path].is_package else [path.rpartition(".")[2], name or ""]
+                entries = (name or "",) if modules[path].is_package else (path.rpartition(".")[2], name or "")
             else:
                 continue
             if package in modules and package != importer.package:
                 # the path below the package, then the name: any private part is a private import
                 below = full[len(package) + 1 :].split(".")
-                uses.append((package, "|".join(entries), ".".join(below), node.lineno))
+                uses.append((package, entries, ".".join(below), node.lineno))
     return uses
 
 
@@ -133,7 +133,7 @@ def surface_problems(modules: dict[str, Module]) -> list[str]:
             surface = surfaces.get(package)
             if surface is None:
                 problems.append(f"{where}:{line} imports {package}.{what}, but {package} has no __all__")
-            elif not any(entry in surface for entry in entries.split("|")):
+            elif not any(entry in surface for entry in entries):
                 problems.append(f"{where}:{line} imports {package}.{what}, which is not in {package}.__all__")
     return problems
 
