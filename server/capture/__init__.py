@@ -1,7 +1,33 @@
-"""Token-exact capture, by job: write/, catalog/, read/, rollout/ and gym/; tokens.py the token triple rules they share.
+"""Token-exact capture, by job: write/, catalog/, read/, rollout/ and gym/; tokens.py the token triple rules they share."""
 
-The subpackages import `tokens` from here, so `__all__` lists the public module, not its names
-(re-exporting them here would make every subpackage import a cycle through this one).
-"""
+from __future__ import annotations
 
-__all__ = ["tokens"]
+from server.capture.tokens import (
+    TOKEN_REQUEST_FIELDS,
+    Triple,
+    generation_token_texts,
+    generation_tokens,
+    is_finite_numbers,
+    is_token_ids,
+    logprob_entries,
+    prompt_token_ids,
+    reasoning_of,
+    strip_token_fields,
+    token_triple,
+    triple_problem,
+)
+
+__all__ = [
+    "TOKEN_REQUEST_FIELDS",
+    "Triple",
+    "generation_token_texts",
+    "generation_tokens",
+    "is_finite_numbers",
+    "is_token_ids",
+    "logprob_entries",
+    "prompt_token_ids",
+    "reasoning_of",
+    "strip_token_fields",
+    "token_triple",
+    "triple_problem",
+]

@@ -1,7 +1,17 @@
-"""NeMo Gym's token-store adapters: Gym's training-token store, its Messages shape, its evaluation call capture.
+"""NeMo Gym's token-store adapters: Gym's training-token store, its Messages shape, its evaluation call capture."""
 
-Its public surface is its modules (`__all__`), as for the rest of capture: each caller takes one
-adapter (`messages`, `tokens` or `calls`) and needs none of the others loaded.
-"""
+from __future__ import annotations
 
-__all__ = ["calls", "messages", "tokens"]
+from server.capture.gym.calls import GymCallLog
+from server.capture.gym.messages import responses_request, served_response, with_call_ids
+from server.capture.gym.tokens import GymTokenCapture, chat_with_gym_tokens, request_items
+
+__all__ = [
+    "GymCallLog",
+    "GymTokenCapture",
+    "chat_with_gym_tokens",
+    "request_items",
+    "responses_request",
+    "served_response",
+    "with_call_ids",
+]
