@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hmac
 
-from server.errors import OpenAIError, anthropic_error_json
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.errors import OpenAIError, send_error
 
 # Always open: liveness probes and scrapers must not need a model key.
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -21,14 +23,15 @@ def _matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
     return found
 
 
-def presented_key(scope) -> bytes:
+def presented_key(scope: Scope) -> bytes:
     """The key a request presents: `Authorization: Bearer <key>`, else Anthropic's `x-api-key`; b"" if none."""
-    for name, value in scope["headers"]:
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    for name, value in headers:
         if name == b"authorization":
             if value[:7].lower() == b"bearer ":
                 return value[7:].strip()
             break
-    for name, value in scope["headers"]:
+    for name, value in headers:
         if name == b"x-api-key":
             return value.strip()
     return b""
@@ -44,7 +47,7 @@ class BearerKeys:
         self.model_keys = tuple(k.encode() for k in api_keys)
         self.session_keys = tuple(k.encode() for k in session_api_keys) or self.model_keys
 
-    def allows(self, scope) -> bool:
+    def allows(self, scope: Scope) -> bool:
         """An open path, no keys configured, or a matching key (`presented_key`)."""
         path = scope["path"]
         if path in _OPEN_PATHS or path == "/ui" or path.startswith(_OPEN_PREFIX):
@@ -59,30 +62,27 @@ class BearerKeys:
 class AuthMiddleware:
     """Pure ASGI: a 401 in the OpenAI shape for an HTTP request `BearerKeys` does not allow."""
 
-    def __init__(self, app, *, api_keys: list[str], session_api_keys: list[str]) -> None:
+    def __init__(self, app: ASGIApp, *, api_keys: list[str], session_api_keys: list[str]) -> None:
         self.app = app
         self.keys = BearerKeys(api_keys=api_keys, session_api_keys=session_api_keys)
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.keys.allows(scope):
             await self.app(scope, receive, send)
         else:
             await reject(send, scope)
 
 
-def speaks_anthropic(scope) -> bool:
+def speaks_anthropic(scope: Scope) -> bool:
     """A Messages API call, or any request of an Anthropic client (they all send `anthropic-version`)."""
     return scope["path"].startswith("/v1/messages") or any(name == b"anthropic-version" for name, _ in scope["headers"])
 
 
-async def reject(send, scope=None) -> None:
-    from server.http.asgi import send_json
-
+async def reject(send: Send, scope: Scope | None = None) -> None:
     error = OpenAIError(
         401,
         "missing or invalid API key (send Authorization: Bearer <key>, or x-api-key: <key>)",
         code="invalid_api_key",
         headers={"www-authenticate": "Bearer"},
     )
-    body = anthropic_error_json(error) if scope is not None and speaks_anthropic(scope) else error.to_json()
-    await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
+    await send_error(send, error, anthropic=scope is not None and speaks_anthropic(scope))

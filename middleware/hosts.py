@@ -13,8 +13,9 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from server.errors import OpenAIError
-from server.http.asgi import send_error
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.errors import OpenAIError, send_error
 
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 _WILDCARDS = ("0.0.0.0", "::", "")
@@ -55,7 +56,7 @@ class HostAllowList:
         own = (socket.gethostname().lower(),) if self.any_ip else ()
         self.names = frozenset((*_LOOPBACK_NAMES, bound, *own, *extra))
 
-    def allows(self, scope) -> bool:
+    def allows(self, scope: Scope) -> bool:
         if self.any_host:
             return True
         for name, value in scope["headers"]:
@@ -65,11 +66,12 @@ class HostAllowList:
         return False  # HTTP/1.1 requires Host; only a hand-made request lacks it
 
 
-def is_json_request(scope) -> bool:
+def is_json_request(scope: Scope) -> bool:
     """A JSON content type; or none at all from a client that is not a browser (no `Origin`)."""
-    content_type = None
+    content_type: bytes | None = None
     browser = False
-    for name, value in scope["headers"]:
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    for name, value in headers:
         if name == b"content-type":
             content_type = value
         elif name == b"origin" or name == b"sec-fetch-site":
@@ -80,7 +82,7 @@ def is_json_request(scope) -> bool:
     return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
 
 
-async def refuse_host(send) -> None:
+async def refuse_host(send: Send) -> None:
     await send_error(
         send,
         OpenAIError(
@@ -91,7 +93,7 @@ async def refuse_host(send) -> None:
     )
 
 
-async def refuse_content_type(send) -> None:
+async def refuse_content_type(send: Send) -> None:
     await send_error(
         send,
         OpenAIError(
@@ -103,11 +105,11 @@ async def refuse_content_type(send) -> None:
 class HostCheckMiddleware:
     """Pure ASGI: a 421 for an HTTP request whose Host is not on the allow-list."""
 
-    def __init__(self, app, *, hosts: HostAllowList) -> None:
+    def __init__(self, app: ASGIApp, *, hosts: HostAllowList) -> None:
         self.app = app
         self.hosts = hosts
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.hosts.allows(scope):
             await self.app(scope, receive, send)
         else:

@@ -12,6 +12,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from middleware.auth import AuthMiddleware, BearerKeys, reject
 from middleware.correlation import RefusedIds, correlate, publish, unpublish
@@ -19,11 +20,11 @@ from middleware.hosts import HostAllowList, is_json_request, refuse_content_type
 from server.api.chat import ChatCompletions
 from server.api.conversations import conversation_routes
 from server.api.messages import messages_handlers
-from server.api.models import json_response, model_routes
+from server.api.models import model_routes
 from server.api.responses import Responses
 from server.api.stored_responses import stored_response_routes
 from server.config import Settings
-from server.errors import OpenAIError
+from server.errors import OpenAIError, error_response
 from server.lifespan import lifespan
 from server.owners import Owners
 from server.state import AppState
@@ -32,10 +33,6 @@ from server.telemetry.prometheus import metrics_route
 from server.telemetry.service import Telemetry
 
 log = logging.getLogger("switchyard_model.app")
-
-
-def _error_response(error: OpenAIError) -> Response:
-    return json_response(error.status, error.to_dict(), error.headers)
 
 
 def _path_meant(request: Request) -> str | None:
@@ -69,16 +66,16 @@ async def _http_exception(request: Request, exc: HTTPException) -> Response:
         )
     else:
         error = OpenAIError(exc.status_code, str(exc.detail))
-    return _error_response(error)
+    return error_response(error)
 
 
 async def _openai_error(request: Request, exc: OpenAIError) -> Response:
-    return _error_response(exc)
+    return error_response(exc)
 
 
 async def _unhandled(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return _error_response(OpenAIError(500, "internal server error", code="internal_error"))
+    return error_response(OpenAIError(500, "internal server error", code="internal_error"))
 
 
 class ServerApp(Starlette):
@@ -95,7 +92,7 @@ class ServerApp(Starlette):
     def __init__(
         self,
         *,
-        model_handlers: dict[str, Any],
+        model_handlers: dict[str, ASGIApp],
         refused_ids: RefusedIds,
         auth: BearerKeys,
         hosts: HostAllowList,
@@ -107,7 +104,7 @@ class ServerApp(Starlette):
         self.auth = auth
         self.hosts = hosts
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
@@ -144,7 +141,7 @@ def create_app(
     state.owners = Owners(settings.api_keys, settings.session_api_keys)
     state.telemetry.refused_ids_source(state.refused_ids.counts)
 
-    model_handlers = {
+    model_handlers: dict[str, ASGIApp] = {
         "/v1/chat/completions": ChatCompletions(state),
         "/v1/responses": Responses(state),
         **messages_handlers(state),

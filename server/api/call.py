@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from starlette.types import Message, Receive, Scope, Send
 
 from middleware.correlation import Correlation, current_correlation, id_rule
 from server.api import gym_hooks
 from server.capture.gym.tokens import request_items
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.capture.write.record import RecordInput
-from server.errors import OpenAIError
+from server.errors import OpenAIError, send_error
 from server.http import sse
-from server.http.asgi import ClientGone, parse_json_object, read_body, run_until_disconnect, send_error
+from server.http.asgi import ClientGone, parse_json_object, read_body, run_until_disconnect
 from server.ids import is_valid_session_id, uncorrelated_session_id
 from server.state import AppState
 from server.translate.accumulate import chunks_from_completion
@@ -35,6 +36,7 @@ from server.upstream.client import BufferedStream, UpstreamReply, UpstreamStream
 
 if TYPE_CHECKING:
     from server.injection.injector import Plan
+    from server.telemetry.spans import CallSpan
 
 log = logging.getLogger("switchyard_model.calls")
 
@@ -92,10 +94,10 @@ class ModelEndpoint:
     def __init__(self, state: AppState) -> None:
         self.state = state
 
-    async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
+    async def handle(self, body: dict[str, Any], corr: Correlation, send: Send, scope: Scope) -> None:
         raise NotImplementedError
 
-    async def send_error(self, send, error: OpenAIError) -> None:
+    async def send_error(self, send: Send, error: OpenAIError) -> None:
         """An error before the answer started, in this API's shape (OpenAI's unless overridden)."""
         await send_error(send, error)
 
@@ -103,7 +105,7 @@ class ModelEndpoint:
         """The in-band error that ends a stream already under way, in this API's shape."""
         return sse.chat_error(error)
 
-    async def _read_request(self, receive) -> tuple[dict[str, Any], Correlation]:
+    async def _read_request(self, receive: Receive) -> tuple[dict[str, Any], Correlation]:
         body = parse_json_object(await read_body(receive, self.state.settings.max_body_bytes))
         check_counts(body)  # before any copy or translation multiplies what a huge list costs
         # Always removed: it is ours, never the upstream's.
@@ -115,7 +117,7 @@ class ModelEndpoint:
             raise refused_id_error(corr.refused[0])
         return body, corr
 
-    async def check_session_owner(self, corr: Correlation, scope) -> None:
+    async def check_session_owner(self, corr: Correlation, scope: Scope) -> None:
         """With keys set, a call may write only into a session its own key started (a new id claims it),
         and name as parent only a session no other key wrote; else a 403 before anything goes upstream."""
         owners, store = self.state.owners, self.state.store
@@ -237,7 +239,7 @@ class ModelEndpoint:
                 raise
         return await self.state.client.post("/chat/completions", call.payload, headers)
 
-    def injection_done(self, call: Call, chat: dict[str, Any] | None, span, completed: bool = True) -> None:
+    def injection_done(self, call: Call, chat: dict[str, Any] | None, span: CallSpan, completed: bool = True) -> None:
         """Verify the echo and commit the chain: before the client sees the answer's end. Never raises."""
         plan = call.injection
         if plan is None or self.state.injector is None:
@@ -248,7 +250,7 @@ class ModelEndpoint:
         except Exception:
             log.exception("token injection bookkeeping failed")
 
-    def upstream_headers(self, call: Call, scope) -> dict[str, str]:
+    def upstream_headers(self, call: Call, scope: Scope) -> dict[str, str]:
         headers = {"x-request-id": call.request_id}
         if self.state.settings.forward_client_authorization:
             for name, value in scope["headers"]:
@@ -261,7 +263,7 @@ class ModelEndpoint:
                 headers[name] = corr.session_id
         return headers
 
-    def limit(self) -> AbstractAsyncContextManager:
+    def limit(self) -> AbstractAsyncContextManager[object]:
         """The concurrency limit on upstream calls (none when unset)."""
         return self.state.semaphore or nullcontext()
 
@@ -315,7 +317,7 @@ class ModelEndpoint:
         if call.capture and self.state.capture is not None:
             self.state.capture.keep_later(self.record_input(call, chat_response, status, chat_request))
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The raw ASGI app: 503 until the lifespan has brought Switchyard up (and after it went down);
         errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""
         if not self.state.ready or self.state.proxy.is_running() is False:
@@ -323,7 +325,7 @@ class ModelEndpoint:
             return
         progress = {"started": False, "answered": False}
 
-        async def tracking_send(message) -> None:
+        async def tracking_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 progress["started"] = True
             elif not message.get("more_body", False):
@@ -380,7 +382,7 @@ class ModelEndpoint:
 
 
 async def chat_event_batches(
-    stream: UpstreamStream | BufferedStream, span
+    stream: UpstreamStream | BufferedStream, span: CallSpan
 ) -> AsyncIterator[tuple[list[tuple[sse.Event, bytes]], bool]]:
     """The data events of an upstream chat stream with their data (one chunk's JSON each), up to `[DONE]`.
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from starlette.types import Scope, Send
 
 from middleware.correlation import Correlation
 from server.api.call import Call, ModelEndpoint, chat_event_batches, parse_reply
@@ -17,12 +18,15 @@ from server.http.asgi import SSE_HEADERS, send_json
 from server.translate.accumulate import ChatStreamAccumulator
 from server.upstream.client import relayed_headers
 
+if TYPE_CHECKING:
+    from server.telemetry.spans import CallSpan
+
 
 class ChatCompletions(ModelEndpoint):
     api = "chat"
     path = "/v1/chat/completions"
 
-    async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
+    async def handle(self, body: dict[str, Any], corr: Correlation, send: Send, scope: Scope) -> None:
         validate_chat(body)
         sent = dict(body)  # as the client sent it (the call's input on its root span): before we add stream_options
         drop_usage_chunk = _ask_for_usage(body)
@@ -66,7 +70,9 @@ class ChatCompletions(ModelEndpoint):
             span.finish(None, exc)
             raise
 
-    async def _stream(self, call: Call, headers: dict[str, str], send, span, drop_usage_chunk: bool) -> None:
+    async def _stream(
+        self, call: Call, headers: dict[str, str], send: Send, span: CallSpan, drop_usage_chunk: bool
+    ) -> None:
         stream = await self.open_chat_stream(call, headers)
         # Telemetry wants the finish reason and usage even of calls that are not recorded.
         accumulator = ChatStreamAccumulator() if call.capture or self.state.telemetry.enabled else None
@@ -176,7 +182,7 @@ def validate_chat(body: dict[str, Any]) -> None:
     _expect(body, "tool_choice", (str, dict), "a string or an object")
 
 
-def _expect(body: dict[str, Any], key: str, kind, expected: str) -> None:
+def _expect(body: dict[str, Any], key: str, kind: type | tuple[type, ...], expected: str) -> None:
     value = body.get(key)
     if value is not None and not isinstance(value, kind):
         raise OpenAIError(400, f"`{key}` must be {expected}", param=key, code="invalid_type")

@@ -49,7 +49,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
             raise OpenAIError(
                 400, f"`items` must hold 1 to {MAX_ITEMS_PER_CALL} items", param="items", code="invalid_value"
             )
-        items = normalize_input(value)
+        items: list[dict[str, Any]] = normalize_input(value)
         open_sealed_reasoning(items, stateful, owner, param="items")
         check_items(items, param="items")
         return items

@@ -16,7 +16,7 @@ _OBJECT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
 
 def object_id(request: Request, name: str, what: str) -> str:
     """The path parameter `name`; a malformed id is simply not found (404)."""
-    value = request.path_params[name]
+    value: str = request.path_params[name]
     if not _OBJECT_ID.fullmatch(value):
         raise not_found(what, value)
     return value

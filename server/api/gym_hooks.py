@@ -35,7 +35,7 @@ class GymCall:
     started_at: float  # epoch seconds
     items: list[dict[str, Any]] | None = None  # training: the request's items as received, for lineage
     request: dict[str, Any] | None = None  # evaluation: the request as received
-    token: Token | None = None  # training: Gym's capture context, set once the call is about to go out
+    token: Token[Any] | None = None  # training: Gym's capture context, set once the call is about to go out
     logged: bool = False  # evaluation: its exchange is written
 
 
@@ -47,7 +47,7 @@ def open_gym_call(
     body: dict[str, Any],
     corr: Correlation,
     items_of: Callable[[dict[str, Any]], list[dict[str, Any]]] = request_items,
-) -> Token | None:
+) -> Token[Any] | None:
     """Publish this call's GymCall when it has a rollout id and Gym's capture is on; undo with `close_gym_call`.
 
     `items_of` gives the items Gym's lineage reads from the body as received (`request_items` of the
@@ -120,7 +120,7 @@ async def answered(
 
 
 async def close_gym_call(
-    state: AppState, token: Token, api: str, failure: tuple[int | None, str | None], started: bool
+    state: AppState, token: Token[Any], api: str, failure: tuple[int | None, str | None], started: bool
 ) -> None:
     """The call is over: Gym's capture context undone, and an exchange for a call that never completed
     (a refusal, an upstream error, a cut stream, a client gone)."""

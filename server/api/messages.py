@@ -7,15 +7,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from starlette.types import Scope, Send
 
 from middleware.correlation import Correlation
 from server.api.call import Call, ModelEndpoint, chat_event_batches, new_id, parse_reply
 from server.capture.gym.messages import responses_request, served_response, with_call_ids
 from server.capture.gym.tokens import request_items
-from server.errors import OpenAIError, anthropic_error_dict, anthropic_error_json
+from server.errors import OpenAIError, anthropic_error_dict, send_error
 from server.http.asgi import SSE_HEADERS, send_json
 from server.state import AppState
 from server.stateful.sealing import ReasoningSeal, SealError, load_key
@@ -23,6 +24,9 @@ from server.translate.messages_request import MESSAGES_FIELDS, MessagesChatReque
 from server.translate.messages_response import chat_to_message
 from server.translate.messages_stream import MessagesStreamWriter, encode_events
 from server.upstream.client import relayed_headers
+
+if TYPE_CHECKING:
+    from server.telemetry.spans import CallSpan
 
 log = logging.getLogger("switchyard_model.translate")
 
@@ -72,9 +76,8 @@ class _Seals:
 class _AnthropicErrors(ModelEndpoint):
     """A model endpoint whose errors take the Messages API's shape."""
 
-    async def send_error(self, send, error: OpenAIError) -> None:
-        extra = [(k.encode(), v.encode("latin-1")) for k, v in error.headers.items()]
-        await send_json(send, error.status, anthropic_error_json(error), extra)
+    async def send_error(self, send: Send, error: OpenAIError) -> None:
+        await send_error(send, error, anthropic=True)
 
     def stream_error(self, error: OpenAIError) -> bytes:
         return encode_events([anthropic_error_dict(error)])
@@ -98,7 +101,7 @@ class Messages(_AnthropicErrors):
         # Gym's own /v1/messages serves a Messages call as the Responses call it maps it to.
         return request_items(responses_request(body))
 
-    async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
+    async def handle(self, body: dict[str, Any], corr: Correlation, send: Send, scope: Scope) -> None:
         want_triple = self.wants_token_ids(body)
         stream = body.get("stream") is True
         if self._extra_for_messages:
@@ -160,7 +163,14 @@ class Messages(_AnthropicErrors):
             call.payload = orjson.dumps(call.request)
 
     async def _answer(
-        self, call: Call, body, translated: MessagesChatRequest, headers, send, span, seal: Callable[[str], str]
+        self,
+        call: Call,
+        body: dict[str, Any],
+        translated: MessagesChatRequest,
+        headers: dict[str, str],
+        send: Send,
+        span: CallSpan,
+        seal: Callable[[str], str],
     ) -> None:
         created_at = int(time.time())
         reply = await self.post_chat(call, headers)
@@ -187,7 +197,14 @@ class Messages(_AnthropicErrors):
         span.finish(chat)
 
     async def _stream(
-        self, call: Call, body, translated: MessagesChatRequest, headers, send, span, seal: Callable[[str], str]
+        self,
+        call: Call,
+        body: dict[str, Any],
+        translated: MessagesChatRequest,
+        headers: dict[str, str],
+        send: Send,
+        span: CallSpan,
+        seal: Callable[[str], str],
     ) -> None:
         created_at = int(time.time())
         stream = await self.open_chat_stream(call, headers)
@@ -280,7 +297,7 @@ class CountTokens(_AnthropicErrors):
             client.close()
         self._clients = None
 
-    async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
+    async def handle(self, body: dict[str, Any], corr: Correlation, send: Send, scope: Scope) -> None:
         body = {**body, "max_tokens": 1}  # count_tokens takes no max_tokens; the translation wants one
         body.pop("stream", None)
         translated = messages_to_chat(body, self._seals.opener(self.state.owners.tag(scope)))

@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from starlette.types import Scope, Send
 
 from middleware.correlation import Correlation
 from server.api.call import Call, ModelEndpoint, chat_event_batches, new_id, parse_json, parse_reply
@@ -26,6 +27,9 @@ from server.translate.response import chat_to_response, response_to_chat
 from server.translate.stream import ResponsesStreamWriter
 from server.translate.tools import ToolMap
 from server.upstream.client import relayed_headers
+
+if TYPE_CHECKING:
+    from server.telemetry.spans import CallSpan
 
 log = logging.getLogger("switchyard_model.translate")
 
@@ -53,7 +57,7 @@ class Responses(ModelEndpoint):
             self._warned.add(key)
             log.warning(message, *args)
 
-    async def handle(self, body: dict[str, Any], corr: Correlation, send, scope) -> None:
+    async def handle(self, body: dict[str, Any], corr: Correlation, send: Send, scope: Scope) -> None:
         want_triple = self.wants_token_ids(body)
         stream = body.get("stream") is True
         if self.state.settings.upstream_api == "responses":
@@ -111,7 +115,15 @@ class Responses(ModelEndpoint):
             raise
 
     async def _answer(
-        self, call: Call, body, tool_map: ToolMap, headers, send, span, turn: Turn, created_at: int
+        self,
+        call: Call,
+        body: dict[str, Any],
+        tool_map: ToolMap,
+        headers: dict[str, str],
+        send: Send,
+        span: CallSpan,
+        turn: Turn,
+        created_at: int,
     ) -> None:
         reply = await self.post_chat(call, headers)
         chat = parse_reply(reply.body)
@@ -147,7 +159,15 @@ class Responses(ModelEndpoint):
         span.finish(chat)
 
     async def stream(
-        self, call: Call, body, tool_map: ToolMap, headers, send, span, turn: Turn, created_at: int
+        self,
+        call: Call,
+        body: dict[str, Any],
+        tool_map: ToolMap,
+        headers: dict[str, str],
+        send: Send,
+        span: CallSpan,
+        turn: Turn,
+        created_at: int,
     ) -> None:
         """The streamed answer (also a background run's, with a `send` that keeps the events)."""
         stream = await self.open_chat_stream(call, headers)
@@ -224,7 +244,9 @@ class Responses(ModelEndpoint):
 
     # ---- upstream_api: responses --------------------------------------------------------------
 
-    async def _passthrough(self, body: dict[str, Any], corr: Correlation, stream: bool, send, scope) -> None:
+    async def _passthrough(
+        self, body: dict[str, Any], corr: Correlation, stream: bool, send: Send, scope: Scope
+    ) -> None:
         """`upstream_api: responses`: relay to Switchyard's /v1/responses unchanged.
 
         Switchyard keeps vLLM's token ids only on a same-format hop, so this path records them only
@@ -254,7 +276,7 @@ class Responses(ModelEndpoint):
             span.finish(None, exc)
             raise
 
-    async def _relay(self, call: Call, headers: dict[str, str], send) -> dict[str, Any] | None:
+    async def _relay(self, call: Call, headers: dict[str, str], send: Send) -> dict[str, Any] | None:
         """Relay one /v1/responses call as is; returns the final Responses object, if there was one."""
         if not call.stream:
             reply = await self.state.client.post("/responses", call.payload, headers)

@@ -36,7 +36,7 @@ class SessionAccess:
 
         Every route that reads or changes one session calls this first.
         """
-        session_id = request.path_params[name]
+        session_id: str = request.path_params[name]
         # Refused before any store call: an invalid id never reaches the filesystem.
         if not is_valid_session_id(session_id):
             raise unknown_session(session_id)

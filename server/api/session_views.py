@@ -12,15 +12,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from server.api.session_access import SessionAccess
-from server.api.sessions import READ_SETTLE_TIMEOUT_S, _as_error_responses, _json_bytes, _unknown, worker_failed
+from server.api.session_access import SessionAccess, unknown_session
+from server.api.sessions import READ_SETTLE_TIMEOUT_S, json_bytes, worker_failed
 from server.capture.catalog.index_view import IndexView
 from server.capture.catalog.summary import SummaryCache
 from server.capture.read.rebuilds import RebuildUnavailable, RolloutBuilder
 from server.capture.read.store import CaptureStore, UnknownSession, read_session_records
 from server.capture.read.timeline import build_tree, link_children, lost_session_timeline, timeline_parts
 from server.capture.write.record import SCHEMA_VERSION
-from server.errors import OpenAIError
+from server.errors import OpenAIError, with_error_responses
 from server.ids import is_valid_session_id
 
 # Built timelines kept (serialised) per session and record count: a page reload or a second tab
@@ -41,7 +41,7 @@ def view_routes(
     a builder, in a thread.
     """
     scope = access if access is not None else SessionAccess(None)
-    timelines: OrderedDict[tuple, bytes] = OrderedDict()
+    timelines: OrderedDict[tuple[object, ...], bytes] = OrderedDict()
     lock = threading.Lock()
 
     async def store_and_id(request: Request) -> tuple[CaptureStore, str]:
@@ -53,14 +53,14 @@ def view_routes(
     async def timeline(request: Request) -> Response:
         store, session_id = await store_and_id(request)
 
-        def cached() -> tuple[IndexView, tuple, bytes | None]:
+        def cached() -> tuple[IndexView, tuple[object, ...], bytes | None]:
             store.flush(READ_SETTLE_TIMEOUT_S)
             view = store.index_view()  # one snapshot for every lookup below
             info = view.session_info(session_id)
             if info is None or not info["record_count"]:  # no records: known only from a capture-failure mark
                 lost = store.lost_records(session_id)
                 if not lost:
-                    raise _unknown(session_id)
+                    raise unknown_session(session_id)
                 body = {**lost_session_timeline(session_id, lost), "schema_version": SCHEMA_VERSION}
                 return view, (), orjson.dumps(body)
             key = (session_id, info["record_count"], info["last_captured_at"], tuple(view.children(session_id)))
@@ -72,7 +72,7 @@ def view_routes(
 
         view, key, data = await run_in_threadpool(cached)
         if data is not None:
-            return _json_bytes(data)
+            return json_bytes(data)
         builder = get_rollouts()
         try:
             if builder is not None:
@@ -80,11 +80,11 @@ def view_routes(
             else:
                 body, facts, skipped = await run_in_threadpool(timeline_parts, str(store.sessions_dir), session_id)
         except UnknownSession:
-            raise _unknown(session_id) from None
+            raise unknown_session(session_id) from None
         except RebuildUnavailable as exc:
             raise worker_failed(exc) from None
         if body is None or facts is None:
-            raise _unknown(session_id, skipped=skipped)
+            raise unknown_session(session_id, skipped=skipped)
 
         def finish() -> bytes:
             cache.remember_facts(view, session_id, facts)
@@ -102,7 +102,7 @@ def view_routes(
                     timelines.popitem(last=False)
             return data
 
-        return _json_bytes(await run_in_threadpool(finish))
+        return json_bytes(await run_in_threadpool(finish))
 
     async def one_call(request: Request) -> Response:
         store, session_id = await store_and_id(request)
@@ -118,17 +118,17 @@ def view_routes(
             else:
                 found = await run_in_threadpool(one_record, str(store.sessions_dir), session_id, record_uuid)
         except UnknownSession:
-            raise _unknown(session_id) from None
+            raise unknown_session(session_id) from None
         except RebuildUnavailable as exc:
             raise worker_failed(exc) from None
         if found is None:
             raise _unknown_call(record_uuid)
-        return _json_bytes(found)
+        return json_bytes(found)
 
     return [
         # `:path`: ids may hold `/`, as on the other session routes.
-        Route("/v1/sessions/{session_id:path}/timeline", _as_error_responses(timeline), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}/completions/{uuid}", _as_error_responses(one_call), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/timeline", with_error_responses(timeline), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/completions/{uuid}", with_error_responses(one_call), methods=["GET"]),
     ]
 
 

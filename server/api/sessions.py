@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +23,7 @@ from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError, lost_session_rollout
 from server.capture.rollout.chains import lost_session_chains
 from server.capture.write.record import SCHEMA_VERSION
-from server.errors import OpenAIError
+from server.errors import OpenAIError, with_error_responses
 from server.ids import is_valid_session_id
 
 DEFAULT_LIST_LIMIT = 1000
@@ -90,7 +90,7 @@ def session_routes(
                 }
             )
 
-        return _json_bytes(await run_in_threadpool(page))
+        return json_bytes(await run_in_threadpool(page))
 
     async def completions(request: Request) -> Response:
         store = store_or_error()
@@ -110,7 +110,7 @@ def session_routes(
             raise worker_failed(exc) from None
         if isinstance(body, int):
             if lost:  # every record lost to capture failures: the session ran, and says so
-                return _json_bytes(orjson.dumps(lost_session_envelope(session_id, lost, skipped=body)))
+                return json_bytes(orjson.dumps(lost_session_envelope(session_id, lost, skipped=body)))
             raise _unknown(session_id, skipped=body)
         return _body_response(body)
 
@@ -122,7 +122,7 @@ def session_routes(
         def build() -> bytes:
             store.flush(READ_SETTLE_TIMEOUT_S)
             try:
-                tree: dict | None = build_tree(store, session_id, run=run)
+                tree: dict[str, Any] | None = build_tree(store, session_id, run=run)
             except UnknownSession:
                 tree = None
             except UnknownRun:
@@ -134,7 +134,7 @@ def session_routes(
                 tree = lost_session_node(session_id, lost)
             return orjson.dumps(tree)
 
-        return _json_bytes(await run_in_threadpool(build))
+        return json_bytes(await run_in_threadpool(build))
 
     async def rebuilt(store: CaptureStore, session_id: str, run: str, **options: Any) -> SessionBody:
         """The session's rollout (or `view=CHAINS`, its chains) as rebuilt off the serving process;
@@ -198,35 +198,22 @@ def session_routes(
                 raise _unknown(session_id) from None
 
         count = await run_in_threadpool(remove)
-        return _json_bytes(orjson.dumps({"deleted": True, "session_id": session_id, "records": count}))
+        return json_bytes(orjson.dumps({"deleted": True, "session_id": session_id, "records": count}))
 
     # `:path`: a session id may hold `/` (sent percent-encoded; the server decodes it before routing).
     # The suffix routes come first, so `/v1/sessions/a/b/tree` is the tree of `a/b`.
     return [
-        Route("/v1/sessions", _as_error_responses(list_sessions), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}/completions", _as_error_responses(completions), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}/tree", _as_error_responses(tree), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}/rollout", _as_error_responses(rollout), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}/chains", _as_error_responses(chains), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}", _as_error_responses(delete), methods=["DELETE"]),
+        Route("/v1/sessions", with_error_responses(list_sessions), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/completions", with_error_responses(completions), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/tree", with_error_responses(tree), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/rollout", with_error_responses(rollout), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}/chains", with_error_responses(chains), methods=["GET"]),
+        Route("/v1/sessions/{session_id:path}", with_error_responses(delete), methods=["DELETE"]),
     ]
 
 
-def _as_error_responses(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
-    """Render OpenAIError as the OpenAI error shape here, so the routes work on any app."""
-
-    async def handler(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except OpenAIError as exc:
-            return Response(
-                exc.to_json(), status_code=exc.status, media_type="application/json", headers=exc.headers or None
-            )
-
-    return handler
-
-
-def _json_bytes(body: bytes, status: int = 200) -> Response:
+def json_bytes(body: bytes, status: int = 200) -> Response:
+    """A JSON body already serialised, as a response."""
     return Response(body, status_code=status, media_type="application/json")
 
 
@@ -240,7 +227,7 @@ class _SpooledResponse(FileResponse):
 
 
 def _body_response(body: SessionBody) -> Response:
-    return _SpooledResponse(body) if isinstance(body, SpooledBody) else _json_bytes(body)
+    return _SpooledResponse(body) if isinstance(body, SpooledBody) else json_bytes(body)
 
 
 def worker_failed(exc: RebuildUnavailable) -> OpenAIError:
@@ -274,7 +261,7 @@ def _optional_id(value: str | None, name: str) -> str | None:
     return value
 
 
-def _list_query(query) -> ListQuery:
+def _list_query(query: Mapping[str, str]) -> ListQuery:
     """The list's filters, each checked: a bad value is a 400 naming it, never silently ignored."""
     roots_only = _bool_param(query.get("roots_only"), "roots_only", default=False)
     kind = _choice_param(query.get("kind"), "kind", KINDS)

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from starlette.types import Receive, Send
 
 from server.errors import OpenAIError
 
@@ -14,7 +15,7 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
-async def read_body(receive, limit: int) -> bytes:
+async def read_body(receive: Receive, limit: int) -> bytes:
     parts: list[bytes] = []
     size = 0
     while True:
@@ -53,7 +54,9 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 _MAX_WRITABLE_DEPTH = 254
 
 
-async def send_json(send, status: int, body: bytes, extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_json(
+    send: Send, status: int, body: bytes, extra_headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     headers = JSON_HEADERS + [(b"content-length", str(len(body)).encode())]
     if extra_headers:
         headers += extra_headers
@@ -61,17 +64,12 @@ async def send_json(send, status: int, body: bytes, extra_headers: list[tuple[by
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send, error: OpenAIError) -> None:
-    extra = [(k.encode(), v.encode("latin-1")) for k, v in error.headers.items()]
-    await send_json(send, error.status, error.to_json(), extra)
-
-
 class ClientGone(Exception):
     """The client disconnected; there is nobody left to answer."""
 
 
 async def run_until_disconnect(
-    receive, work: Callable[[], Awaitable[None]], answered: Callable[[], bool] = lambda: False
+    receive: Receive, work: Callable[[], Awaitable[None]], answered: Callable[[], bool] = lambda: False
 ) -> None:
     """Run `work`, cancelling it as soon as the client disconnects (which cancels its upstream call).
 

@@ -121,9 +121,9 @@ async def _granian_main(app: Any, sock: socket.socket) -> None:
         if stopping:  # a second Ctrl-C: do not wait for in-flight calls
             server.workers_kill_timeout = 0
             for worker in server.wrks:
-                worker.kill()
+                worker.kill()  # type: ignore[no-untyped-call]  # granian's workers are not annotated
         stopping = True
-        server.stop()
+        server.stop()  # type: ignore[no-untyped-call]
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from server.errors import OpenAIError
+from server.errors import OpenAIError, error_body
 
 DONE = b"data: [DONE]\n\n"
 
@@ -58,7 +58,7 @@ def encode_responses_events(events: list[dict[str, Any]]) -> bytes:
 
 def chat_error(error: OpenAIError) -> bytes:
     """The in-band error of a chat stream whose status line is already sent (Switchyard's `data: {"error": ...}`)."""
-    return encode(error.to_json())
+    return encode(error_body(error))
 
 
 def responses_error_event(message: str, code: str | None) -> dict[str, Any]:

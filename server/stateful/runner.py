@@ -23,7 +23,7 @@ from server.stateful.turns import Turn
 from server.translate.response import response_base
 
 if TYPE_CHECKING:
-    from starlette.types import Send
+    from starlette.types import Message, Send
 
     from server.api.call import Call
     from server.api.responses import Responses
@@ -68,7 +68,7 @@ async def start_background(
         )
     events = EventLog(stateful.responses, turn.response_id)
 
-    async def to_event_log(message: dict[str, Any]) -> None:
+    async def to_event_log(message: Message) -> None:
         if message["type"] == "http.response.body" and message.get("body"):
             events.add(message["body"])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 import orjson
@@ -283,7 +284,7 @@ def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def incoming_trace_headers(scope: dict[str, Any]) -> dict[str, str]:
+def incoming_trace_headers(scope: Mapping[str, Any]) -> dict[str, str]:
     """The request's W3C trace context (traceparent, tracestate), if well-formed."""
     headers = scope.get("headers") if isinstance(scope, dict) else None
     if not headers:

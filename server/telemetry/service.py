@@ -170,7 +170,7 @@ class Telemetry:
         request: dict[str, Any],
         correlation: Correlation | None,
         stream: bool,
-        scope: dict[str, Any],
+        scope: Mapping[str, Any],
         client_request: dict[str, Any] | None = None,
     ) -> CallSpan:
         """Begin the telemetry of one model call; never raises (telemetry must not fail a call).

@@ -161,7 +161,7 @@ class TracedCall(MeteredCall):
         request: dict[str, Any],
         correlation: Correlation | None,
         stream: bool,
-        scope: dict[str, Any],
+        scope: Mapping[str, Any],
         client_request: Any,
     ) -> None:
         """`upstream_attrs` are Switchyard's server.address/server.port; `capture_content` puts the

@@ -1,4 +1,8 @@
-"""The rollout viewer: static pages (vanilla ES modules + CSS, shipped in the package) served at /ui/."""
+"""The rollout viewer: static pages (vanilla ES modules + CSS, shipped in the package) served at /ui/.
+
+`__all__` lists `ui_routes` and the module `offline` (the viewer served without the model server),
+whose names are not re-exported: `offline` imports `ui_routes` from here, which would be a cycle.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from server.errors import OpenAIError
+from server.errors import OpenAIError, error_response
+
+__all__ = ["offline", "ui_routes"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _TYPES = {
@@ -53,7 +59,7 @@ def ui_routes() -> list[Route]:
         found = files.get(name)
         if found is None:
             error = OpenAIError(404, f"no such viewer file: {name[:200]!r}", code="endpoint_not_found")
-            return Response(error.to_json(), status_code=404, media_type="application/json", headers=SECURITY_HEADERS)
+            return error_response(error, headers=SECURITY_HEADERS)
         body, media_type = found
         return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
 

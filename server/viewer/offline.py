@@ -20,7 +20,7 @@ from server.api.session_views import view_routes
 from server.api.sessions import session_routes
 from server.capture.catalog.summary import SummaryCache
 from server.capture.read.store import CaptureStore
-from server.errors import OpenAIError
+from server.errors import OpenAIError, error_response
 from server.viewer import ui_routes
 
 
@@ -58,7 +58,7 @@ async def _as_openai_error(request: Request, exc: Exception) -> Response:
     """Unknown paths and methods answer in the OpenAI error shape, as on the full server."""
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     error = OpenAIError(status, f"no such endpoint: {request.method} {request.url.path}", code="endpoint_not_found")
-    return Response(error.to_json(), status_code=status, media_type="application/json")
+    return error_response(error)
 
 
 def serve(

@@ -2,6 +2,11 @@
 
 `chain` is the reconstruction of one session, `tree` adds its sub-agent sessions, `items` maps
 messages and tools to Gym's shapes, `messages` normalises chat messages for the history comparison.
+
+`__all__` names the re-exported functions and, for what callers take straight from them (the
+chains view, the continuation index, the failed-rollout shape), the modules `chain`, `chains`,
+`continuation` and `items`: `chains` is read by catalog and read, which this package's modules
+import in turn, so re-exporting its names here would be an import cycle through the packages.
 """
 
 from __future__ import annotations
@@ -13,6 +18,10 @@ from server.capture.rollout.tree import reconstruct_tree
 
 __all__ = [
     "RolloutError",
+    "chain",
+    "chains",
+    "continuation",
+    "items",
     "lost_session_rollout",
     "map_tools",
     "reconstruct_envelope",

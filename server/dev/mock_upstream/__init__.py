@@ -2,5 +2,7 @@
 
 One module per job: tokenizer, template, directives, generation (the reply), replies (bodies and
 stream chunks), state (caches, counters, validation) and app (the ASGI endpoints); run it with
-`python -m server.dev.mock_upstream`.
+`python -m server.dev.mock_upstream`; other packages start it through `command` (`__all__`).
 """
+
+__all__ = ["command"]

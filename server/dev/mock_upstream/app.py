@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,17 +14,13 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from server.dev.mock_upstream.replies import ChatJob
 from server.dev.mock_upstream.state import MockState
 from server.dev.mock_upstream.template import render_prompt
 from server.dev.mock_upstream.tokenizer import split_pieces
-from server.errors import OpenAIError
-
-Scope = dict[str, Any]
-ASGIMessage = dict[str, Any]
-Receive = Callable[[], Awaitable[ASGIMessage]]
-Send = Callable[[ASGIMessage], Awaitable[None]]
+from server.errors import OpenAIError, error_response, send_error
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -68,11 +64,6 @@ async def _send_whole(send: Send, status: int, body: bytes, headers: list[tuple[
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_error(send: Send, error: OpenAIError) -> None:
-    extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
-    await _send_whole(send, error.status, error.to_json(), _JSON_HEADERS + extra)
-
-
 class ChatCompletionsEndpoint:
     """`POST /v1/chat/completions` as a raw ASGI app, so it can watch for disconnects itself."""
 
@@ -95,7 +86,7 @@ class ChatCompletionsEndpoint:
                 state.record(scope, raw.decode("utf-8", "replace"))
                 outcome = "completed"
                 stats.errors += 1
-                await _send_error(send, OpenAIError(400, "request body must be valid JSON", code="invalid_body"))
+                await send_error(send, OpenAIError(400, "request body must be valid JSON", code="invalid_body"))
                 return
             entry = state.record(scope, body)
             try:
@@ -103,7 +94,7 @@ class ChatCompletionsEndpoint:
             except OpenAIError as error:
                 outcome = "completed"
                 stats.errors += 1
-                await _send_error(send, error)
+                await send_error(send, error)
                 return
             # The ids the engine really used and produced, as an engine's own log would show them.
             entry["prompt_token_ids"] = job.prompt_ids
@@ -135,7 +126,7 @@ class ChatCompletionsEndpoint:
                 self.state.stats.errors += 1
                 if d.sleep_ms > 0 and await _client_gone(watcher, d.sleep_ms / 1000):
                     return "cancelled"
-                await _send_error(send, job.error)
+                await send_error(send, job.error)
                 return "completed"
             if d.badjson:
                 if d.sleep_ms > 0 and await _client_gone(watcher, d.sleep_ms / 1000):
@@ -206,7 +197,7 @@ class TokenizeEndpoint:
         try:
             answer = self._answer(body)
         except OpenAIError as error:
-            await _send_error(send, error)
+            await send_error(send, error)
             return
         await _send_whole(send, 200, orjson.dumps(answer), _JSON_HEADERS)
 
@@ -296,7 +287,7 @@ def create_app(
                 state.configure(template=body.get("template"), token_in=body.get("token_in"))
             except (orjson.JSONDecodeError, AttributeError, ValueError) as exc:
                 error = OpenAIError(400, f"bad mock config: {exc}", code="invalid_value")
-                return Response(error.to_json(), status_code=400, media_type="application/json")
+                return error_response(error)
         return Response(
             orjson.dumps({"template": state.template, "token_in": state.token_in}), media_type="application/json"
         )

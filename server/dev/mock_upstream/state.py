@@ -17,7 +17,6 @@ from server.dev.mock_upstream.template import GENERATION_PROMPT, render_blocks
 from server.dev.mock_upstream.tokenizer import Tokenizer
 from server.errors import OpenAIError
 
-Scope = dict[str, Any]
 TEMPLATES = ("keep-reasoning", "drop-reasoning")
 
 
