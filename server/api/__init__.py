@@ -6,6 +6,7 @@ the app imports the session routes only when capture is on.
 """
 
 __all__ = [
+    "call",
     "chat",
     "conversations",
     "messages",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from server.capture.tokens import (
     TOKEN_REQUEST_FIELDS,
+    TokenTriple,
     Triple,
     generation_token_texts,
     generation_tokens,
@@ -19,6 +20,7 @@ from server.capture.tokens import (
 
 __all__ = [
     "TOKEN_REQUEST_FIELDS",
+    "TokenTriple",
     "Triple",
     "generation_token_texts",
     "generation_tokens",

@@ -4,4 +4,4 @@ Its public surface is its modules (`__all__`): `proxy` imports `profiles` throug
 re-exporting `proxy`'s names here would be an import cycle.
 """
 
-__all__ = ["discovery", "interpolation", "profiles", "provenance", "proxy", "redaction"]
+__all__ = ["discovery", "interpolation", "profiles", "provenance", "proxy", "redaction", "runtime"]
