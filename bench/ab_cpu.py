@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
-import bench.chain as chain  # noqa: E402
+import bench.procs as bench_procs  # noqa: E402
 from bench.calls import CHAT, RESPONSES, SMALL, chat_body, responses_body, template  # noqa: E402
-from bench.chain import LoadGen, Mock, Server, make_log_dir, thread_cpu_by_role  # noqa: E402
+from bench.procs import LoadGen, Mock, Server, make_log_dir, thread_cpu_by_role  # noqa: E402
 
 BODIES = {"chat": (CHAT, chat_body(SMALL)), "responses": (RESPONSES, responses_body(SMALL))}
 
@@ -56,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         mock = Mock(log_dir)
         procs.append(mock.proc)
         servers = {}
-        here = chain.REPO
+        here = bench_procs.REPO
         for name, directory, extra in (("a", here, args.settings_a), ("b", Path(args.other), args.settings_b)):
-            chain.REPO = directory.resolve()  # the server runs from this checkout's code
+            bench_procs.REPO = directory.resolve()  # the server runs from this checkout's code
             try:
                 settings = yaml.safe_load(extra) if extra else None
                 servers[name] = Server(f"server-{name}", mock, log_dir, capture_dir=log_dir / name, settings=settings)
             finally:
-                chain.REPO = here
+                bench_procs.REPO = here
             procs.append(servers[name].proc)
         for server in servers.values():  # warm-up: lazy imports and first connections
             templates = [template(path, body) for path, body in BODIES.values()]

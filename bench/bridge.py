@@ -27,9 +27,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.injection import SYSTEM, TOOLS  # noqa: E402
+from server.injection.id_fields import id_field_for  # noqa: E402
 from server.injection.injector import Injector  # noqa: E402
 from server.injection.renderers_bridge import RendererTokenizer, renderer_factory  # noqa: E402
-from server.injection.transports import make_transport  # noqa: E402
 
 
 class WholeRenders:
@@ -82,7 +82,7 @@ async def _measure(rounds: int, sessions: int, turns: int) -> None:
     injected: dict[str, list[list[int]]] = {way: [] for way in ways}
 
     def injector(way: str) -> Injector:
-        return Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: ways[way], read_records=None)
+        return Injector(id_field=id_field_for("vllm"), tokenizer_for=lambda route: ways[way], read_records=None)
 
     for way in ways:  # warm-up: the renderer per template options, first imports
         await _session(injector(way), tok, "warm", turns)

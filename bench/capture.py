@@ -8,8 +8,8 @@ import time
 import psutil
 
 from bench.calls import CHAT, RESPONSES, RESPONSES_TOKEN_MARK, capture_bodies, responses_body, template
-from bench.chain import Server, file_create_cost
 from bench.harness import Bench
+from bench.procs import Server, file_create_cost
 from bench.stats import cpu_ratio, errors, fmt_ratio, median, pool, ratio_verdict, summary, verdict
 
 

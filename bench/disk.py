@@ -20,12 +20,12 @@ import httpx
 import orjson
 
 from bench.calls import CHAT, words
-from bench.chain import Server
 from bench.harness import Bench
+from bench.procs import Server
 from bench.stats import median, verdict
 from server.capture.catalog.sessions import build_rollout
 from server.capture.read.store import CaptureStore, read_session_records, session_dir_name
-from server.capture.write.delta import DeltaEncoder
+from server.capture.write.diff import DiffEncoder
 
 
 def _files(capture_dir: Path, session_id: str) -> dict[str, int]:
@@ -109,7 +109,7 @@ def writer_cpu(capture_dir: Path, session_id: str, rounds: int = 3) -> dict[str,
         for record in records:
             orjson.dumps(record)
         full.append((time.process_time() - t0) / len(records))
-        encoder, spent = DeltaEncoder(), 0.0
+        encoder, spent = DiffEncoder(), 0.0
         with tempfile.TemporaryDirectory() as scratch:
             for record in records:
                 t0 = time.process_time()

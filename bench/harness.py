@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from bench.calls import CHAT, RESPONSES, SMALL, chat_body, responses_body, template
-from bench.chain import REPO, Floor, LoadGen, Mock, Proc, Server, Stub, make_log_dir, make_ram_dir
+from bench.procs import REPO, Floor, LoadGen, Mock, Proc, Server, Stub, make_log_dir, make_ram_dir
 from server.switchyard.runtime import switchyard_threads
 
 Section = Callable[["Bench"], None]

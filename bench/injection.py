@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.chain import Server, thread_cpu_by_role
 from bench.harness import Bench
+from bench.procs import Server, thread_cpu_by_role
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 SYSTEM = "You are a coding agent. " + " ".join(["Follow the repository's conventions."] * 100)

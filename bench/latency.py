@@ -17,8 +17,8 @@ from bench.calls import (
     responses_body,
     template,
 )
-from bench.chain import Server
 from bench.harness import Bench
+from bench.procs import Server
 from bench.stats import (
     added,
     cpu_ratio,

@@ -30,8 +30,8 @@ import psutil
 
 from bench import recon
 from bench.calls import CHAT, CHAT_TOKEN_MARK, chat_body, template
-from bench.chain import Server
 from bench.harness import Bench
+from bench.procs import Server
 from bench.stats import errors, fmt_lat, median, pct, pool, summary, verdict
 from server.capture.write.record import build_record
 

@@ -249,18 +249,18 @@ def bench_independent_scaling(small: int = 500, large: int = 4000, rounds: int =
 
     Each size's time is the fastest of `rounds`: on a shared machine noise only ever adds time, and
     the 500-call rebuild takes tens of milliseconds, where one scheduler hiccup doubles a sample."""
-    from server.capture.rollout import chain
+    from server.capture.rollout import reconstruct
     from server.capture.rollout.continuation import ContinuationIndex
 
     sessions = {n: independent_session("independent", n) for n in (small, large)}
     times: dict[tuple[str, int], list[float]] = {}
-    original = chain.ContinuationIndex
+    original = reconstruct.ContinuationIndex
     try:
         for r in range(rounds):
             # The reference scan takes seconds at 4,000 calls: it runs in the first round only.
             modes = ("indexed", "scan") if r == 0 else ("indexed",)
             for mode in modes:
-                chain.ContinuationIndex = (  # type: ignore[misc]
+                reconstruct.ContinuationIndex = (  # type: ignore[misc]
                     original if mode == "indexed" else (lambda prompts: ContinuationIndex(prompts, indexed=False))
                 )
                 for n, records in sessions.items():
@@ -269,7 +269,7 @@ def bench_independent_scaling(small: int = 500, large: int = 4000, rounds: int =
                     reconstruct_session("independent", records)
                     times.setdefault((mode, n), []).append(time.perf_counter() - t0)
     finally:
-        chain.ContinuationIndex = original  # type: ignore[misc]
+        reconstruct.ContinuationIndex = original  # type: ignore[misc]
 
     out: dict[str, Any] = {"small": small, "large": large, "rounds": rounds}
     for mode in ("indexed", "scan"):

@@ -29,7 +29,7 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 import psutil  # noqa: E402
 
-from bench.chain import PY, LoadGen, Mock, Proc, free_port, make_log_dir  # noqa: E402
+from bench.procs import PY, LoadGen, Mock, Proc, free_port, make_log_dir  # noqa: E402
 from server.spawn import LocalServer  # noqa: E402
 
 SEED_MB_PER_PROXY = 94  # what the seed measured per dedicated proxy

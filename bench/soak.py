@@ -31,7 +31,7 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 import psutil  # noqa: E402
 
-from bench.chain import PY, Proc, free_port  # noqa: E402
+from bench.procs import PY, Proc, free_port  # noqa: E402
 from bench.soak_checks import (  # noqa: E402
     check_records,
     invariants,

@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 
 from bench.soak_load import OK, UNCERTAIN, CallResult, Options, fault_table
-from server.capture.read.delta_read import DeltaFileError, parse_delta_file
+from server.capture.read.diff_read import DiffFileError, parse_diff_file
 from server.capture.read.store import read_session_records
-from server.capture.write.delta import DELTA_SUFFIX
+from server.capture.write.diff import DIFF_SUFFIX
 
 MiB = 1024 * 1024
 
@@ -45,15 +45,15 @@ def scan_records(capture_dir: Path) -> dict[str, Any]:
                 continue  # the change journal (`.changes`) lives beside the session directories
             sessions: set[str] = set()
             for path in sorted(directory.iterdir()):
-                if path.suffix not in (".json", DELTA_SUFFIX):
+                if path.suffix not in (".json", DIFF_SUFFIX):
                     stray.append(str(path))  # a temp file left behind
                     continue
                 files += 1
                 try:
                     # A delta file's own fields (its body decompressed, so a torn one shows here).
                     data = path.read_bytes()
-                    record = parse_delta_file(data).header if path.suffix == DELTA_SUFFIX else orjson.loads(data)
-                except (orjson.JSONDecodeError, DeltaFileError):
+                    record = parse_diff_file(data).header if path.suffix == DIFF_SUFFIX else orjson.loads(data)
+                except (orjson.JSONDecodeError, DiffFileError):
                     bad_files.append(str(path))
                     continue
                 sid = record.get("session_id") or ""
@@ -66,7 +66,7 @@ def scan_records(capture_dir: Path) -> dict[str, Any]:
                 if hashlib.sha256(sid.encode()).hexdigest() == directory.name:
                     records, _ = read_session_records(sessions_dir, sid)
                     bad_files += [
-                        f"{directory}/{r['uuid']}{DELTA_SUFFIX}: {r['invalid_reason']}"
+                        f"{directory}/{r['uuid']}{DIFF_SUFFIX}: {r['invalid_reason']}"
                         for r in records
                         if (r.get("invalid_reason") or "").startswith("delta record")
                     ]

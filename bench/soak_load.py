@@ -13,7 +13,7 @@ import httpx
 import orjson
 import psutil
 
-from bench.chain import Proc
+from bench.procs import Proc
 
 # Client-side outcomes of one call.
 OK = "ok"  # 200 and the whole answer: JSON body, or a stream that ended normally

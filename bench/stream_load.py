@@ -23,8 +23,8 @@ from typing import Any
 import psutil
 
 from bench.calls import CHAT, CHAT_TOKEN_MARK, RESPONSES, RESPONSES_TOKEN_MARK, chat_body, responses_body, template
-from bench.chain import Server
 from bench.harness import Bench
+from bench.procs import Server
 from bench.stats import cpu_ratio, errors, fmt_ratio, median, pool, ratio_verdict, summary, verdict
 
 SHORT_TOKENS = 32

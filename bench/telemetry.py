@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 
 from bench.calls import CHAT, SMALL, chat_body, template
-from bench.chain import Server
 from bench.harness import Bench, python_exports
+from bench.procs import Server
 from bench.stats import (
     cpu_per_request,
     cpu_ratio,

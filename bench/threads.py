@@ -30,7 +30,7 @@ from bench.calls import (  # noqa: E402
     responses_body,
     template,
 )
-from bench.chain import LoadGen, Mock, Server, make_log_dir, thread_cpu_by_role  # noqa: E402
+from bench.procs import LoadGen, Mock, Server, make_log_dir, thread_cpu_by_role  # noqa: E402
 
 STREAM = "Explain the plan step by step. [[mock:tokens 32]]"
 

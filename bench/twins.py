@@ -18,8 +18,8 @@ import orjson
 
 from bench import recon
 from bench.calls import CHAT, RESPONSES, SMALL, chat_body, responses_body, template
-from bench.chain import Server
 from bench.harness import Bench
+from bench.procs import Server
 from bench.reads import _write, fetch_status
 from bench.stats import cpu_ratio, errors, fmt_ratio, median, pool, ratio_verdict, summary, verdict
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from bench.chain import Proc, make_log_dir  # noqa: E402
+from bench.procs import Proc, make_log_dir  # noqa: E402
 from tests.integration.test_viewer import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from tests.support.viewer_data import Writer  # noqa: E402
 

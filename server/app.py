@@ -160,12 +160,12 @@ def create_app(
 
         summaries = SummaryCache()
         access = SessionAccess(state.owners)  # every session route checks the caller's key with it
-        routes += session_routes(lambda: state.store, lambda: state.rollouts, cache=summaries, access=access)
-        routes += view_routes(lambda: state.store, summaries, lambda: state.rollouts, access=access)
+        routes += session_routes(lambda: state.capture_store, lambda: state.rollouts, cache=summaries, access=access)
+        routes += view_routes(lambda: state.capture_store, summaries, lambda: state.rollouts, access=access)
         routes += ui_routes()
     # Registered whatever the settings: with the store off they answer why in an OpenAI error.
-    routes += stored_response_routes(lambda: state.stateful)
-    routes += conversation_routes(lambda: state.stateful, settings.max_body_bytes)
+    routes += stored_response_routes(lambda: state.response_store)
+    routes += conversation_routes(lambda: state.response_store, settings.max_body_bytes)
 
     exception_handlers: dict[Any, Callable[..., Any]] = {
         HTTPException: _http_exception,

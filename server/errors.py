@@ -20,10 +20,10 @@ Every exception class of the project, by base, with where it lives:
     ├── ValueError
     │   ├── ConfigError           server/config.py          settings the server cannot start with
     │   ├── RolloutError          server/capture/rollout/messages.py  records that make no trustworthy rollout
-    │   ├── DeltaFileError        server/capture/read/delta_read.py  a record file this server did not write
+    │   ├── DiffFileError        server/capture/read/diff_read.py  a record file this server did not write
     │   ├── InvalidSessionId      server/capture/read/store.py  a session id outside the allowed shape
     │   ├── TooBig                server/capture/read/bounded.py  a record file over the size limit
-    │   └── NoEndOfTurn           server/injection/chains.py  a re-rendered tail without its end-of-turn token
+    │   └── NoEndOfTurn           server/injection/histories.py  a re-rendered tail without its end-of-turn token
     ├── LookupError
     │   ├── UnknownRun            server/capture/catalog/runs.py  a run the session does not have
     │   └── UnknownSession        server/capture/read/store.py  (a KeyError) no capture of that session

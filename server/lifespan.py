@@ -66,7 +66,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
             from server.capture.read.store import CaptureStore
             from server.capture.write.handoff import CaptureHandoff
 
-            state.store = CaptureStore(
+            state.capture_store = CaptureStore(
                 settings.capture_dir,
                 queue_size=settings.capture_queue_size,
                 capture_uncorrelated=settings.capture_uncorrelated,
@@ -78,23 +78,23 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
                 full_revalidation_s=settings.capture_index_rescan_s,
             )
             # Earlier runs' records are indexed in the background: calls are served meanwhile.
-            await asyncio.to_thread(state.store.start, index_in_background=True)
+            await asyncio.to_thread(state.capture_store.start, index_in_background=True)
             from server.capture.read.rebuilds import RolloutBuilder
 
             state.rollouts = RolloutBuilder(
-                state.store.sessions_dir,
+                state.capture_store.sessions_dir,
                 workers=settings.rollout_workers,
                 cache_bytes=settings.rollout_cache_mb << 20,
             )
             state.closers.append(state.rollouts.close)
-            state.capture = CaptureHandoff(settings, state.store)
-            state.telemetry.capture_stats_source(state.store.stats)
+            state.capture_handoff = CaptureHandoff(settings, state.capture_store)
+            state.telemetry.capture_stats_source(state.capture_store.stats)
         if state.proxy.rendered is not None:
             state.max_model_lens.update(await discover_context_lengths(state.proxy.rendered.text))
-        if settings.token_injection and state.store is not None:
+        if settings.token_injection and state.capture_store is not None:
             from server.injection.setup import build_injector
 
-            store = state.store
+            store = state.capture_store
             state.injector, close = build_injector(
                 settings,
                 default_route=state.route,
@@ -108,7 +108,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
 
             stateful = Stateful(settings, state.server_run)
             await asyncio.to_thread(stateful.open)
-            state.stateful = stateful
+            state.response_store = stateful
         state.ready = True
         log.info(
             "serving route %r through Switchyard at %s (%s); server run %s",
@@ -160,22 +160,22 @@ async def shutdown(state: AppState) -> None:
     """Undo whatever the lifespan got to; safe to call twice. The proxy is closed last."""
     state.ready = False
     try:
-        if state.stateful is not None:
+        if state.response_store is not None:
             # Runs first: each still going records itself cancelled, while capture and the store are up.
-            await state.stateful.runs.shutdown()
+            await state.response_store.runs.shutdown()
         while state.closers:
             state.closers.pop()()
         if state.gym_tokens is not None:
             gym_tokens, state.gym_tokens = state.gym_tokens, None
             await gym_tokens.close()
-        if state.store is not None:
-            store, state.store, state.capture = state.store, None, None
+        if state.capture_store is not None:
+            store, state.capture_store, state.capture_handoff = state.capture_store, None, None
             await asyncio.to_thread(store.close)
         if state.upstream is not None:
             upstream, state.upstream = state.upstream, None
             await upstream.aclose()
-        if state.stateful is not None:
-            stateful, state.stateful = state.stateful, None
+        if state.response_store is not None:
+            stateful, state.response_store = state.response_store, None
             await asyncio.to_thread(stateful.close)
         state.telemetry.shutdown()
     finally:
@@ -183,6 +183,6 @@ async def shutdown(state: AppState) -> None:
 
 
 async def proxy_up(state: AppState) -> bool:
-    if not state.ready or state.upstream is None or state.proxy.is_running() is False:
+    if not state.ready or state.upstream is None or state.proxy.is_known_down():
         return False
     return await state.upstream.healthy(state.proxy.root_url)

@@ -33,10 +33,10 @@ class AppState:
     settings: Settings
     proxy: SwitchyardProxy
     upstream: Upstream | None = None
-    store: CaptureStore | None = None  # when capture is on
-    rollouts: RolloutBuilder | None = None  # rebuilds rollouts off the event loop; with the store
-    stateful: Stateful | None = None  # when response_store is on
-    capture: CaptureHandoff | None = None  # the handlers' way into `store`
+    capture_store: CaptureStore | None = None  # when capture is on
+    rollouts: RolloutBuilder | None = None  # rebuilds rollouts off the event loop; with capture_store
+    response_store: Stateful | None = None  # when response_store is on
+    capture_handoff: CaptureHandoff | None = None  # the handlers' way into `capture_store`
     telemetry: Telemetry = field(default_factory=Telemetry)
     semaphore: asyncio.Semaphore | None = None
     route: str = ""  # the default route (switchyard_model, or Switchyard's default)
@@ -54,9 +54,8 @@ class AppState:
     on_ready: Callable[[AppState], None] | None = None  # called once the server can take calls
     startup_error: BaseException | None = None  # why the lifespan failed, for the CLI's exit message
 
-    @property
-    def client(self) -> Upstream:
-        """The client to Switchyard. Model calls run only after the lifespan made it (they get a 503
+    def require_upstream(self) -> Upstream:
+        """`upstream`, for a model call. Model calls run only after the lifespan made it (they get a 503
         before), so this fails only in a call racing shutdown, with the same 503."""
         if self.upstream is None:
             raise OpenAIError(503, "Switchyard is not running", code="proxy_unavailable")

@@ -8,9 +8,9 @@ import os
 import pytest
 from hypothesis import settings
 
-from tests.support.chain import launch_chain
 from tests.support.deployments import ALL_PROFILE_VARS
 from tests.support.procs import PROXY_VARIABLES, start_mock_upstream
+from tests.support.stack import launch_stack
 
 # In CI every property and fuzz test runs a fixed set of examples, so a run is reproducible; locally
 # they explore afresh each time (and SWITCHYARD_FUZZ_SCALE widens the fuzzers). Neither has a
@@ -41,7 +41,7 @@ def mock_upstream():
 
 @pytest.fixture(scope="module")
 def chain(mock_upstream, tmp_path_factory):
-    chain = launch_chain(mock_upstream, tmp_path_factory.mktemp("captures"))
+    chain = launch_stack(mock_upstream, tmp_path_factory.mktemp("captures"))
     yield chain
     chain.proc.stop()
 

@@ -54,7 +54,7 @@ class Call:
     capture: bool
     added_fields: frozenset[str]  # token-id fields the client did not ask for
     started: float
-    wants_triple: bool = False  # the client asked for the token triple in its answer
+    wants_token_ids: bool = False  # the client asked for the token triple in its answer
     injection: Plan | None = None  # token injection's decision for this call (docs/injection.md)
     response_id: str | None = None  # a Responses call's id, which its record carries too
 
@@ -120,7 +120,7 @@ class ModelEndpoint:
     async def check_session_owner(self, corr: Correlation, scope: Scope) -> None:
         """With keys set, a call may write only into a session its own key started (a new id claims it),
         and name as parent only a session no other key wrote; else a 403 before anything goes upstream."""
-        owners, store = self.state.owners, self.state.store
+        owners, store = self.state.owners, self.state.capture_store
         if not owners.scoped or store is None:
             return
         tag = owners.tag(scope)
@@ -139,12 +139,12 @@ class ModelEndpoint:
 
     def captures(self, corr: Correlation) -> bool:
         state = self.state
-        return state.store is not None and (corr.session_id is not None or state.settings.capture_uncorrelated)
+        return state.capture_store is not None and (corr.session_id is not None or state.settings.capture_uncorrelated)
 
     def check_capture_open(self, corr: Correlation) -> None:
         """`capture_on_failure: refuse`: a captured call gets a 503 before anything goes upstream."""
-        if self.state.capture is not None and self.captures(corr):
-            self.state.capture.check_open()
+        if self.state.capture_handoff is not None and self.captures(corr):
+            self.state.capture_handoff.check_open()
 
     def new_call(
         self,
@@ -153,7 +153,7 @@ class ModelEndpoint:
         request: dict[str, Any],
         stream: bool,
         added: frozenset[str] = frozenset(),
-        wants_triple: bool = False,
+        wants_token_ids: bool = False,
     ) -> Call:
         self.check_capture_open(corr)
         return Call(
@@ -166,7 +166,7 @@ class ModelEndpoint:
             self.captures(corr),
             added,
             time.perf_counter(),
-            wants_triple,
+            wants_token_ids,
         )
 
     def prepare(
@@ -174,7 +174,7 @@ class ModelEndpoint:
         chat_body: dict[str, Any],
         corr: Correlation,
         stream: bool,
-        want_ids: bool,
+        wants_token_ids: bool,
         requested_model: Any,
         extra_body: dict[str, Any],
     ) -> Call:
@@ -185,14 +185,18 @@ class ModelEndpoint:
         request["model"] = route
         request["stream"] = stream
         added: set[str] = set()
-        if (self.captures(corr) and state.settings.request_token_ids) or want_ids or gym_hooks.on_training_path():
+        if (
+            (self.captures(corr) and state.settings.request_token_ids)
+            or wants_token_ids
+            or gym_hooks.on_training_path()
+        ):
             for key, value in TOKEN_REQUEST_FIELDS:
                 if key not in request:
                     request[key] = value
                     added.add(key)
-        if want_ids:
+        if wants_token_ids:
             added.clear()  # the client asked for them: nothing to strip from its answer
-        return self.new_call(corr, route, request, stream, frozenset(added), want_ids)
+        return self.new_call(corr, route, request, stream, frozenset(added), wants_token_ids)
 
     def gym_items(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """The items of a request as received that Gym's lineage reads on its training path."""
@@ -215,7 +219,7 @@ class ModelEndpoint:
         call.injection = plan
         if plan.body is not call.request:
             if plan.adds_field_only and plan.sent_json is not None:  # the messages are not serialised again
-                call.payload = injector.transport.splice(call.payload, plan.sent_json)
+                call.payload = injector.id_field.splice(call.payload, plan.sent_json)
             else:
                 call.payload = orjson.dumps(plan.body)
             call.request = plan.body
@@ -233,11 +237,11 @@ class ModelEndpoint:
     async def post_chat(self, call: Call, headers: dict[str, str]) -> UpstreamReply:
         """POST the chat call upstream (once more, plainly, if the engine refused injected ids)."""
         try:
-            return await self.state.client.post("/chat/completions", call.payload, headers)
+            return await self.state.require_upstream().post("/chat/completions", call.payload, headers)
         except OpenAIError as error:
             if not self._reissue_plain(call, error):
                 raise
-        return await self.state.client.post("/chat/completions", call.payload, headers)
+        return await self.state.require_upstream().post("/chat/completions", call.payload, headers)
 
     def injection_done(self, call: Call, chat: dict[str, Any] | None, span: CallSpan, completed: bool = True) -> None:
         """Verify the echo and commit the chain: before the client sees the answer's end. Never raises."""
@@ -290,7 +294,7 @@ class ModelEndpoint:
             response_id=call.response_id,
         )
 
-    async def keep(
+    async def save_record(
         self,
         call: Call,
         chat_response: dict[str, Any],
@@ -301,26 +305,26 @@ class ModelEndpoint:
         """A whole answer, before its last byte goes out: its record into its file first.
 
         The store's writer thread does the work; this only waits. Never raises, except the 503 of
-        `capture_on_failure: refuse` when the record could not be kept. On Gym's training path the
+        `capture_on_failure: refuse` when the record could not be saved. On Gym's training path the
         answer also goes into Gym's token store: `served()` gives it as Gym holds it (a Responses
         object), by default the chat answer with Gym's token fields; `shown()`, as the client got it
         (for Gym's evaluation exchange), by default `served()` (see server.api.gym_hooks.answered).
         """
         await gym_hooks.answered(self.state, self.api, chat_response, served, shown)
-        if call.capture and self.state.capture is not None:
-            await self.state.capture.keep(self.record_input(call, chat_response, "completed", chat_request))
+        if call.capture and self.state.capture_handoff is not None:
+            await self.state.capture_handoff.save(self.record_input(call, chat_response, "completed", chat_request))
 
-    def record(
+    def save_record_later(
         self, call: Call, chat_response: dict[str, Any], status: str, chat_request: dict[str, Any] | None = None
     ) -> None:
         """A call that failed or was cut: its record is queued, not waited for (its answer is already over)."""
-        if call.capture and self.state.capture is not None:
-            self.state.capture.keep_later(self.record_input(call, chat_response, status, chat_request))
+        if call.capture and self.state.capture_handoff is not None:
+            self.state.capture_handoff.save_later(self.record_input(call, chat_response, status, chat_request))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The raw ASGI app: 503 until the lifespan has brought Switchyard up (and after it went down);
         errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""
-        if not self.state.ready or self.state.proxy.is_running() is False:
+        if not self.state.ready or self.state.proxy.is_known_down():
             await self.send_error(send, OpenAIError(503, "Switchyard is not running", code="proxy_unavailable"))
             return
         progress = {"started": False, "answered": False}
@@ -363,22 +367,22 @@ class ModelEndpoint:
         """The upstream's chat stream; or, with `buffer_upstream_streams`, a non-stream call replayed as one."""
         if self.state.settings.buffer_upstream_streams and call.capture:
             try:
-                reply = await self.state.client.post(
+                reply = await self.state.require_upstream().post(
                     "/chat/completions", orjson.dumps({**call.request, "stream": False}), headers
                 )
             except OpenAIError as error:
                 if not self._reissue_plain(call, error):
                     raise
-                reply = await self.state.client.post(
+                reply = await self.state.require_upstream().post(
                     "/chat/completions", orjson.dumps({**call.request, "stream": False}), headers
                 )
             return BufferedStream(reply, chunks_from_completion(parse_reply(reply.body)))
         try:
-            return await self.state.client.open_stream("/chat/completions", call.payload, headers)
+            return await self.state.require_upstream().open_stream("/chat/completions", call.payload, headers)
         except OpenAIError as error:
             if not self._reissue_plain(call, error):
                 raise
-        return await self.state.client.open_stream("/chat/completions", call.payload, headers)
+        return await self.state.require_upstream().open_stream("/chat/completions", call.payload, headers)
 
 
 async def chat_event_batches(

@@ -34,7 +34,7 @@ class ChatCompletions(ModelEndpoint):
             body,
             corr,
             body.get("stream") is True,
-            want_ids=self.wants_token_ids(body),
+            wants_token_ids=self.wants_token_ids(body),
             requested_model=body.get("model"),
             extra_body=self.state.settings.extra_body,
         )
@@ -58,11 +58,11 @@ class ChatCompletions(ModelEndpoint):
                     reply = await self.post_chat(call, headers)
                     chat = parse_reply(reply.body)
                     self.injection_done(call, chat, span)
-                    await self.keep(call, chat)  # the record in its file before the answer goes out
+                    await self.save_record(call, chat)  # the record in its file before the answer goes out
                     out = reply.body
                     if call.added_fields:
                         out = orjson.dumps(strip_token_fields(chat, call.added_fields))
-                    elif call.wants_triple and self.state.settings.gym is not None:
+                    elif call.wants_token_ids and self.state.settings.gym is not None:
                         out = orjson.dumps(chat_with_gym_tokens(chat))  # where Gym reads them, as its vllm_model
                     await send_json(send, 200, out, relayed_headers(reply.headers))
                     span.finish(chat)
@@ -108,7 +108,7 @@ class ChatCompletions(ModelEndpoint):
             injection_finished = True
             if result is not None:
                 kept = True  # once queued, the completed record is the call's only one
-                await self.keep(call, result)  # and the record is in its file
+                await self.save_record(call, result)  # and the record is in its file
             await send({"type": "http.response.body", "body": last + sse.DONE})
             span.finish(result)
         except OpenAIError as error:
@@ -117,13 +117,13 @@ class ChatCompletions(ModelEndpoint):
             if not injection_finished:
                 self.injection_done(call, None, span, completed=False)
             if accumulator is not None and not kept:
-                self.record(call, accumulator.result(), "failed")
+                self.save_record_later(call, accumulator.result(), "failed")
             span.finish(None, error)
         except asyncio.CancelledError:
             if not injection_finished:
                 self.injection_done(call, None, span, completed=False)
             if accumulator is not None and not kept:
-                self.record(call, accumulator.result(), "partial")
+                self.save_record_later(call, accumulator.result(), "partial")
             raise
         finally:
             await stream.aclose()

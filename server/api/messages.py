@@ -22,7 +22,7 @@ from server.state import AppState
 from server.stateful.sealing import ReasoningSeal, SealError, load_key
 from server.translate.messages_request import MESSAGES_FIELDS, MessagesChatRequest, messages_to_chat
 from server.translate.messages_response import chat_to_message
-from server.translate.messages_stream import MessagesStreamWriter, encode_events
+from server.translate.messages_stream import MessagesStreamTranslator, encode_events
 from server.upstream.client import relayed_headers
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class _Seals:
         self._lock = threading.Lock()
 
     def get(self) -> ReasoningSeal:
-        stateful = self._state.stateful
+        stateful = self._state.response_store
         if stateful is not None and stateful.seal is not None:
             return stateful.seal
         with self._lock:
@@ -102,7 +102,7 @@ class Messages(_AnthropicErrors):
         return request_items(responses_request(body))
 
     async def handle(self, body: dict[str, Any], corr: Correlation, send: Send, scope: Scope) -> None:
-        want_triple = self.wants_token_ids(body)
+        wants_token_ids = self.wants_token_ids(body)
         stream = body.get("stream") is True
         if self._extra_for_messages:
             body = {**self._extra_for_messages, **body}
@@ -116,7 +116,7 @@ class Messages(_AnthropicErrors):
             translated.body,
             corr,
             stream,
-            want_ids=want_triple,
+            wants_token_ids=wants_token_ids,
             requested_model=body.get("model"),
             extra_body=self._extra_for_chat,
         )
@@ -182,12 +182,12 @@ class Messages(_AnthropicErrors):
             seal=seal,
             show_thinking=translated.show_thinking,
             stop_sequences=translated.stop_sequences,
-            token_ids=call.wants_triple,
+            token_ids=call.wants_token_ids,
         )
         call_ids = [block["id"] for block in message["content"] if block["type"] == "tool_use"]
         # The record in its file before the answer goes out; on Gym's training path, the answer as
         # Gym's own /v1/messages captures it (a Responses object) into Gym's token store.
-        await self.keep(
+        await self.save_record(
             call,
             chat,
             served=lambda: served_response(chat, body, message["id"], call_ids, created_at),
@@ -208,13 +208,13 @@ class Messages(_AnthropicErrors):
     ) -> None:
         created_at = int(time.time())
         stream = await self.open_chat_stream(call, headers)
-        writer = MessagesStreamWriter(
+        writer = MessagesStreamTranslator(
             message_id=call.response_id or "",
             model=stream.headers.get("x-model-router-selected-model") or call.route,
             seal=seal,
             show_thinking=translated.show_thinking,
             stop_sequences=translated.stop_sequences,
-            token_ids=call.wants_triple,
+            token_ids=call.wants_token_ids,
         )
         injection_finished = kept = False
         last: list[dict[str, Any]] = []
@@ -241,10 +241,10 @@ class Messages(_AnthropicErrors):
                     seal=seal,
                     show_thinking=translated.show_thinking,
                     stop_sequences=translated.stop_sequences,
-                    token_ids=call.wants_triple,
+                    token_ids=call.wants_token_ids,
                 )
 
-            await self.keep(  # and the record is in its file (see _answer)
+            await self.save_record(  # and the record is in its file (see _answer)
                 call,
                 result,
                 served=lambda: served_response(result, body, message_id, call_ids, created_at),
@@ -260,13 +260,13 @@ class Messages(_AnthropicErrors):
             if not injection_finished:
                 self.injection_done(call, None, span, completed=False)
             if not kept:
-                self.record(call, writer.accumulator.result(), "failed")
+                self.save_record_later(call, writer.accumulator.result(), "failed")
             span.finish(None, error)
         except asyncio.CancelledError:
             if not injection_finished:
                 self.injection_done(call, None, span, completed=False)
             if not kept:
-                self.record(call, writer.accumulator.result(), "partial")
+                self.save_record_later(call, writer.accumulator.result(), "partial")
             raise
         finally:
             await stream.aclose()

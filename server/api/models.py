@@ -58,8 +58,8 @@ def model_routes(state: AppState) -> list[Route]:
             # Ids the correlation rules refused: those calls were served but not tied to a session.
             "correlation": {"refused_ids": state.refused_ids.counts()},
         }
-        if state.store is not None:
-            body["capture"] = state.store.stats()
+        if state.capture_store is not None:
+            body["capture"] = state.capture_store.stats()
         return json_response(200 if up else 503, body)
 
     async def models(request: Request) -> Response:

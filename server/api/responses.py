@@ -24,7 +24,7 @@ from server.stateful.runner import start_background
 from server.stateful.turns import Turn
 from server.translate.request import RESPONSES_FIELDS, responses_to_chat
 from server.translate.response import chat_to_response, response_to_chat
-from server.translate.stream import ResponsesStreamWriter
+from server.translate.stream import ResponsesStreamTranslator
 from server.translate.tools import ToolMap
 from server.upstream.client import relayed_headers
 
@@ -58,7 +58,7 @@ class Responses(ModelEndpoint):
             log.warning(message, *args)
 
     async def handle(self, body: dict[str, Any], corr: Correlation, send: Send, scope: Scope) -> None:
-        want_triple = self.wants_token_ids(body)
+        wants_token_ids = self.wants_token_ids(body)
         stream = body.get("stream") is True
         if self.state.settings.upstream_api == "responses":
             await self._passthrough(body, corr, stream, send, scope)
@@ -66,7 +66,7 @@ class Responses(ModelEndpoint):
         sent = body  # as the client sent it: the call's input on its root span
         if self._extra_for_responses:
             body = {**self._extra_for_responses, **body}
-        stateful = self.state.stateful
+        stateful = self.state.response_store
         owner = stateful.owner(scope) if stateful is not None else ""
         expanded = await expand(body, stateful, owner, has_session=corr.session_id is not None)
         if expanded.session_id is not None:  # the previous response's, or the conversation's
@@ -82,7 +82,7 @@ class Responses(ModelEndpoint):
             translated.body,
             corr,
             stream or expanded.background,  # a background run always streams: its events are kept
-            want_ids=want_triple,
+            wants_token_ids=wants_token_ids,
             requested_model=body.get("model"),
             extra_body=self._extra_for_translated_chat,
         )
@@ -134,7 +134,7 @@ class Responses(ModelEndpoint):
             tool_map,
             response_id=turn.response_id,
             created_at=created_at,
-            token_ids=call.wants_triple,
+            token_ids=call.wants_token_ids,
             completed_at=int(time.time()),
             echo=turn.echo,
             seal=turn.seal,
@@ -142,7 +142,7 @@ class Responses(ModelEndpoint):
         await turn.keep(response)  # before the answer: a follow-up sent at once finds it
 
         def served() -> dict[str, Any]:  # for Gym's token store: the answer with its triple
-            if call.wants_triple:
+            if call.wants_token_ids:
                 return response
             return chat_to_response(
                 chat,
@@ -154,7 +154,7 @@ class Responses(ModelEndpoint):
                 completed_at=int(time.time()),
             )
 
-        await self.keep(call, chat, served=served)  # the record in its file before the answer goes out
+        await self.save_record(call, chat, served=served)  # the record in its file before the answer goes out
         await send_json(send, 200, orjson.dumps(response), relayed_headers(reply.headers))
         span.finish(chat)
 
@@ -171,13 +171,13 @@ class Responses(ModelEndpoint):
     ) -> None:
         """The streamed answer (also a background run's, with a `send` that keeps the events)."""
         stream = await self.open_chat_stream(call, headers)
-        writer = ResponsesStreamWriter(
+        writer = ResponsesStreamTranslator(
             body,
             tool_map,
             response_id=turn.response_id,
             created_at=created_at,
             model=stream.headers.get("x-model-router-selected-model") or call.route,
-            token_ids=call.wants_triple,
+            token_ids=call.wants_token_ids,
             echo=turn.echo,
             seal=turn.seal,
         )
@@ -213,7 +213,7 @@ class Responses(ModelEndpoint):
                     completed_at=int(time.time()),
                 )
 
-            await self.keep(call, result, served=served)  # and the record is in its file
+            await self.save_record(call, result, served=served)  # and the record is in its file
             closing = writer.finish(completed_at=int(time.time()))
             # Stored before response.completed goes out (its `store` is set here, before encoding).
             await turn.keep(writer.response)
@@ -231,13 +231,13 @@ class Responses(ModelEndpoint):
             if not injection_finished:
                 self.injection_done(call, None, span, completed=False)
             if not kept:
-                self.record(call, writer.accumulator.result(), "failed")
+                self.save_record_later(call, writer.accumulator.result(), "failed")
             span.finish(None, error)
         except asyncio.CancelledError:
             if not injection_finished:
                 self.injection_done(call, None, span, completed=False)
             if not kept:
-                self.record(call, writer.accumulator.result(), "partial")
+                self.save_record_later(call, writer.accumulator.result(), "partial")
             raise
         finally:
             await stream.aclose()
@@ -279,12 +279,14 @@ class Responses(ModelEndpoint):
     async def _relay(self, call: Call, headers: dict[str, str], send: Send) -> dict[str, Any] | None:
         """Relay one /v1/responses call as is; returns the final Responses object, if there was one."""
         if not call.stream:
-            reply = await self.state.client.post("/responses", call.payload, headers)
+            reply = await self.state.require_upstream().post("/responses", call.payload, headers)
             final = parse_json(reply.body)
-            await self.keep(call, response_to_chat(final or {}), _relayed_chat_request(call), _served(final or {}))
+            await self.save_record(
+                call, response_to_chat(final or {}), _relayed_chat_request(call), _served(final or {})
+            )
             await send_json(send, 200, reply.body, relayed_headers(reply.headers))
             return final
-        upstream = await self.state.client.open_stream("/responses", call.payload, headers)
+        upstream = await self.state.require_upstream().open_stream("/responses", call.payload, headers)
         final = None
         try:
             await send(
@@ -304,7 +306,7 @@ class Responses(ModelEndpoint):
                             if final is None and payload and payload.get("type") in _TERMINAL_RESPONSE_EVENTS:
                                 final = payload.get("response")
                                 if final is not None:  # kept before the client sees the end
-                                    await self.keep(
+                                    await self.save_record(
                                         call, response_to_chat(final), _relayed_chat_request(call), _served(final)
                                     )
                     # What arrived in one read leaves in one write.
@@ -316,7 +318,7 @@ class Responses(ModelEndpoint):
         finally:
             await upstream.aclose()
         if final is None and call.capture:
-            self.record(call, response_to_chat({}), "failed", _relayed_chat_request(call))
+            self.save_record_later(call, response_to_chat({}), "failed", _relayed_chat_request(call))
         return final
 
 

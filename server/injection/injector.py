@@ -26,21 +26,21 @@ import orjson
 
 from server.capture.write.record import INJECTION_BREAKING_FALLBACKS, CaptureRecord
 from server.injection.breaker import RouteBreaker
-from server.injection.chains import (
-    Chain,
-    ChainCache,
+from server.injection.histories import (
+    HistoryCache,
     NoEndOfTurn,
-    chains_from_records,
+    TokenHistory,
     end_of_turn,
     env_suffix,
+    histories_from_records,
     history_hash,
     longest_history_match,
     longest_match,
-    new_chain_id,
+    new_history_id,
 )
-from server.injection.ids import begins_with, id_list_json, json_digest
+from server.injection.id_fields import IdField
+from server.injection.id_lists import begins_with, id_list_json, json_digest
 from server.injection.tokenize import Render, TokenizeClient, TokenizeError, template_options
-from server.injection.transports import Transport
 
 log = logging.getLogger("switchyard_model.injection")
 
@@ -73,7 +73,7 @@ class Plan:
     plain: dict[str, Any]  # the same call without the ids, for a re-issue
     n_messages: int
     render: Render | None = None
-    chain: Chain | None = None  # the chain this call extends or replaces
+    chain: TokenHistory | None = None  # the chain this call extends or replaces
     version: int = -1
     sent: list[int] | None = None  # the ids attached, when injected
     sent_json: bytes | None = None  # ... as compact JSON: spliced into the payload, compared with the echo
@@ -99,19 +99,19 @@ class Injector:
     def __init__(
         self,
         *,
-        transport: Transport,
+        id_field: IdField,
         tokenizer_for: Callable[[str], TokenizeClient | None],
         read_records: Callable[[str], list[CaptureRecord]] | None,
         max_model_len_for: Callable[[str], int | None] = lambda route: None,
-        cache: ChainCache | None = None,
+        cache: HistoryCache | None = None,
         breaker: RouteBreaker | None = None,
         rebuild_wait_s: float = 0.25,
     ) -> None:
-        self.transport = transport
+        self.id_field = id_field
         self._tokenizer_for = tokenizer_for
         self._read_records = read_records
         self._max_model_len_for = max_model_len_for
-        self.cache = cache if cache is not None else ChainCache()
+        self.cache = cache if cache is not None else HistoryCache()
         self.breaker = breaker if breaker is not None else RouteBreaker(3, 300.0)
         self.rebuild_wait_s = rebuild_wait_s
         self.injected_total = 0
@@ -126,7 +126,7 @@ class Injector:
             plan.reason = UNSUPPORTED
             return plan
         tools, template = request.get("tools"), template_options(request)
-        if self.transport.sends_history_only:
+        if self.id_field.sends_history_only:
             # NeMo-RL's engine renders its template and splices the tail after the history we send:
             # nothing needs rendering here, so no /tokenize round trip at all.
             plan.history = (messages, tools, template)
@@ -198,7 +198,7 @@ class Injector:
             self._clamp(plan, None, plan.render.prompt_len)
         return True
 
-    async def _history_chain(self, plan: Plan) -> tuple[list[Chain], Chain | None]:
+    async def _history_chain(self, plan: Plan) -> tuple[list[TokenHistory], TokenHistory | None]:
         """The chain whose last request the call resends unchanged (`plan.history`), planned on."""
         assert plan.history is not None
         messages, tools, template = plan.history
@@ -208,7 +208,7 @@ class Injector:
         self._plan_on(plan, chains, chain)
         return chains, chain
 
-    def _plan_on(self, plan: Plan, chains: list[Chain], chain: Chain | None) -> None:
+    def _plan_on(self, plan: Plan, chains: list[TokenHistory], chain: TokenHistory | None) -> None:
         """Record the chain the call would extend, and why it cannot (`plan.reason`), if so."""
         plan.chain, plan.version = chain, chain.version if chain is not None else -1
         plan.reason = None
@@ -219,7 +219,7 @@ class Injector:
         elif chain.eot is None:
             plan.reason = NO_EOT
 
-    def _cut(self, plan: Plan, chain: Chain, tail: list[int]) -> None:
+    def _cut(self, plan: Plan, chain: TokenHistory, tail: list[int]) -> None:
         """Inject the chain's history plus the environment suffix of `tail`, a whole render cut after the
         chain's last request."""
         assert chain.eot is not None
@@ -230,18 +230,18 @@ class Injector:
         else:
             self._inject(plan, chain, suffix)
 
-    def _inject(self, plan: Plan, chain: Chain, suffix: list[int]) -> None:
+    def _inject(self, plan: Plan, chain: TokenHistory, suffix: list[int]) -> None:
         request = plan.plain
         body = copy.copy(request)
-        plan.sent = self.transport.attach(body, chain.accumulated, suffix)
+        plan.sent = self.id_field.attach(body, chain.accumulated, suffix)
         plan.sent_json = orjson.dumps(plan.sent)
         plan.body = body
         self._clamp(plan, body, len(chain.accumulated) + len(suffix))
-        plan.adds_field_only = plan.body is body and self.transport.field_path[0] not in request
+        plan.adds_field_only = plan.body is body and self.id_field.field_path[0] not in request
 
     async def _find_chain(
-        self, session_id: str, messages: list[Any], match: Callable[[list[Chain]], Chain | None]
-    ) -> tuple[list[Chain], Chain | None]:
+        self, session_id: str, messages: list[Any], match: Callable[[list[TokenHistory]], TokenHistory | None]
+    ) -> tuple[list[TokenHistory], TokenHistory | None]:
         """The chain this call continues (`match` picks it): from memory, else from the records (waiting
         briefly for a record another process is still writing when the call plainly continues a conversation)."""
         chains = self.cache.get(session_id)
@@ -262,7 +262,7 @@ class Injector:
                 return chains, None
             await asyncio.sleep(_POLL_S)
 
-    async def _rebuild(self, session_id: str) -> list[Chain]:
+    async def _rebuild(self, session_id: str) -> list[TokenHistory]:
         """Merge the records' chains into memory's: per chain, the further-advanced head wins.
 
         Memory may be ahead of the disk (this process's records are written behind the answer),
@@ -275,7 +275,7 @@ class Injector:
             except Exception:  # an unknown session, or an unreadable directory: nothing to rebuild
                 records = []
         merged = {chain.id: chain for chain in self.cache.get(session_id) or ()}
-        for chain in chains_from_records(records):
+        for chain in histories_from_records(records):
             known = merged.get(chain.id)
             if known is None or len(chain.accumulated) > len(known.accumulated):
                 merged[chain.id] = chain
@@ -317,14 +317,14 @@ class Injector:
         if plan.record is not None:
             return plan.record
         echo_ok: bool | None = None
-        head: Chain | None = None
+        head: TokenHistory | None = None
         prompt, generation, finish_reason = _token_fields(chat) if completed and chat else (None, None, None)
         if prompt is None or generation is None:
             if plan.injected or plan.reason is None:
                 plan.reason = INCOMPLETE
         elif plan.injected:
             assert plan.sent_json is not None
-            echo_ok = self.transport.echo_ok(plan.sent_json, prompt)
+            echo_ok = self.id_field.echo_ok(plan.sent_json, prompt)
             if echo_ok:
                 self.breaker.succeeded(plan.route)
                 head = self._commit(plan, prompt, generation, finish_reason)
@@ -340,7 +340,7 @@ class Injector:
         else:
             self.fallbacks[plan.reason or INCOMPLETE] += 1
         plan.record = {
-            "transport": self.transport.name,
+            "transport": self.id_field.name,
             "chain": head.id if head is not None else (plan.chain.id if plan.chain is not None else None),
             "injected_len": len(plan.sent) if plan.sent is not None else 0,
             "echo_ok": echo_ok,
@@ -359,9 +359,9 @@ class Injector:
         if plan.render is not None:
             encoded = id_list_json(prompt)
             return encoded is not None and begins_with(encoded, plan.render.prefix_json)
-        return self.transport.sends_history_only and plan.history is not None
+        return self.id_field.sends_history_only and plan.history is not None
 
-    def _commit(self, plan: Plan, prompt: list[int], generation: list[int], finish_reason: Any) -> Chain:
+    def _commit(self, plan: Plan, prompt: list[int], generation: list[int], finish_reason: Any) -> TokenHistory:
         """Advance the planned chain in place when it did not move meanwhile; otherwise start a new one.
 
         A call not rendered here (bridged, or nemo_rl) has no cut point: its chain is found by
@@ -384,11 +384,11 @@ class Injector:
                 setattr(chain, name, value)
             chain.version += 1
             return chain
-        fresh = Chain(id=new_chain_id(), **fields)  # type: ignore[arg-type]
+        fresh = TokenHistory(id=new_history_id(), **fields)  # type: ignore[arg-type]
         self.cache.add(plan.session_id, fresh)
         return fresh
 
-    def _cached(self, session_id: str, chain: Chain) -> bool:
+    def _cached(self, session_id: str, chain: TokenHistory) -> bool:
         chains = self.cache.get(session_id)
         return chains is not None and any(c is chain for c in chains)
 

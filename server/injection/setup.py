@@ -10,10 +10,10 @@ from typing import Any
 from server.capture.write.record import CaptureRecord
 from server.config import Settings
 from server.injection.breaker import RouteBreaker
-from server.injection.chains import ChainCache
+from server.injection.histories import HistoryCache
+from server.injection.id_fields import id_field_for
 from server.injection.injector import Injector
 from server.injection.tokenize import TokenizeClient
-from server.injection.transports import make_transport
 from server.switchyard import discovery
 
 log = logging.getLogger("switchyard_model.injection")
@@ -73,11 +73,11 @@ def build_injector(
         return table.get(route) or table.get("")
 
     injector = Injector(
-        transport=make_transport(settings.injection_transport, settings.injection_vllm_field),
+        id_field=id_field_for(settings.injection_transport, settings.injection_vllm_field),
         tokenizer_for=tokenizer_for,
         read_records=read_records,
         max_model_len_for=max_model_len_for,
-        cache=ChainCache(max_sessions=settings.injection_cache_sessions, ttl_s=settings.injection_cache_ttl_s),
+        cache=HistoryCache(max_sessions=settings.injection_cache_sessions, ttl_s=settings.injection_cache_ttl_s),
         breaker=RouteBreaker(settings.injection_mismatch_limit, settings.injection_pause_s),
         rebuild_wait_s=settings.injection_rebuild_wait_s,
     )

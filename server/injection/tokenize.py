@@ -7,7 +7,7 @@ configuration and appended locally, so the steady state is one round trip per ca
 
 Answers are kept briefly, keyed by the exact request bytes (a retried call, or a side call that
 sends the same messages, needs no round trip); the same bytes to the same engine render the same ids.
-An answer's ids stay the JSON bytes they came as (server.injection.ids): at tens of thousands of
+An answer's ids stay the JSON bytes they came as (server.injection.id_lists): at tens of thousands of
 ids, making each a Python int costs more than the rest of the call's bookkeeping.
 """
 
@@ -22,14 +22,14 @@ from typing import Any
 
 import orjson
 
-from server.injection.ids import begins_with, count_ids, id_list_json, ids_after, looks_like_id_list
+from server.injection.id_lists import begins_with, count_ids, id_list_json, ids_after, looks_like_id_list
 from server.upstream import http1
 from server.urls import root_url
 
 log = logging.getLogger("switchyard_model.injection")
 
 
-# A /tokenize answer: the ids as compact JSON (server.injection.ids), how many, the engine's max_model_len if it said.
+# A /tokenize answer: the ids as compact JSON (server.injection.id_lists), how many, the engine's max_model_len if it said.
 _Answer = tuple[bytes, int, int | None]
 _TOKENS_KEY = b'"tokens":['
 
@@ -41,7 +41,7 @@ class TokenizeError(Exception):
 @dataclass(frozen=True, slots=True)
 class Render:
     """A call's messages as the chat template renders them, without the generation prompt (`prefix`,
-    where the next call is cut) and with it (`prompt`). The ids stay compact JSON (server.injection.ids):
+    where the next call is cut) and with it (`prompt`). The ids stay compact JSON (server.injection.id_lists):
     a call matches, cuts and digests them as bytes and parses only the ids after its chain's cut."""
 
     prefix_json: bytes

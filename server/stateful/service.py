@@ -1,7 +1,7 @@
 """What a server process holds for the stateful API: the state database, its stores, the seal key.
 
 Opened by the lifespan (off the event loop) when `response_store` is on; the route modules and the
-Responses handler reach it through `AppState.stateful`. Also: whose stored objects a request may see.
+Responses handler reach it through `AppState.response_store`. Also: whose stored objects a request may see.
 """
 
 from __future__ import annotations

@@ -67,9 +67,9 @@ class SwitchyardProxy:
     async def close(self) -> None:
         """Idempotent."""
 
-    def is_running(self) -> bool | None:
-        """False when we know the proxy is gone (closed, exited); None when only a probe can tell."""
-        return None
+    def is_known_down(self) -> bool:
+        """True when we know the proxy is gone (closed, exited); False while it runs, or when only a probe can tell."""
+        return False
 
 
 class AttachedProxy(SwitchyardProxy):
@@ -134,8 +134,8 @@ class HostedProxy(SwitchyardProxy):
         except RuntimeError as exc:
             log.warning("closing the hosted Switchyard: %s", exc)
 
-    def is_running(self) -> bool | None:
-        return self._server is not None
+    def is_known_down(self) -> bool:
+        return self._server is None
 
 
 @contextlib.contextmanager
@@ -158,7 +158,7 @@ class LaunchedProxy(SwitchyardProxy):
     """Runs a command (e.g. a separately installed `switchyard-server`) as a supervised child process.
 
     If the child dies while serving, it is restarted on the same port with exponential back-off;
-    meanwhile `is_running()` is False, so calls get a prompt 503 instead of hanging.
+    meanwhile `is_known_down()` is True, so calls get a prompt 503 instead of hanging.
     """
 
     mode = "launch-process"
@@ -288,8 +288,8 @@ class LaunchedProxy(SwitchyardProxy):
             self._stderr_file = None
         self._forget_rendered()
 
-    def is_running(self) -> bool | None:
-        return self.process is not None and self.process.poll() is None
+    def is_known_down(self) -> bool:
+        return self.process is None or self.process.poll() is not None
 
 
 async def _terminate(process: subprocess.Popen[bytes] | None) -> None:

@@ -6,10 +6,10 @@ from server.translate.accumulate import ChatStreamAccumulator, chunks_from_compl
 from server.translate.checks import check_counts, check_metadata
 from server.translate.messages_request import MESSAGES_FIELDS, MessagesChatRequest, messages_to_chat
 from server.translate.messages_response import chat_to_message
-from server.translate.messages_stream import MessagesStreamWriter, encode_events
+from server.translate.messages_stream import MessagesStreamTranslator, encode_events
 from server.translate.request import RESPONSES_FIELDS, responses_to_chat
 from server.translate.response import chat_to_response, response_base, response_to_chat
-from server.translate.stream import ResponsesStreamWriter
+from server.translate.stream import ResponsesStreamTranslator
 from server.translate.tools import ToolMap
 
 __all__ = [
@@ -23,11 +23,11 @@ __all__ = [
     "MESSAGES_FIELDS",
     "messages_to_chat",
     "MessagesChatRequest",
-    "MessagesStreamWriter",
+    "MessagesStreamTranslator",
     "response_base",
     "response_to_chat",
     "RESPONSES_FIELDS",
     "responses_to_chat",
-    "ResponsesStreamWriter",
+    "ResponsesStreamTranslator",
     "ToolMap",
 ]

@@ -33,7 +33,7 @@ class _Block:
         self.arguments: list[str] = []  # a call's arguments that arrived before its name
 
 
-class MessagesStreamWriter:
+class MessagesStreamTranslator:
     """Turns upstream chat chunks into Messages stream events as they arrive.
 
     start() -> message_start and a ping; feed(chunk) -> the events that chunk causes (maybe none);

@@ -104,7 +104,7 @@ class _StreamItem:
 _ITEM_PREFIX = {"text": "msg", "refusal": "msg", "reasoning": "rs", "call": "fc", "custom": "ctc"}
 
 
-class ResponsesStreamWriter:
+class ResponsesStreamTranslator:
     """Turns upstream chat chunks into Responses stream events (dicts, numbered) as they arrive.
 
     start() -> created + in_progress; feed(chunk) -> the events that chunk causes (maybe none);

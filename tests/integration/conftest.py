@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support.chain import launch_chain
 from tests.support.procs import start_mock_upstream
+from tests.support.stack import launch_stack
 
 HERE = Path(__file__).parent
 
@@ -37,8 +37,8 @@ def reasoning_chains(tmp_path_factory):
     upstream, url = start_mock_upstream(None, "--template", "drop-reasoning")
     chains = {}
     try:
-        chains[True] = launch_chain(url, tmp_path_factory.mktemp("injected"), "--token-injection")
-        chains[False] = launch_chain(url, tmp_path_factory.mktemp("plain"))
+        chains[True] = launch_stack(url, tmp_path_factory.mktemp("injected"), "--token-injection")
+        chains[False] = launch_stack(url, tmp_path_factory.mktemp("plain"))
         yield chains
     finally:
         for chain in chains.values():

@@ -15,8 +15,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.support.chain import Chain, launch_chain
 from tests.support.procs import wait_for
+from tests.support.stack import Stack, launch_stack
 
 # Small, so the over-limit cases send one or two megabytes rather than the default 32 MiB.
 MAX_BODY_BYTES = 1024 * 1024
@@ -29,11 +29,11 @@ JSON_DEPTH_GAP = 500
 
 
 @pytest.fixture(scope="module")
-def chain(mock_upstream, tmp_path_factory) -> Iterator[Chain]:
+def chain(mock_upstream, tmp_path_factory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("bad-input")
     config = root / "config.yaml"
     config.write_text(f"max_body_bytes: {MAX_BODY_BYTES}\n")
-    chain = launch_chain(mock_upstream, root / "captures", "--config", str(config))
+    chain = launch_stack(mock_upstream, root / "captures", "--config", str(config))
     try:
         # One real session, so the traversal attempts below have something they could destroy.
         reply = httpx.post(
@@ -54,28 +54,28 @@ def chain(mock_upstream, tmp_path_factory) -> Iterator[Chain]:
 # ---- helpers ------------------------------------------------------------------------------------
 
 
-def _sentinels(chain: Chain) -> list[Path]:
+def _sentinels(chain: Stack) -> list[Path]:
     """A file beside the capture dir and one inside it, outside any session directory."""
     return [chain.capture_dir.parent / "sentinel.txt", chain.capture_dir / "sentinel.txt"]
 
 
-def _record_count(chain: Chain, session_id: str) -> int:
+def _record_count(chain: Stack, session_id: str) -> int:
     response = httpx.get(f"{chain.v1}/sessions/{session_id}/completions", timeout=30)
     return len(response.json()["completions"]) if response.status_code == 200 else 0
 
 
-def _capture_files(chain: Chain) -> set[str]:
+def _capture_files(chain: Stack) -> set[str]:
     # GET /v1/sessions first waits for queued records, so anything a request caused is on disk now.
     assert httpx.get(chain.v1 + "/sessions", timeout=30).status_code == 200
     return {str(path.relative_to(chain.capture_dir)) for path in chain.capture_dir.rglob("*")}
 
 
-def _session_dir(chain: Chain, session_id: bytes) -> Path:
+def _session_dir(chain: Stack, session_id: bytes) -> Path:
     return chain.capture_dir / "sessions" / hashlib.sha256(session_id).hexdigest()
 
 
 @contextmanager
-def nothing_forwarded(chain: Chain) -> Iterator[None]:
+def nothing_forwarded(chain: Stack) -> Iterator[None]:
     """The block's requests reach neither the upstream nor the capture store."""
     upstream_before = chain.mock_stats()["requests"]
     files_before = _capture_files(chain)
@@ -85,7 +85,7 @@ def nothing_forwarded(chain: Chain) -> Iterator[None]:
 
 
 @contextmanager
-def nothing_captured(chain: Chain) -> Iterator[None]:
+def nothing_captured(chain: Stack) -> Iterator[None]:
     files_before = _capture_files(chain)
     yield
     assert _capture_files(chain) == files_before, "the request was captured"
@@ -108,7 +108,7 @@ def check_error_body(body: bytes, param: str | None = None) -> dict:
     return error
 
 
-def post(chain: Chain, endpoint: str, content: bytes | Iterator[bytes], headers: dict | None = None) -> httpx.Response:
+def post(chain: Stack, endpoint: str, content: bytes | Iterator[bytes], headers: dict | None = None) -> httpx.Response:
     return httpx.post(
         chain.v1 + endpoint,
         content=content,
@@ -117,12 +117,12 @@ def post(chain: Chain, endpoint: str, content: bytes | Iterator[bytes], headers:
     )
 
 
-def post_json(chain: Chain, endpoint: str, body: dict, headers: dict | None = None) -> httpx.Response:
+def post_json(chain: Stack, endpoint: str, body: dict, headers: dict | None = None) -> httpx.Response:
     return post(chain, endpoint, orjson.dumps(body), headers)
 
 
 def raw_request(
-    chain: Chain,
+    chain: Stack,
     method: str,
     target: bytes,
     headers: list[bytes] = (),
@@ -147,7 +147,7 @@ def raw_request(
     return int(status_line.split()[1]), response_headers.lower(), response_body
 
 
-def switchyard_session_of(chain: Chain, request_id: str, timeout: float = 10.0) -> str:
+def switchyard_session_of(chain: Stack, request_id: str, timeout: float = 10.0) -> str:
     """The session id Switchyard logged for the call with this x-request-id (its `correlation_id`)."""
     marker = f'correlation_id="{request_id}"'
 
@@ -463,7 +463,7 @@ ACCEPTED_IDS = [
 SESSION_HEADERS = ["x-switchyard-session-id", "proxy_x_session_id", "x-session-id", "thread-id", "session-id"]
 
 
-def _assert_uncorrelated_and_uncaptured(chain: Chain, response_status: int, rid: str, bad: bytes) -> None:
+def _assert_uncorrelated_and_uncaptured(chain: Stack, response_status: int, rid: str, bad: bytes) -> None:
     assert response_status == 200
     # Switchyard saw the call, with no session at all: the bad id was neither forwarded nor replaced.
     assert switchyard_session_of(chain, rid) == ""
@@ -481,11 +481,11 @@ def test_bad_session_id_header_is_never_forwarded_or_captured(chain, header, bad
     assert response.headers["x-switchyard-model-refused-id"] == "header:" + header
 
 
-def _refused_counts(chain: Chain) -> dict[str, int]:
+def _refused_counts(chain: Stack) -> dict[str, int]:
     return httpx.get(chain.url + "/health", timeout=30).json()["correlation"]["refused_ids"]
 
 
-def _metric_value(chain: Chain, name: str, label: str) -> float:
+def _metric_value(chain: Stack, name: str, label: str) -> float:
     text = httpx.get(chain.url + "/metrics", timeout=30).text
     for line in text.splitlines():
         if line.startswith(name + "{") and label in line:

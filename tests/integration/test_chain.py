@@ -12,8 +12,8 @@ import openai
 import psutil
 import pytest
 
-from tests.support.chain import launch_chain
 from tests.support.procs import free_port, start_server, start_switchyard_host, wait_for
+from tests.support.stack import launch_stack
 
 TOKEN_FIELDS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
 
@@ -179,7 +179,7 @@ def test_mid_stream_failure_ends_with_an_error_event(chain):
 def test_upstream_timeout_is_504(mock_upstream, tmp_path):
     config = tmp_path / "cfg.yaml"
     config.write_text("upstream_timeout_s: 1.0\n")
-    chain = launch_chain(mock_upstream, tmp_path / "cap", "--config", str(config))
+    chain = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config))
     try:
         started = time.monotonic()
         assert_openai_error(chat(chain, "[[mock:hang 30]]"), 504)
@@ -233,7 +233,7 @@ def test_launched_switchyard_that_dies_gives_503_then_is_restarted(mock_upstream
     command = f"{sys.executable} -m server.switchyard.host --config {{deployment}} --port {{port}}"
     config = tmp_path / "cfg.yaml"
     config.write_text("proxy_restart_backoff_s: [3.0]\n")  # a wide window in which it is down
-    chain = launch_chain(mock_upstream, tmp_path / "cap", "--switchyard-command", command, "--config", str(config))
+    chain = launch_stack(mock_upstream, tmp_path / "cap", "--switchyard-command", command, "--config", str(config))
     try:
         assert httpx.get(chain.url + "/health").json()["mode"] == "launch-process"
         assert chat(chain, "hi").status_code == 200
@@ -268,7 +268,7 @@ def test_bad_deployment_and_busy_port_fail_startup_with_exit_2(tmp_path):
 
 
 def test_shutdown_closes_the_hosted_proxy(mock_upstream, tmp_path):
-    chain = launch_chain(mock_upstream, tmp_path)
+    chain = launch_stack(mock_upstream, tmp_path)
     proxy_url = httpx.get(chain.url + "/health").json()["proxy"]["url"]
     assert httpx.get(proxy_url + "/health").status_code == 200
     # uvicorn re-raises the signal after its graceful shutdown, so -SIGTERM is a clean exit too.

@@ -20,7 +20,7 @@ from tests.support.agents import (
     not_installed_reason,
     run_client,
 )
-from tests.support.chain import token_breaks
+from tests.support.stack import token_breaks
 
 pytestmark = [
     pytest.mark.clients,

@@ -12,10 +12,10 @@ import orjson
 import yaml
 from openai import OpenAI
 
-from server.capture.read.delta_read import parse_delta_file
+from server.capture.read.diff_read import parse_diff_file
 from server.capture.read.store import session_dir_name
-from server.capture.write.delta import DELTA_SUFFIX
-from tests.support.chain import launch_chain
+from server.capture.write.diff import DIFF_SUFFIX
+from tests.support.stack import launch_stack
 
 TOOLS = [
     {
@@ -82,7 +82,7 @@ def test_a_delta_server_serves_what_a_full_server_serves(mock_upstream, tmp_path
     for encoding in ("full", "delta"):
         capture_dir = tmp_path / encoding
         config = settings(tmp_path, encoding, capture_encoding=encoding)
-        chain = launch_chain(mock_upstream, capture_dir, "--config", config)
+        chain = launch_stack(mock_upstream, capture_dir, "--config", config)
         try:
             agent_session(chain.v1, "weather-agent", turns=9)
             completions = httpx.get(f"{chain.v1}/sessions/weather-agent/completions", timeout=30)
@@ -105,9 +105,9 @@ def test_a_delta_server_serves_what_a_full_server_serves(mock_upstream, tmp_path
 
     # On disk: deltas, each but the first built on the call before, and far smaller than whole records.
     directory = delta["dir"] / "sessions" / session_dir_name("weather-agent")
-    files = sorted(directory.glob(f"*{DELTA_SUFFIX}"))
+    files = sorted(directory.glob(f"*{DIFF_SUFFIX}"))
     assert len(files) == 9 and not list(directory.glob("*.json"))
-    based = [parse_delta_file(path.read_bytes()).meta["base"] for path in files]
+    based = [parse_diff_file(path.read_bytes()).meta["base"] for path in files]
     assert based.count(None) == 1
     full_dir = full["dir"] / "sessions" / session_dir_name("weather-agent")
     delta_bytes = sum(path.stat().st_size for path in files)

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from tests.support.captures import records_in
-from tests.support.chain import launch_chain
 from tests.support.procs import wait_for
+from tests.support.stack import launch_stack
 
 KINDS = ("chat", "chat-stream", "responses", "responses-stream")
 
@@ -87,7 +87,7 @@ def burst_then_kill(
     call completes next sends the server SIGKILL at once: the moment a record handed over after the
     answer is still in the writer's queue. Returns the completed calls and the records on disk; the
     ids of the completed Responses calls are added to `answered`."""
-    chain = launch_chain(mock_upstream, capture_dir, "--config", config, env=env)
+    chain = launch_stack(mock_upstream, capture_dir, "--config", config, env=env)
     completed: set[str] = set()
     lock = threading.Lock()
     stop = threading.Event()
@@ -147,7 +147,7 @@ def test_sigkill_mid_burst_loses_no_completed_call(mock_upstream, tmp_path, fsyn
     assert answered and not unstored, f"{len(unstored)} of {len(answered)} answered responses not stored"
     assert all(r["status"] in ("completed", "partial") for r in records.values())
     # The next server on the directory serves every one of them, records and stored responses.
-    after = launch_chain(mock_upstream, capture)
+    after = launch_stack(mock_upstream, capture)
     try:
         served = set()
         for worker in range(8):
@@ -202,7 +202,7 @@ def test_sigkill_mid_burst_loses_answered_responses_when_the_answer_does_not_wai
     """Negative control for the stored-response checks above: answering before the batch commits
     loses responses the clients saw complete, and a follow-up sent the instant an answer ends misses."""
     env = answer_before_commit_env(tmp_path)
-    chain = launch_chain(mock_upstream, tmp_path / "follow-up", env=env)
+    chain = launch_stack(mock_upstream, tmp_path / "follow-up", env=env)
     try:
         with httpx.Client(timeout=30) as client:
             missed = 0
@@ -224,7 +224,7 @@ def test_sigkill_mid_burst_loses_answered_responses_when_the_answer_does_not_wai
     lost = answered - stored_response_ids(capture)
     print(f"answer before commit: {len(lost)} of {len(answered)} answered responses lost")
     assert answered and lost, "every answered response was stored even though nothing waited for the commit"
-    after = launch_chain(mock_upstream, capture)
+    after = launch_stack(mock_upstream, capture)
     try:
         assert retrievable(after, answered) == answered - lost  # what the server serves is what was committed
     finally:
@@ -317,7 +317,7 @@ def rollout(chain, session_id: str) -> dict:
 
 def test_a_full_disk_is_loud_marks_the_session_and_recovers(mock_upstream, small_tmpfs, tmp_path):
     capture = small_tmpfs / "captures"
-    chain = launch_chain(mock_upstream, capture)
+    chain = launch_stack(mock_upstream, capture)
     try:
         talk = Conversation(chain, "fills-up")
         assert talk.say("turn one").status_code == 200  # a whole first record
@@ -344,7 +344,7 @@ def test_a_full_disk_is_loud_marks_the_session_and_recovers(mock_upstream, small
     finally:
         chain.proc.stop()
     # The mark survives a restart.
-    again = launch_chain(mock_upstream, capture)
+    again = launch_stack(mock_upstream, capture)
     try:
         doc = rollout(again, "fills-up")
         assert doc["partial_reason"] == "capture_failed" and doc["mask_sample"] is True
@@ -369,7 +369,7 @@ def test_a_read_only_capture_dir_degrades_then_recovers(mock_upstream, small_tmp
     # No stored-responses database in the capture directory: its open writable file would keep the
     # filesystem from being remounted read-only.
     config = settings_file(tmp_path, response_store=False)
-    chain = launch_chain(mock_upstream, small_tmpfs / "captures", "--config", config)
+    chain = launch_stack(mock_upstream, small_tmpfs / "captures", "--config", config)
     try:
         assert Conversation(chain, "ro").say("first").status_code == 200
         subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
@@ -385,7 +385,7 @@ def test_a_read_only_capture_dir_degrades_then_recovers(mock_upstream, small_tmp
 
 def test_refuse_answers_503_while_capture_cannot_write_and_recovers(mock_upstream, small_tmpfs, tmp_path):
     config = settings_file(tmp_path, capture_on_failure="refuse")
-    chain = launch_chain(mock_upstream, small_tmpfs / "captures", "--config", config)
+    chain = launch_stack(mock_upstream, small_tmpfs / "captures", "--config", config)
     try:
         assert chat(chain, "strict").status_code == 200
         filler = fill(small_tmpfs)

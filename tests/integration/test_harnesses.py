@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.chain import Chain, token_breaks
+from tests.support.stack import Stack, token_breaks
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "harnesses.md"
@@ -36,12 +36,12 @@ def needs(*modules: str):
     return pytest.mark.skipif(bool(missing), reason=f"needs {missing} (pip install 'switchyard-model[harnesses]')")
 
 
-def session_ids(chain: Chain) -> set[str]:
+def session_ids(chain: Stack) -> set[str]:
     reply = httpx.get(chain.v1 + "/sessions", params={"limit": "10000"}, timeout=30)
     return {s["session_id"] for s in reply.json()["sessions"]}
 
 
-def run_recipe(chain: Chain, name: str, task: str, tmp_path: Path, *, edit=None) -> tuple[set[str], str]:
+def run_recipe(chain: Stack, name: str, task: str, tmp_path: Path, *, edit=None) -> tuple[set[str], str]:
     """Run the doc's recipe with the chain's URL and `task`; returns the sessions it created and its last line."""
     source = recipes()[name]
     assert DOC_URL in source and _TASK_LINE.search(source), f"recipe {name} has no base URL or TASK line"
@@ -69,7 +69,7 @@ def run_recipe(chain: Chain, name: str, task: str, tmp_path: Path, *, edit=None)
     return session_ids(chain) - before, done.stdout.strip().splitlines()[-1]
 
 
-def assert_whole_rollout(chain: Chain, session_id: str, calls: int) -> dict:
+def assert_whole_rollout(chain: Stack, session_id: str, calls: int) -> dict:
     records = chain.records(session_id)
     assert len(records) == calls, [r["messages"][-1] for r in records]
     assert all(r["is_valid"] for r in records), [r.get("invalid_reason") for r in records]
@@ -211,7 +211,7 @@ def test_a_recipe_on_a_reasoning_model_is_one_token_chain_with_injection(reasoni
 WEATHER_CITY_TASK = 'What is the weather in Paris? [[mock:tool weather {"city": "Paris"}]]'
 
 
-def chains_of(chain: Chain, session_id: str) -> dict:
+def chains_of(chain: Stack, session_id: str) -> dict:
     reply = httpx.get(f"{chain.v1}/sessions/{session_id}/chains", timeout=30)
     assert reply.status_code == 200, reply.text
     return reply.json()

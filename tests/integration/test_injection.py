@@ -17,8 +17,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.support.chain import Chain, launch_chain, token_breaks
 from tests.support.procs import start_mock_upstream, start_server, start_switchyard_host
+from tests.support.stack import Stack, launch_stack, token_breaks
 
 TOOLS = [
     {
@@ -52,14 +52,14 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def injected(upstream, tmp_path_factory):
-    chain = launch_chain(upstream, tmp_path_factory.mktemp("inj"), "--token-injection")
+    chain = launch_stack(upstream, tmp_path_factory.mktemp("inj"), "--token-injection")
     yield chain
     chain.proc.stop()
 
 
 @pytest.fixture(scope="module")
 def plain(upstream, tmp_path_factory):
-    chain = launch_chain(upstream, tmp_path_factory.mktemp("plain"))
+    chain = launch_stack(upstream, tmp_path_factory.mktemp("plain"))
     yield chain
     chain.proc.stop()
 
@@ -75,7 +75,7 @@ def fresh_mock(upstream):
 
 
 def client(
-    chain: Chain | str, session: str, via_prefix: bool = False, http_client: httpx.Client | None = None
+    chain: Stack | str, session: str, via_prefix: bool = False, http_client: httpx.Client | None = None
 ) -> OpenAI:
     """A client whose calls carry `session` in a header, or (`via_prefix`) only in Gym's `/ng-rollout/<id>/` path."""
     url = chain if isinstance(chain, str) else chain.url
@@ -116,7 +116,7 @@ def chat_turn(cl: OpenAI, messages: list[dict], stream: bool) -> tuple[str, list
 
 
 def chat_session(
-    chain_for: Callable[[int], Chain | str],
+    chain_for: Callable[[int], Stack | str],
     session: str,
     stream: bool,
     side_call_after: int | None = None,
@@ -138,7 +138,7 @@ def chat_session(
             break
 
 
-def responses_stream_session(chain: Chain, session: str, via_prefix: bool = False) -> None:
+def responses_stream_session(chain: Stack, session: str, via_prefix: bool = False) -> None:
     """A Responses client that does not send reasoning items back."""
     cl = client(chain, session, via_prefix)
     items: list[dict] = [
@@ -164,7 +164,7 @@ def responses_stream_session(chain: Chain, session: str, via_prefix: bool = Fals
             break
 
 
-def responses_stateful_session(chain: Chain, session: str, stateful: str) -> None:
+def responses_stateful_session(chain: Stack, session: str, stateful: str) -> None:
     """A Responses client that keeps no history itself: each call sends only its new items, on top of
     `previous_response_id` or a `conversation` (the server expands the stored history)."""
     cl = client(chain, session)
@@ -197,12 +197,12 @@ def engine_calls(upstream: str, main_only: bool = True) -> list[dict]:
     return calls
 
 
-def rollout(chain: Chain, session: str, run: str | None = None) -> dict:
+def rollout(chain: Stack, session: str, run: str | None = None) -> dict:
     params = {"run": run} if run else None
     return httpx.get(f"{chain.url}/v1/sessions/{session}/rollout", params=params).json()
 
 
-def assert_one_chain(chain: Chain, upstream: str, session: str, run: str | None = None) -> None:
+def assert_one_chain(chain: Stack, upstream: str, session: str, run: str | None = None) -> None:
     calls = engine_calls(upstream)
     assert len(calls) == 3 and token_breaks(calls) == []
     main = [r for r in chain.records(session) if "title generator" not in json.dumps(r["messages"][0])]
@@ -220,7 +220,7 @@ def assert_one_chain(chain: Chain, upstream: str, session: str, run: str | None 
 SHAPES = ["chat", "chat-stream", "responses-stream", "previous_response_id", "conversation"]
 
 
-def run_session(chain: Chain, session: str, shape: str) -> None:
+def run_session(chain: Stack, session: str, shape: str) -> None:
     if shape == "responses-stream":
         responses_stream_session(chain, session)
     elif shape in ("previous_response_id", "conversation"):
@@ -279,15 +279,15 @@ def test_a_side_call_neither_breaks_nor_joins_the_main_chain(injected, upstream)
 
 
 def test_a_restart_mid_session_continues_the_chain_from_the_records(upstream, tmp_path):
-    first = launch_chain(upstream, tmp_path, "--token-injection")
+    first = launch_stack(upstream, tmp_path, "--token-injection")
     session = f"restart-{uuid.uuid4().hex[:8]}"
     servers = [first]
     try:
 
-        def chain_for(turn: int) -> Chain:
+        def chain_for(turn: int) -> Stack:
             if turn == 1:  # a fresh process: nothing in memory, only the records on disk
                 servers[0].proc.stop()
-                servers[0] = launch_chain(upstream, tmp_path, "--token-injection")
+                servers[0] = launch_stack(upstream, tmp_path, "--token-injection")
             return servers[0]
 
         chat_session(chain_for, session, stream=True)
@@ -299,8 +299,8 @@ def test_a_restart_mid_session_continues_the_chain_from_the_records(upstream, tm
 
 
 def test_two_processes_on_one_capture_dir_serve_a_session_alternately(upstream, tmp_path):
-    a = launch_chain(upstream, tmp_path, "--token-injection")
-    b = launch_chain(upstream, tmp_path, "--token-injection")
+    a = launch_stack(upstream, tmp_path, "--token-injection")
+    b = launch_stack(upstream, tmp_path, "--token-injection")
     session = f"alt-{uuid.uuid4().hex[:8]}"
     try:
         chat_session(lambda turn: (a, b)[turn % 2], session, stream=False)
@@ -314,7 +314,7 @@ def test_the_workers_of_one_server_serve_a_session_in_turn_and_keep_its_chain(up
     """`serve --workers 2`: each call on a new connection, so the kernel hands a session's calls to either
     worker (the worker header says which); a worker that did not serve the previous call finds the chain
     in the capture records."""
-    chain = launch_chain(upstream, tmp_path, "--token-injection", "--workers", "2")
+    chain = launch_stack(upstream, tmp_path, "--token-injection", "--workers", "2")
     served_by: list[str] = []
 
     def note_worker(response: httpx.Response) -> None:
@@ -380,7 +380,7 @@ def test_attached_to_a_switchyard_run_elsewhere_it_asks_the_named_engine_to_toke
             "--config",
             str(config),
         )
-        attached = Chain(url, proc, tmp_path / "captures", upstream)
+        attached = Stack(url, proc, tmp_path / "captures", upstream)
         try:
             assert httpx.get(url + "/health").json()["mode"] == "attach"
             session = f"attach-{uuid.uuid4().hex[:8]}"
@@ -413,7 +413,7 @@ def test_the_other_transports_cross_switchyard_and_keep_the_chain(upstream, tmp_
     """SGLang's input_ids and NeMo-RL's required_prefix_token_ids (the engine splices) reach the engine intact."""
     config = tmp_path / "settings.yaml"
     config.write_text(f"injection_transport: {transport}\n")
-    chain = launch_chain(upstream, tmp_path / "captures", "--token-injection", "--config", str(config))
+    chain = launch_stack(upstream, tmp_path / "captures", "--token-injection", "--config", str(config))
     session = f"{transport}-{uuid.uuid4().hex[:8]}"
     try:
         chat_session(lambda turn: chain, session, stream=False)

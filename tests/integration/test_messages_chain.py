@@ -11,7 +11,7 @@ import pytest
 from anthropic.types import Message
 
 from tests.support.agents import assert_token_exact, get_json
-from tests.support.chain import token_breaks
+from tests.support.stack import token_breaks
 
 BASH = {
     "name": "Bash",

@@ -18,7 +18,7 @@ from tests.support.agents import (
     opencode_binary,
     run_client,
 )
-from tests.support.chain import token_breaks
+from tests.support.stack import token_breaks
 
 pytestmark = [
     pytest.mark.clients,

@@ -14,9 +14,9 @@ import time
 import httpx
 import pytest
 
-from tests.support.chain import Chain, launch_chain
 from tests.support.phoenix import PHOENIX_PYTHON, Phoenix, listening_addresses, start_phoenix
 from tests.support.procs import wait_for
+from tests.support.stack import Stack, launch_stack
 
 WEATHER = {
     "type": "function",
@@ -61,7 +61,7 @@ def test_phoenix_listens_on_loopback_only(phoenix):
     assert listening_addresses(phoenix.grpc_port) == {"127.0.0.1"}
 
 
-def _launch(phoenix: Phoenix, mock_upstream: str, tmp_path, project: str, capture_content: bool) -> Chain:
+def _launch(phoenix: Phoenix, mock_upstream: str, tmp_path, project: str, capture_content: bool) -> Stack:
     config = tmp_path / f"{project}.yaml"
     config.write_text(f"otel_capture_content: {str(capture_content).lower()}\notel_traces_per_s: 0\n")
     env = {
@@ -77,15 +77,15 @@ def _launch(phoenix: Phoenix, mock_upstream: str, tmp_path, project: str, captur
         "OTEL_METRICS_EXPORTER": "otlp",
         "OTEL_SERVICE_NAME": "switchyard-model",
     }
-    return launch_chain(mock_upstream, tmp_path / f"cap-{project}", "--config", str(config), env=env)
+    return launch_stack(mock_upstream, tmp_path / f"cap-{project}", "--config", str(config), env=env)
 
 
-def _engine_tokens(chain: Chain, since: int) -> tuple[int, int]:
+def _engine_tokens(chain: Stack, since: int) -> tuple[int, int]:
     calls = chain.engine_calls(after=since)
     return sum(len(c["prompt_token_ids"]) for c in calls), sum(len(c["generation_token_ids"]) for c in calls)
 
 
-def _drive(chain: Chain, run: str) -> dict[str, tuple[int, int]]:
+def _drive(chain: Stack, run: str) -> dict[str, tuple[int, int]]:
     """Chat, a stream, Responses with a tool, a failure; sessions `{run}-alpha`, `-beta`, `-failing`.
     Returns each session's engine tokens. (Phoenix keys sessions by id across projects: each run
     needs its own ids.)"""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.chain import launch_chain
+from tests.support.stack import launch_stack
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
 RESPONSES = {"model": "x", "input": "hi"}
@@ -16,7 +16,7 @@ def strict_chain(mock_upstream, tmp_path_factory):
     folder = tmp_path_factory.mktemp("strict")
     config = folder / "settings.yaml"
     config.write_text("refused_session_ids: reject\n")
-    chain = launch_chain(mock_upstream, folder / "captures", "--config", str(config))
+    chain = launch_stack(mock_upstream, folder / "captures", "--config", str(config))
     yield chain
     chain.proc.stop()
 

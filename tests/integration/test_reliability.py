@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from tests.support.captures import records_in
-from tests.support.chain import launch_chain
 from tests.support.procs import wait_for
+from tests.support.stack import launch_stack
 
 
 def completions(chain, session_id: str) -> dict:
@@ -56,7 +56,7 @@ def test_disconnect_before_the_first_byte_cancels_upstream(chain):
 
 
 def test_sigterm_lets_an_inflight_stream_finish_and_loses_no_record(mock_upstream, tmp_path):
-    chain = launch_chain(mock_upstream, tmp_path)
+    chain = launch_stack(mock_upstream, tmp_path)
     result: dict = {}
 
     def slow_stream():
@@ -95,7 +95,7 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
     # Delta records: a kill must not leave one whose base never reached the disk.
     config = tmp_path / "delta.yaml"
     config.write_text("capture_encoding: delta\n")
-    chain = launch_chain(mock_upstream, tmp_path, "--config", str(config))
+    chain = launch_stack(mock_upstream, tmp_path, "--config", str(config))
     stop = threading.Event()
     acknowledged = []
 
@@ -132,7 +132,7 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
     assert written > 0 and len(records) >= written
     assert len(records) <= len(acknowledged) + 8  # at most one call in flight per worker beyond those answered
     # The next server on the same directory serves them all.
-    after = launch_chain(mock_upstream, tmp_path)
+    after = launch_stack(mock_upstream, tmp_path)
     try:
         served = sum(len(completions(after, f"heavy-{w}").get("completions", [])) for w in range(8))
         assert served == len(records)
@@ -143,7 +143,7 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
 def test_unwritable_capture_dir_degrades_to_counted_failures(mock_upstream, tmp_path):
     capture = tmp_path / "cap"
     capture.mkdir()
-    chain = launch_chain(mock_upstream, capture)
+    chain = launch_stack(mock_upstream, capture)
     try:
         os.chmod(capture, 0o500)
         if os.access(capture, os.W_OK):  # root ignores permission bits: put a file where the dir must go
@@ -219,7 +219,7 @@ def test_fault_storm_leaks_no_connections_or_fds(chain):
 
 
 def test_a_restarted_server_serves_what_the_previous_one_recorded(mock_upstream, tmp_path):
-    first = launch_chain(mock_upstream, tmp_path)
+    first = launch_stack(mock_upstream, tmp_path)
     try:
         for turn in range(2):
             r = httpx.post(
@@ -232,7 +232,7 @@ def test_a_restarted_server_serves_what_the_previous_one_recorded(mock_upstream,
         before = completions(first, "restart-1")
     finally:
         first.proc.stop()
-    second = launch_chain(mock_upstream, tmp_path)
+    second = launch_stack(mock_upstream, tmp_path)
     try:
         assert completions(second, "restart-1") == before and len(before["completions"]) == 2
         sessions = httpx.get(second.url + "/v1/sessions").json()["sessions"]

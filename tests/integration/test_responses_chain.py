@@ -115,11 +115,11 @@ def test_unknown_field_is_a_400_naming_it(chain):
 
 
 def test_upstream_api_responses_passes_through_and_still_records(mock_upstream, tmp_path):
-    from tests.support.chain import launch_chain
+    from tests.support.stack import launch_stack
 
     config = tmp_path / "cfg.yaml"
     config.write_text("upstream_api: responses\n")
-    chain = launch_chain(mock_upstream, tmp_path / "cap", "--config", str(config))
+    chain = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config))
     try:
         sdk = openai.OpenAI(
             base_url=chain.v1,

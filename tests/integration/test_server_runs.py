@@ -15,7 +15,7 @@ import sys
 import httpx
 from openai import OpenAI
 
-from tests.support.chain import launch_chain
+from tests.support.stack import launch_stack
 
 ROLLOUT_ID = "task7-r0-a0"
 WEATHER_TOOL = {
@@ -58,7 +58,7 @@ def test_a_session_id_used_again_by_a_later_run_keeps_each_runs_rollout_whole(mo
     capture_dir = tmp_path / "captures"
     rollout_path = f"/v1/sessions/{ROLLOUT_ID}/rollout"
 
-    first = launch_chain(mock_upstream, capture_dir)
+    first = launch_stack(mock_upstream, capture_dir)
     try:
         _agent_episode(first.url, 'Weather in Paris? [[mock:tool get_weather {"city": "Paris"}]]')
         first_health = _get(first.url, "/health").json()["capture"]
@@ -67,7 +67,7 @@ def test_a_session_id_used_again_by_a_later_run_keeps_each_runs_rollout_whole(mo
     finally:
         first.proc.stop()
 
-    second = launch_chain(mock_upstream, capture_dir)
+    second = launch_stack(mock_upstream, capture_dir)
     try:
         # The same task again. A model samples it anew; the mock answers identical input identically
         # (its records would then read as retries of the first run's), so the script varies the call.

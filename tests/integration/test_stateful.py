@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.chain import launch_chain
+from tests.support.stack import launch_stack
 
 WEATHER = {
     "type": "function",
@@ -402,14 +402,14 @@ def test_stored_content_stays_out_of_the_logs(chain, sdk):
 
 
 def test_restart_keeps_stored_responses_and_conversations(mock_upstream, tmp_path):
-    first = launch_chain(mock_upstream, tmp_path / "cap")
+    first = launch_stack(mock_upstream, tmp_path / "cap")
     try:
         sdk = sdk_for(first.url)
         response = sdk.responses.create(model="x", input="remember me")
         conv = sdk.conversations.create(items=[{"role": "user", "content": "kept"}])
     finally:
         first.proc.stop()
-    second = launch_chain(mock_upstream, tmp_path / "cap")
+    second = launch_stack(mock_upstream, tmp_path / "cap")
     try:
         sdk = sdk_for(second.url)
         assert sdk.responses.retrieve(response.id).output_text == response.output_text
@@ -422,7 +422,7 @@ def test_restart_keeps_stored_responses_and_conversations(mock_upstream, tmp_pat
 def test_auth_scoping_and_bounds_under_load(mock_upstream, tmp_path):
     config = tmp_path / "cfg.yaml"
     config.write_text("api_keys: [key-a, key-b]\nresponse_store_max_count: 20\n")
-    chain = launch_chain(mock_upstream, tmp_path / "cap", "--config", str(config))
+    chain = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config))
     try:
         alice, bob = sdk_for(chain.url, "key-a"), sdk_for(chain.url, "key-b")
         mine = alice.responses.create(model="x", input="alice's")
@@ -457,7 +457,7 @@ def test_auth_scoping_and_bounds_under_load(mock_upstream, tmp_path):
 def test_response_store_off(mock_upstream, tmp_path):
     config = tmp_path / "cfg.yaml"
     config.write_text("response_store: false\n")
-    chain = launch_chain(mock_upstream, tmp_path / "cap", "--config", str(config))
+    chain = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config))
     try:
         sdk = sdk_for(chain.url)
         response = sdk.responses.create(model="x", input="not kept")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.support.chain import launch_chain
 from tests.support.otlp_receiver import OtlpReceiver
+from tests.support.stack import launch_stack
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
@@ -21,7 +21,7 @@ def test_one_trace_per_call_across_this_server_and_switchyard(mock_upstream, tmp
         }
         config = tmp_path / "cfg.yaml"
         config.write_text("otel_service_name: switchyard-model-test\n")
-        chain = launch_chain(mock_upstream, tmp_path / "cap", "--config", str(config), env=env)
+        chain = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config), env=env)
         try:
             response = httpx.post(
                 chain.v1 + "/responses",

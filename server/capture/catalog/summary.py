@@ -15,8 +15,8 @@ from server.capture.catalog.index_view import IndexView, SessionEntry
 from server.capture.catalog.runs import children_in, latest_conversation, runs_of
 from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError
-from server.capture.rollout.chain import CAPTURE_FAILED
 from server.capture.rollout.chains import session_chains
+from server.capture.rollout.reconstruct import CAPTURE_FAILED
 from server.capture.write.record import CaptureRecord, RecordHead
 
 # What `status=` may ask for. `whole`: the rollout is not masked; `partial`: a valid prefix was kept

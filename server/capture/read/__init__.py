@@ -4,4 +4,4 @@ Its public surface is its modules (`__all__`): catalog, read and rollout import 
 modules, so re-exporting names here would turn those imports into cycles through the packages.
 """
 
-__all__ = ["contiguity", "delta_read", "rebuilds", "store", "timeline"]
+__all__ = ["contiguity", "diff_read", "rebuilds", "store", "timeline"]

@@ -18,9 +18,9 @@ import orjson
 
 from server.capture.catalog.index_view import RecordHeader
 from server.capture.read.bounded import TooBig, gunzip, open_regular, read_file
-from server.capture.read.delta_read import delta_header, read_with_deltas
+from server.capture.read.diff_read import diff_header, read_with_diffs
 from server.capture.read.shared_prompts import SharedPrompts
-from server.capture.write.delta import DELTA_SUFFIX
+from server.capture.write.diff import DIFF_SUFFIX
 from server.capture.write.record import CaptureRecord, RecordHead, validate_record
 from server.ids import is_valid_session_id
 
@@ -68,7 +68,7 @@ def read_session_records(sessions_dir: str | os.PathLike[str], session_id: str) 
     def parse(data: bytes, path: str) -> CaptureRecord | None:
         return parse_record(data, path, prompts.loads)
 
-    if not any(path.endswith(DELTA_SUFFIX) for path in files):
+    if not any(path.endswith(DIFF_SUFFIX) for path in files):
         records: list[CaptureRecord] = []
         skipped = 0
         for path in files:
@@ -80,7 +80,7 @@ def read_session_records(sessions_dir: str | os.PathLike[str], session_id: str) 
             records.append(record)
         records.sort(key=record_key)
         return records, skipped
-    return read_with_deltas(files, session_id, read_bytes=read_bytes, parse_full=parse)
+    return read_with_diffs(files, session_id, read_bytes=read_bytes, parse_full=parse)
 
 
 def record_files(directory: str) -> list[str]:
@@ -90,7 +90,7 @@ def record_files(directory: str) -> list[str]:
             return [
                 entry.path
                 for entry in entries
-                if entry.name.endswith((".json", ".json.gz", DELTA_SUFFIX)) and not entry.name.startswith(".")
+                if entry.name.endswith((".json", ".json.gz", DIFF_SUFFIX)) and not entry.name.startswith(".")
             ]
     except OSError:
         return []
@@ -112,10 +112,10 @@ def read_header(path: str, dir_name: str) -> RecordHeader | None:
     A record this server wrote starts with the header fields in a fixed order, so only its first
     block is read (and its last byte, to see that the file is whole); anything else is parsed whole.
     """
-    header = _peek_header(path) if path.endswith((".json", DELTA_SUFFIX)) else None
-    if header is None and path.endswith(DELTA_SUFFIX):
+    header = _peek_header(path) if path.endswith((".json", DIFF_SUFFIX)) else None
+    if header is None and path.endswith(DIFF_SUFFIX):
         data = read_bytes(path)
-        head = delta_header(data) if data is not None else None
+        head = diff_header(data) if data is not None else None
         if head is None:
             return None
         header = header_of(head)
@@ -169,7 +169,7 @@ def _peek_header(path: str) -> RecordHeader | None:
     if block is None:
         return None
     head, last = block
-    if path.endswith(DELTA_SUFFIX):
+    if path.endswith(DIFF_SUFFIX):
         # The header line may run past the first block (long ids); its leading fields never do.
         # Where it ends inside the block, it must end as a whole object does.
         end = head.find(b"\n")
@@ -192,7 +192,7 @@ _HEAD_END = b',"usage":'
 
 def peek_head(path: str) -> RecordHead | None:
     """A record's leading fields up to and including `token_count` from its first block, or None."""
-    if path.endswith(DELTA_SUFFIX):
+    if path.endswith(DIFF_SUFFIX):
         line = _first_line(path)  # a delta file's header line holds exactly these fields
         if line is None or _HEAD.match(line) is None:
             return None

@@ -33,7 +33,7 @@ from server.capture.read.record_files import (
 from server.capture.read.record_files import read_session_records as read_session_records
 from server.capture.read.record_files import session_dir_name as session_dir_name
 from server.capture.write import journal
-from server.capture.write.delta import DELTA_SUFFIX
+from server.capture.write.diff import DIFF_SUFFIX
 from server.capture.write.record import CaptureRecord, RecordHead, RecordInput, validate_record
 from server.capture.write.writer import CALL, RECORD, RecordWriter
 from server.ids import is_valid_session_id, uncorrelated_session_id
@@ -362,7 +362,7 @@ class CaptureStore:
             raise UnknownSession(session_id)
         heads = []
         for path in record_files(directory):
-            head = peek_head(path) if path.endswith((".json", DELTA_SUFFIX)) else None
+            head = peek_head(path) if path.endswith((".json", DIFF_SUFFIX)) else None
             if head is None:
                 return None
             if head.get("session_id") != session_id:
@@ -382,8 +382,8 @@ class CaptureStore:
                 raise UnknownSession(session_id)
             count = len(record_files(str(directory)))
             shutil.rmtree(directory)
-            if self.writer.delta is not None:
-                self.writer.delta.forget(session_id)
+            if self.writer.diff is not None:
+                self.writer.diff.forget(session_id)
             self.writer.made_dirs.discard(str(directory))
             self._index.forget(directory.name)
             self.owners.forget(directory.name)

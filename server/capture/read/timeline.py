@@ -19,7 +19,7 @@ from server.capture.catalog.summary import (
 )
 from server.capture.read.contiguity import compare_calls
 from server.capture.read.store import CaptureStore, read_session_records
-from server.capture.rollout.chain import CAPTURE_FAILED
+from server.capture.rollout.reconstruct import CAPTURE_FAILED
 from server.capture.write.record import CaptureRecord
 
 CONTEXT_WINDOW = 8

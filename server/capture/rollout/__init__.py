@@ -1,24 +1,24 @@
 """Rebuild token-exact Gym rollouts (Responses items + token triples) from a session's capture records.
 
-`chain` is the reconstruction of one session, `tree` adds its sub-agent sessions, `items` maps
+`reconstruct` rebuilds one session, `tree` adds its sub-agent sessions, `items` maps
 messages and tools to Gym's shapes, `messages` normalises chat messages for the history comparison.
 
 `__all__` names the re-exported functions and, for what callers take straight from them (the
-chains view, the continuation index, the failed-rollout shape), the modules `chain`, `chains`,
+chains view, the continuation index, the failed-rollout shape), the modules `reconstruct`, `chains`,
 `continuation` and `items`: `chains` is read by catalog and read, which this package's modules
 import in turn, so re-exporting its names here would be an import cycle through the packages.
 """
 
 from __future__ import annotations
 
-from server.capture.rollout.chain import lost_session_rollout, reconstruct_envelope, reconstruct_session
 from server.capture.rollout.items import map_tools
 from server.capture.rollout.messages import RolloutError
+from server.capture.rollout.reconstruct import lost_session_rollout, reconstruct_envelope, reconstruct_session
 from server.capture.rollout.tree import reconstruct_tree
 
 __all__ = [
     "RolloutError",
-    "chain",
+    "reconstruct",
     "chains",
     "continuation",
     "items",

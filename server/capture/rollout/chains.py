@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from server.capture.rollout.breaks import KINDS
-from server.capture.rollout.chain import CAPTURE_FAILED, _Call, _Reconstruction
 from server.capture.rollout.items import map_tools
 from server.capture.rollout.messages import RolloutError
+from server.capture.rollout.reconstruct import CAPTURE_FAILED, _Call, _Reconstruction
 from server.capture.rollout.records import signature, split_items
 from server.capture.write.record import CaptureRecord
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from server.capture.rollout.chain import mark_lost_records, reconstruct_session
 from server.capture.rollout.items import Rollout, failed_rollout
 from server.capture.rollout.messages import RolloutError
+from server.capture.rollout.reconstruct import mark_lost_records, reconstruct_session
 from server.capture.write.record import CaptureRecord
 
 

@@ -4,4 +4,4 @@ Its public surface is its modules (`__all__`): `handoff` imports read's store, w
 package's modules, so re-exporting names here would be an import cycle through the packages.
 """
 
-__all__ = ["delta", "handoff", "journal", "marks", "record", "writer"]
+__all__ = ["diff", "handoff", "journal", "marks", "record", "writer"]

@@ -23,7 +23,7 @@ def capture_unavailable(reason: str | None) -> OpenAIError:
 
 
 class CaptureHandoff:
-    """What the call handlers ask of capture: may this call go ahead, and keep this call's record."""
+    """What the call handlers ask of capture: may this call go ahead, and save this call's record."""
 
     def __init__(self, settings: Settings, store: CaptureStore) -> None:
         self.store = store
@@ -36,14 +36,14 @@ class CaptureHandoff:
         if self.refuse and self.store.degraded:
             raise capture_unavailable(self.store.writer.degraded_reason)
 
-    async def keep(self, call: RecordInput) -> None:
+    async def save(self, call: RecordInput) -> None:
         """The call has its whole answer but not its last byte: put its record in its file first.
 
         Never raises under `serve` (capture never fails a call; a failure is counted, logged and
-        marks the session). Under `refuse`, raises the 503 when the record could not be kept.
+        marks the session). Under `refuse`, raises the 503 when the record could not be saved.
         """
         if not self.wait:
-            self.keep_later(call)
+            self.save_later(call)
             return
         try:
             kept = await self.store.write_call(call, timeout=self.timeout_s)
@@ -53,7 +53,7 @@ class CaptureHandoff:
         if not kept and self.refuse:
             raise capture_unavailable(self.store.writer.degraded_reason or "the record was not written in time")
 
-    def keep_later(self, call: RecordInput) -> None:
+    def save_later(self, call: RecordInput) -> None:
         """Queue the record without waiting: for calls that failed or were cut, whose answer is already over."""
         try:
             self.store.submit_call(call)

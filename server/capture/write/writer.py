@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 
 from server.batching import Waiter, answer, settle, take_batch
-from server.capture.write.delta import DELTA_SUFFIX, DeltaEncoder
+from server.capture.write.diff import DIFF_SUFFIX, DiffEncoder
 from server.capture.write.durable import FSYNC_MODES, GroupSync
 from server.capture.write.marks import LostRecords
 from server.capture.write.record import CaptureRecord, RecordInput, record_of
@@ -78,7 +78,7 @@ class RecordWriter:
         self._sessions_path = os.fspath(sessions_dir)
         self.compress = compress
         # Only this thread writes, so only it knows each session's recent records: the delta bases.
-        self.delta = DeltaEncoder() if encoding == "delta" else None
+        self.diff = DiffEncoder() if encoding == "delta" else None
         self.fsync = fsync
         self.fsync_window_s = max(0.0, fsync_window_ms / 1000.0)
         self._dir_name = session_dir_name
@@ -386,7 +386,7 @@ class RecordWriter:
         every hand-back costs more than the call itself.
         """
         encoded = None
-        if self.delta is None:
+        if self.diff is None:
             data = orjson.dumps(record)
             if self.compress:
                 data = gzip.compress(data, compresslevel=1, mtime=0)
@@ -396,10 +396,10 @@ class RecordWriter:
         directory = os.path.join(self._sessions_path, self._dir_name(record["session_id"]))
         name = record["uuid"]
         with self.io_lock:
-            if self.delta is not None:
+            if self.diff is not None:
                 # Under the lock a delete of the session cannot come between choosing a base and writing.
-                encoded = self.delta.encode(record)
-                data, suffix = encoded.data, DELTA_SUFFIX
+                encoded = self.diff.encode(record)
+                data, suffix = encoded.data, DIFF_SUFFIX
             file_name = f"{name}{suffix}"
             final = os.path.join(directory, file_name)
             # Hidden and not *.json: readers never pick up a half-written file.

@@ -14,7 +14,7 @@ from typing import Any
 
 from server.dev.mock_upstream.tokenizer import IM_END_ID, VOCAB_SIZE
 from server.errors import OpenAIError
-from server.injection.ids import is_id_list
+from server.injection.id_lists import is_id_list
 
 # token_in modes: `honor` uses the fields; `ignore` renders the template as if they were absent.
 MODES = ("honor", "ignore")

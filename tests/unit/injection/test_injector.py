@@ -13,10 +13,10 @@ import pytest
 
 from server.injection import injector as inj
 from server.injection.breaker import RouteBreaker
-from server.injection.chains import ChainCache, prefix_hash
+from server.injection.histories import HistoryCache, prefix_hash
+from server.injection.id_fields import id_field_for
 from server.injection.injector import Injector
 from server.injection.tokenize import Render
-from server.injection.transports import make_transport
 from tests.support.toy_engine import ToyEngine, ToyTokenizer, assistant_turn, engine_for, extends
 
 SYSTEM = {"role": "system", "content": "you are terse"}
@@ -25,7 +25,7 @@ SYSTEM = {"role": "system", "content": "you are terse"}
 def make(engine: ToyEngine, transport: str = "vllm", records: list | None = None, **kw: Any) -> Injector:
     tokenizer = ToyTokenizer(engine)
     injector = Injector(
-        transport=make_transport(transport),
+        id_field=id_field_for(transport),
         tokenizer_for=lambda route: tokenizer,
         read_records=(lambda session: list(records)) if records is not None else None,
         **kw,
@@ -238,7 +238,7 @@ def test_n_above_one_is_left_alone():
 
 def test_cache_bound_applies():
     engine = ToyEngine()
-    injector = make(engine, cache=ChainCache(max_sessions=1))
+    injector = make(engine, cache=HistoryCache(max_sessions=1))
     call(injector, engine, [SYSTEM, {"role": "user", "content": "go"}], {"content": "a"}, session="one")
     call(injector, engine, [SYSTEM, {"role": "user", "content": "go"}], {"content": "a"}, session="two")
     assert len(injector.cache) == 1

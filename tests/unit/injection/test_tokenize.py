@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from server.dev.mock_upstream.app import create_app
-from server.injection.ids import is_id_list
+from server.injection.id_lists import is_id_list
 from server.injection.tokenize import Render, TokenizeClient, TokenizeError, _tokens_cut_out, template_options
 from tests.support.procs import free_port, wait_for
 

@@ -57,7 +57,7 @@ def test_building_the_app_hosts_nothing(deployment, monkeypatch):
     monkeypatch.setattr(native, "Server", explode)
     app = create_app(load_settings(overrides={"deployment": str(deployment)}, environ={}))
     assert isinstance(app.state.switchyard.proxy, HostedProxy)
-    assert app.state.switchyard.proxy.is_running() is False
+    assert app.state.switchyard.proxy.is_known_down()
 
 
 def test_hosted_proxy_serves_health_and_closes_once(deployment):
@@ -67,12 +67,13 @@ def test_hosted_proxy_serves_health_and_closes_once(deployment):
         try:
             async with httpx.AsyncClient() as client:
                 assert (await client.get(proxy.root_url + "/health")).status_code == 200
+                assert not proxy.is_known_down()
                 models = (await client.get(proxy.root_url + "/v1/models")).json()
                 assert [m["id"] for m in models["data"]] == ["policy-model"]
         finally:
             await proxy.close()
         await proxy.close()  # a second close is a no-op
-        assert proxy.is_running() is False
+        assert proxy.is_known_down()
         with pytest.raises(httpx.ConnectError):
             async with httpx.AsyncClient() as client:
                 await client.get(proxy.root_url + "/health")
@@ -90,7 +91,7 @@ def test_bad_deployment_fails_with_switchyards_message(tmp_path):
         with pytest.raises(RuntimeError, match="missing field") as err:
             await proxy.start()
         assert str(bad) in str(err.value)
-        assert proxy.is_running() is False
+        assert proxy.is_known_down()
 
     run(scenario())
 
@@ -134,7 +135,7 @@ def test_failed_startup_after_the_proxy_started_still_closes_it(deployment, monk
         with pytest.raises(RuntimeError, match="startup failed later"):
             async with app.router.lifespan_context(app):
                 pass
-        assert state.proxy.is_running() is False
+        assert state.proxy.is_known_down()
         assert isinstance(state.startup_error, RuntimeError)
 
     run(scenario())
@@ -152,10 +153,11 @@ def test_launched_process_starts_serves_and_is_terminated(deployment):
             assert (private / "switchyard-stderr.log").exists()
             async with httpx.AsyncClient() as client:
                 assert (await client.get(proxy.root_url + "/health")).status_code == 200
+                assert not proxy.is_known_down()
         finally:
             await proxy.close()
         await proxy.close()
-        assert proxy.is_running() is False
+        assert proxy.is_known_down()
         assert not private.exists()
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -184,7 +186,7 @@ def test_launched_process_not_ready_times_out(deployment):
         proxy = LaunchedProxy(command, deployment, free_port(), startup_timeout_s=0.5)
         with pytest.raises(RuntimeError, match="not ready after 0.5s"):
             await proxy.start()
-        assert proxy.is_running() is False
+        assert proxy.is_known_down()
 
     run(scenario())
 
@@ -292,3 +294,8 @@ def test_the_standalone_host_refuses_a_bad_tokio_worker_threads_in_one_line(depl
     monkeypatch.setenv(TOKIO_THREADS_ENV, "")
     assert main(["--config", str(deployment)]) == 2
     assert "TOKIO_WORKER_THREADS='' is not a positive integer" in capsys.readouterr().err
+
+
+def test_an_attached_switchyard_is_never_known_down():
+    # Only a probe can tell whether a Switchyard run elsewhere is up, so calls go ahead (and meet its answer).
+    assert AttachedProxy("http://127.0.0.1:9").is_known_down() is False

@@ -12,7 +12,7 @@ from server.errors import OpenAIError
 from server.stateful.sealing import ReasoningSeal
 from server.translate.messages_request import messages_to_chat
 from server.translate.messages_response import chat_to_message
-from server.translate.messages_stream import MessagesStreamWriter
+from server.translate.messages_stream import MessagesStreamTranslator
 
 SEAL = ReasoningSeal(b"k" * 32)
 
@@ -220,7 +220,7 @@ def _chunk(delta=None, finish=None, **top):
 
 
 def _stream(chunks, show_thinking=True):
-    writer = MessagesStreamWriter(
+    writer = MessagesStreamTranslator(
         message_id="msg_1", model="m", seal=SEAL.seal, show_thinking=show_thinking, stop_sequences=[], token_ids=False
     )
     events = [e for chunk in chunks for e in writer.feed(chunk)]
@@ -272,7 +272,7 @@ def test_omitted_thinking_streams_only_its_signature():
 
 
 def test_a_failure_mid_stream_ends_with_an_error_event():
-    writer = MessagesStreamWriter(
+    writer = MessagesStreamTranslator(
         message_id="m", model="m", seal=SEAL.seal, show_thinking=True, stop_sequences=[], token_ids=False
     )
     writer.feed(CHUNKS[0])

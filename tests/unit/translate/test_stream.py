@@ -13,7 +13,7 @@ from pydantic import TypeAdapter
 from server.http import sse
 from server.translate.request import responses_to_chat
 from server.translate.response import chat_to_response
-from server.translate.stream import ResponsesStreamWriter
+from server.translate.stream import ResponsesStreamTranslator
 from tests.support.translate import (
     FN_EXEC,
     NS_AGENTS,
@@ -64,7 +64,7 @@ def tc(index, *, id=None, name=None, args=None):
 
 def writer_for(request=None, tool_map=None, token_ids=False):
     request = request or {"model": "sy/route", "input": "x", "stream": True}
-    return ResponsesStreamWriter(
+    return ResponsesStreamTranslator(
         request, tool_map, response_id="resp_abc", created_at=1795956000, model="target/model", token_ids=token_ids
     )
 
@@ -77,7 +77,7 @@ def wire(events: list[dict], *, last: bool = False) -> bytes:
     return sse.encode_responses_events(events) + (sse.DONE if last else b"")
 
 
-def run_stream(chunks, *, writer=None, end="finish", **kw) -> tuple[bytes, ResponsesStreamWriter]:
+def run_stream(chunks, *, writer=None, end="finish", **kw) -> tuple[bytes, ResponsesStreamTranslator]:
     writer = writer or writer_for(**kw)
     raw = wire(writer.start())
     for c in chunks:

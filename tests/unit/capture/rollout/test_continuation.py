@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.capture.rollout import chain, reconstruct_session
+from server.capture.rollout import reconstruct, reconstruct_session
 from server.capture.rollout.continuation import ContinuationIndex
 from tests.support.rollouts import make_record
 
@@ -106,7 +106,7 @@ def test_reconstruction_of_independent_calls_uses_the_index(monkeypatch, indexed
         made.append(index)
         return index
 
-    monkeypatch.setattr(chain, "ContinuationIndex", tracked)
+    monkeypatch.setattr(reconstruct, "ContinuationIndex", tracked)
     work = []
     for n in (250, 2000):
         rollout = reconstruct_session("abc123", _records(_independent(n)))

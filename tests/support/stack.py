@@ -1,4 +1,4 @@
-"""The real loopback chain for integration tests: mock upstream → hosted Switchyard → this server."""
+"""The running stack for integration tests: mock upstream → hosted Switchyard → this server, on loopback."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.support.procs import Proc, start_server, wait_for
 
 
 @dataclass
-class Chain:
+class Stack:
     url: str  # this server's root
     proc: Proc
     capture_dir: Path
@@ -71,7 +71,7 @@ def token_breaks(calls: list[dict]) -> list[int]:
     return out
 
 
-def launch_chain(upstream_url: str, capture_dir: Path, *extra: str, env: dict[str, str] | None = None) -> Chain:
+def launch_stack(upstream_url: str, capture_dir: Path, *extra: str, env: dict[str, str] | None = None) -> Stack:
     """`switchyard-model serve` on the demo deployment, its route pointed at the mock upstream."""
     proc, url = start_server(
         "--deployment",
@@ -81,4 +81,4 @@ def launch_chain(upstream_url: str, capture_dir: Path, *extra: str, env: dict[st
         *extra,
         env={"MOCK_UPSTREAM_URL": upstream_url + "/v1", **(env or {})},
     )
-    return Chain(url, proc, capture_dir, upstream_url)
+    return Stack(url, proc, capture_dir, upstream_url)

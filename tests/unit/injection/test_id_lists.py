@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.injection.chains import prefix_hash
-from server.injection.ids import (
+from server.injection.histories import prefix_hash
+from server.injection.id_lists import (
     begins_with,
     count_ids,
     id_list_json,

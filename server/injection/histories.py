@@ -1,4 +1,4 @@
-"""Per-session token chains: what each conversation really sent and got, how a new call extends one.
+"""Per-session token histories: what each conversation really sent and got, how a new call extends one.
 
 A chain holds the canonical history of one conversation in a session (the last prompt the engine
 used plus what it generated), and the template render of that call's messages without the
@@ -9,7 +9,7 @@ the `nemo_rl` transport (whose engine renders and splices), a call is matched by
 instead (`history_hash`: the chain's last request, before any render), so that the common call
 needs no render of the whole conversation here at all.
 
-The capture records are the source of truth: `chains_from_records` rebuilds a session's chains
+The capture records are the source of truth: `histories_from_records` rebuilds a session's chains
 from them, so memory here is only a bounded cache (LRU + TTL).
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from server.capture.write.record import CaptureRecord
-from server.injection.ids import begins_with, json_digest
+from server.injection.id_lists import begins_with, json_digest
 
 # Finish reasons after which the last generated token is the template's end-of-turn token.
 NATURAL_STOPS = frozenset({"stop", "tool_calls", "stop_sequence"})
@@ -46,12 +46,12 @@ def history_hash(messages: list[Any], tools: Any, template: dict[str, Any]) -> s
     return json_digest(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
 
 
-def new_chain_id() -> str:
+def new_history_id() -> str:
     return "chain_" + uuid.uuid4().hex[:16]
 
 
 @dataclass(slots=True)
-class Chain:
+class TokenHistory:
     """One conversation's token history; `version` moves on every commit (optimistic concurrency)."""
 
     id: str
@@ -62,7 +62,7 @@ class Chain:
     # 0 (and prefix_hash "") when the call that heads the chain was not rendered here (bridged, nemo_rl).
     prefix_len: int
     prefix_hash: str
-    # The prefix's ids as compact JSON (server.injection.ids); None when rebuilt from records until a call matches it.
+    # The prefix's ids as compact JSON (server.injection.id_lists); None when rebuilt from records until a call matches it.
     prefix_json: bytes | None = None
     version: int = 0
     # The key by messages (nemo_rl, the `renderers` bridge): the last request's messages, tools, template options.
@@ -97,7 +97,7 @@ class Chain:
         return all(isinstance(m, dict) and m.get("role") != "assistant" for m in messages[n:])
 
 
-def extends_history(chain: Chain, messages: list[Any], tools: Any, template: dict[str, Any]) -> bool:
+def extends_history(chain: TokenHistory, messages: list[Any], tools: Any, template: dict[str, Any]) -> bool:
     """The call resends this chain's last request unchanged, then its reply, then environment turns."""
     n = chain.n_messages
     return (
@@ -123,7 +123,7 @@ def env_suffix(tail: list[int], last_generation: list[int], eot: int) -> list[in
     return tail[k:]
 
 
-def longest_match(chains: Iterable[Chain], rendered_json: bytes, n_rendered: int) -> Chain | None:
+def longest_match(chains: Iterable[TokenHistory], rendered_json: bytes, n_rendered: int) -> TokenHistory | None:
     """The chain whose prefix is the longest prefix of a render (its ids' compact JSON, and how many), if any."""
     best = None
     for chain in chains:
@@ -133,8 +133,8 @@ def longest_match(chains: Iterable[Chain], rendered_json: bytes, n_rendered: int
 
 
 def longest_history_match(
-    chains: Iterable[Chain], messages: list[Any], tools: Any, template: dict[str, Any]
-) -> Chain | None:
+    chains: Iterable[TokenHistory], messages: list[Any], tools: Any, template: dict[str, Any]
+) -> TokenHistory | None:
     """The chain whose last request is the longest the call resends unchanged, if any."""
     best = None
     for chain in chains:
@@ -150,7 +150,7 @@ def end_of_turn(generation: list[int], finish_reason: Any) -> int | None:
     return None
 
 
-def chains_from_records(records: Iterable[CaptureRecord]) -> list[Chain]:
+def histories_from_records(records: Iterable[CaptureRecord]) -> list[TokenHistory]:
     """Rebuild a session's chains from its capture records: the newest valid record of each chain.
 
     Records are read in `(captured_at, uuid)` order, so with two writers the later head wins.
@@ -176,7 +176,7 @@ def chains_from_records(records: Iterable[CaptureRecord]) -> list[Chain]:
         prompt, generation = head["prompt_token_ids"] or [], head["generation_token_ids"] or []
         eot = info.get("eot_token_id")
         chains.append(
-            Chain(
+            TokenHistory(
                 id=chain_id,
                 accumulated=list(prompt) + list(generation),
                 last_generation=list(generation),
@@ -192,11 +192,11 @@ def chains_from_records(records: Iterable[CaptureRecord]) -> list[Chain]:
 
 @dataclass(slots=True)
 class _Entry:
-    chains: list[Chain]
+    chains: list[TokenHistory]
     touched: float
 
 
-class ChainCache:
+class HistoryCache:
     """Sessions' chains in memory: least recently used sessions go first, idle ones expire."""
 
     def __init__(
@@ -216,7 +216,7 @@ class ChainCache:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def get(self, session_id: str) -> list[Chain] | None:
+    def get(self, session_id: str) -> list[TokenHistory] | None:
         entry = self._sessions.get(session_id)
         if entry is None:
             return None
@@ -228,7 +228,7 @@ class ChainCache:
         self._sessions.move_to_end(session_id)
         return entry.chains
 
-    def put(self, session_id: str, chains: list[Chain]) -> list[Chain]:
+    def put(self, session_id: str, chains: list[TokenHistory]) -> list[TokenHistory]:
         """Install a session's chains (replacing what was there); returns the list now cached."""
         self._sessions[session_id] = _Entry(chains[-self.max_chains :], self._clock())
         self._sessions.move_to_end(session_id)
@@ -236,7 +236,7 @@ class ChainCache:
             self._sessions.popitem(last=False)
         return self._sessions[session_id].chains
 
-    def add(self, session_id: str, chain: Chain) -> None:
+    def add(self, session_id: str, chain: TokenHistory) -> None:
         """Add a chain to a session (creating the session's entry); the oldest chains beyond the cap go."""
         chains = self.get(session_id)
         if chains is None:

@@ -14,14 +14,14 @@ from typing import Any
 
 import orjson
 
-from server.injection.ids import begins_with, id_list_json
+from server.injection.id_lists import begins_with, id_list_json
 
-TRANSPORTS = ("vllm", "sglang", "nemo_rl")
+ENGINES = ("vllm", "sglang", "nemo_rl")
 DEFAULT_VLLM_FIELD = "kv_transfer_params.prompt_token_ids"
 
 
 @dataclass(frozen=True, slots=True)
-class Transport:
+class IdField:
     name: str
     field_path: tuple[str, ...]  # where the ids go in the chat body
     sends_history_only: bool  # nemo_rl: the engine appends the suffix itself
@@ -52,7 +52,7 @@ class Transport:
 
     def echo_ok(self, sent_json: bytes, echoed: Any) -> bool:
         """The engine's `prompt_token_ids` prove it used the ids sent (`sent_json`, their compact JSON):
-        the same ids, or for nemo_rl's splice the sent ids followed by more. Compared as JSON (ids.py)."""
+        the same ids, or for nemo_rl's splice the sent ids followed by more. Compared as JSON (id_lists.py)."""
         encoded = id_list_json(echoed)
         if encoded is None:
             return False
@@ -61,14 +61,14 @@ class Transport:
         return encoded == sent_json
 
 
-def make_transport(name: str, vllm_field: str = DEFAULT_VLLM_FIELD) -> Transport:
+def id_field_for(name: str, vllm_field: str = DEFAULT_VLLM_FIELD) -> IdField:
     if name == "vllm":
         path = tuple(part for part in vllm_field.split(".") if part)
         if not path:
             raise ValueError("injection_vllm_field must name a field, e.g. kv_transfer_params.prompt_token_ids")
-        return Transport("vllm", path, False)
+        return IdField("vllm", path, False)
     if name == "sglang":
-        return Transport("sglang", ("input_ids",), False)
+        return IdField("sglang", ("input_ids",), False)
     if name == "nemo_rl":
-        return Transport("nemo_rl", ("required_prefix_token_ids",), True)
-    raise ValueError(f"unknown injection_transport {name!r}; expected one of {', '.join(TRANSPORTS)}")
+        return IdField("nemo_rl", ("required_prefix_token_ids",), True)
+    raise ValueError(f"unknown injection_transport {name!r}; expected one of {', '.join(ENGINES)}")

@@ -16,7 +16,7 @@ The writer matches a record against the last few records it wrote for the sessio
 their serialised bytes (digests of byte prefixes), so a rebuilt record serialises exactly as the
 full record would have. `base_sha256` is the digest of the base's file bytes: a missing, damaged
 or replaced base is detected, and since each file's bytes name its own base's digest, a chain is
-checked end to end. Reading them back is `delta_read`'s job.
+checked end to end. Reading them back is `diff_read`'s job.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import zstandard
 
 from server.capture.write.record import CaptureRecord
 
-DELTA_SUFFIX = ".delta"
+DIFF_SUFFIX = ".delta"
 # zstd level for the body: most bodies are a few KiB (one turn), where level 3 is cheap; a record
 # with no base (a first call, say an 8k-token prompt) is larger, and level 1 keeps it near 0.3 ms.
 _LEVEL_SMALL, _LEVEL_LARGE, _LARGE = 3, 1, 64 * 1024
@@ -94,7 +94,7 @@ class Encoded:
 
     data: bytes
     has_base: bool
-    _encoder: DeltaEncoder
+    _encoder: DiffEncoder
     _session_id: str
     _base: _Base | None  # what it will be as a base (None: it cannot be one)
 
@@ -169,7 +169,7 @@ def _seq_prefixes(prompt: object, generation: object, matcher: _Matcher) -> tupl
     return (whole, prompt_only)
 
 
-class DeltaEncoder:
+class DiffEncoder:
     """The writer's side: encodes each record against the best recent record of its session.
 
     Used by the writer thread only. What it remembers is small (digests and offsets, not the

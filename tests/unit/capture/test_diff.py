@@ -9,12 +9,12 @@ import orjson
 import pytest
 
 from server.capture.catalog.sessions import build_rollout
-from server.capture.read import delta_read as delta_module
+from server.capture.read import diff_read as diff_module
 from server.capture.read import record_files as record_files_module
-from server.capture.read.delta_read import parse_delta_file
+from server.capture.read.diff_read import parse_diff_file
 from server.capture.read.store import CaptureStore, session_dir_name
-from server.capture.write import delta as delta_encoder
-from server.capture.write.delta import DELTA_SUFFIX
+from server.capture.write import diff as diff_encoder
+from server.capture.write.diff import DIFF_SUFFIX
 from server.capture.write.record import RecordInput
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -139,7 +139,7 @@ def both(tmp_path):
 
 def delta_files(store: CaptureStore, session_id: str) -> dict[str, dict]:
     directory = store.sessions_dir / session_dir_name(session_id)
-    return {p.name: parse_delta_file(p.read_bytes()).meta for p in directory.glob(f"*{DELTA_SUFFIX}")}
+    return {p.name: parse_diff_file(p.read_bytes()).meta for p in directory.glob(f"*{DIFF_SUFFIX}")}
 
 
 def session_bytes(store: CaptureStore, session_id: str) -> int:
@@ -167,7 +167,7 @@ def test_the_delta_files_really_are_deltas(both):
     metas = delta_files(both["delta"], "agent")
     assert len(metas) == 10
     based = {name: meta for name, meta in metas.items() if meta["base"] is not None}
-    by_uuid = {name.removesuffix(DELTA_SUFFIX): meta for name, meta in metas.items()}
+    by_uuid = {name.removesuffix(DIFF_SUFFIX): meta for name, meta in metas.items()}
     # The first call and the title request have nothing to extend; every other call has a base.
     assert {name for name in metas if name not in based} == {"agent-001.delta", "agent-004.delta"}
     # After the side call the conversation goes on from its own last record, not from the title call.
@@ -184,7 +184,7 @@ def test_a_missing_base_is_served_invalid_with_the_reason_and_the_rollout_is_par
     whole = build_rollout(store, "agent")
     assert whole["mask_sample"] is False or whole["partial_reason"] is not None  # the fixture's own break
     directory = store.sessions_dir / session_dir_name("agent")
-    (directory / f"agent-003{DELTA_SUFFIX}").unlink()
+    (directory / f"agent-003{DIFF_SUFFIX}").unlink()
     records, _ = store.read_completions("agent")
     by_uuid = {r["uuid"]: r for r in records}
     broken = by_uuid["agent-005"]
@@ -202,9 +202,9 @@ def test_a_missing_base_is_served_invalid_with_the_reason_and_the_rollout_is_par
 def test_a_replaced_base_is_detected_by_its_digest(both):
     store = both["delta"]
     directory = store.sessions_dir / session_dir_name("agent")
-    path = directory / f"agent-003{DELTA_SUFFIX}"
+    path = directory / f"agent-003{DIFF_SUFFIX}"
     # Another record under the same uuid: a readable file, but not the one agent-004 was built on.
-    other = parse_delta_file(path.read_bytes())
+    other = parse_diff_file(path.read_bytes())
     header = dict(other.header, latency_ms=99.0)
     lines = path.read_bytes().split(b"\n", 2)
     path.write_bytes(orjson.dumps(header) + b"\n" + lines[1] + b"\n" + lines[2])
@@ -216,7 +216,7 @@ def test_a_replaced_base_is_detected_by_its_digest(both):
 
 def test_a_damaged_delta_file_is_skipped_and_its_dependents_are_marked(both):
     store = both["delta"]
-    path = store.sessions_dir / session_dir_name("agent") / f"agent-003{DELTA_SUFFIX}"
+    path = store.sessions_dir / session_dir_name("agent") / f"agent-003{DIFF_SUFFIX}"
     path.write_bytes(path.read_bytes()[:-10])  # torn body
     records, skipped = store.read_completions("agent")
     assert skipped == 1
@@ -264,8 +264,8 @@ def test_a_restarted_writer_starts_each_session_afresh_and_mixed_directories_rea
     write_all(second, calls[2:])
     second.close()
     metas = delta_files(second, "s")
-    assert metas[f"s-003{DELTA_SUFFIX}"]["base"] is None  # nothing remembered across the restart
-    assert metas[f"s-005{DELTA_SUFFIX}"]["base"] == "s-003"
+    assert metas[f"s-003{DIFF_SUFFIX}"]["base"] is None  # nothing remembered across the restart
+    assert metas[f"s-005{DIFF_SUFFIX}"]["base"] == "s-003"
     reference = CaptureStore(tmp_path / "ref", encoding="full")
     reference.start()
     write_all(reference, calls)
@@ -275,13 +275,13 @@ def test_a_restarted_writer_starts_each_session_afresh_and_mixed_directories_rea
 
 
 def test_a_session_past_the_remembered_ones_is_stored_whole_and_reads_back_exactly(tmp_path, monkeypatch):
-    monkeypatch.setattr(delta_encoder, "SESSIONS_REMEMBERED", 2)
+    monkeypatch.setattr(diff_encoder, "SESSIONS_REMEMBERED", 2)
     store = CaptureStore(tmp_path, encoding="delta")
     store.start()
     calls = {name: conversation(name, turns=3) for name in ("a", "b", "c")}
     write_all(store, calls["a"][:2] + calls["b"][:2] + calls["c"][:2] + calls["a"][2:])
-    assert delta_files(store, "a")[f"a-003{DELTA_SUFFIX}"]["base"] is None  # "a" was forgotten
-    assert delta_files(store, "c")[f"c-002{DELTA_SUFFIX}"]["base"] == "c-001"
+    assert delta_files(store, "a")[f"a-003{DIFF_SUFFIX}"]["base"] is None  # "a" was forgotten
+    assert delta_files(store, "c")[f"c-002{DIFF_SUFFIX}"]["base"] == "c-001"
     reference = CaptureStore(tmp_path / "ref", encoding="full")
     reference.start()
     write_all(reference, calls["a"])
@@ -323,8 +323,8 @@ def test_the_index_reads_only_the_header_line(tmp_path, monkeypatch):
     write_all(store, conversation("s", turns=4))
     store.close()
     parsed = []
-    real = delta_module.parse_delta_file
-    monkeypatch.setattr(delta_module, "parse_delta_file", lambda data: parsed.append(1) or real(data))
+    real = diff_module.parse_diff_file
+    monkeypatch.setattr(diff_module, "parse_diff_file", lambda data: parsed.append(1) or real(data))
     reader = CaptureStore.open_read_only(tmp_path)
     assert reader.list_sessions()[0]["record_count"] == 5
     assert parsed == []  # the index never decompressed a body
@@ -339,8 +339,8 @@ def test_file_names_and_digests(both):
     """`base_sha256` is the sha256 of the base's file bytes."""
     store = both["delta"]
     directory = store.sessions_dir / session_dir_name("agent")
-    meta = parse_delta_file((directory / f"agent-005{DELTA_SUFFIX}").read_bytes()).meta
-    base_bytes = (directory / f"{meta['base']}{DELTA_SUFFIX}").read_bytes()
+    meta = parse_diff_file((directory / f"agent-005{DIFF_SUFFIX}").read_bytes()).meta
+    base_bytes = (directory / f"{meta['base']}{DIFF_SUFFIX}").read_bytes()
     assert meta["base_sha256"] == hashlib.sha256(base_bytes).hexdigest()
 
 
@@ -351,11 +351,11 @@ def test_a_header_line_longer_than_the_first_block_is_still_read_without_the_bod
     assert store.submit_call(RecordInput(**{**kwargs, "request_id": "r" * 3000}))  # a client's very long x-request-id
     assert store.flush(10)
     store.close()
-    path = next((tmp_path / "sessions" / session_dir_name("s")).glob(f"*{DELTA_SUFFIX}"))
+    path = next((tmp_path / "sessions" / session_dir_name("s")).glob(f"*{DIFF_SUFFIX}"))
     assert path.read_bytes().index(b"\n") > record_files_module.HEAD_BYTES
     parsed = []
-    real = delta_module.parse_delta_file
-    monkeypatch.setattr(delta_module, "parse_delta_file", lambda data: parsed.append(1) or real(data))
+    real = diff_module.parse_diff_file
+    monkeypatch.setattr(diff_module, "parse_diff_file", lambda data: parsed.append(1) or real(data))
     reader = CaptureStore.open_read_only(tmp_path)
     assert reader.list_sessions()[0]["record_count"] == 1 and parsed == []
     assert reader.read_completions("s")[0][0]["request_id"] == "r" * 3000

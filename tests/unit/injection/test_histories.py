@@ -5,14 +5,14 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from server.injection.chains import (
-    Chain,
-    ChainCache,
+from server.injection.histories import (
+    HistoryCache,
     NoEndOfTurn,
-    chains_from_records,
+    TokenHistory,
     end_of_turn,
     env_suffix,
     extends_history,
+    histories_from_records,
     history_hash,
     longest_history_match,
     longest_match,
@@ -25,8 +25,8 @@ def rendered(ids: list[int]) -> tuple[bytes, int]:
     return orjson.dumps(ids), len(ids)
 
 
-def chain(prefix: list[int], cid: str = "c", n_messages: int = 2, from_records: bool = False) -> Chain:
-    return Chain(
+def chain(prefix: list[int], cid: str = "c", n_messages: int = 2, from_records: bool = False) -> TokenHistory:
+    return TokenHistory(
         id=cid,
         accumulated=[1, 2, 3, 4, 5, 9],
         last_generation=[4, 5, 9],
@@ -89,7 +89,7 @@ def test_continues_only_with_environment_turns_after_the_last_reply():
 
 def test_cache_evicts_least_recently_used_and_expires_idle_sessions():
     now = [0.0]
-    cache = ChainCache(max_sessions=2, ttl_s=10, clock=lambda: now[0])
+    cache = HistoryCache(max_sessions=2, ttl_s=10, clock=lambda: now[0])
     cache.put("a", [chain([1], "a")])
     cache.put("b", [chain([1], "b")])
     assert cache.get("a") is not None  # a is now the most recent
@@ -100,7 +100,7 @@ def test_cache_evicts_least_recently_used_and_expires_idle_sessions():
 
 
 def test_cache_caps_chains_per_session():
-    cache = ChainCache(max_chains_per_session=2)
+    cache = HistoryCache(max_chains_per_session=2)
     for i in range(4):
         cache.add("s", chain([1], f"c{i}"))
     assert [c.id for c in cache.get("s")] == ["c2", "c3"]
@@ -129,7 +129,7 @@ def test_chains_from_records_takes_each_chains_newest_valid_head():
         record("side", "2026-01-01T00:00:02", [1, 2], [8, 9]),
         {"uuid": "plain", "captured_at": "2026", "is_valid": True},  # not an injection record
     ]
-    chains = {c.id: c for c in chains_from_records(records)}
+    chains = {c.id: c for c in histories_from_records(records)}
     assert set(chains) == {"main", "side"}
     assert chains["main"].accumulated == [1, 2, 4, 9, 6, 7, 9]
     assert chains["main"].last_generation == [7, 9] and chains["main"].eot == 9 and chains["main"].n_messages == 2
@@ -144,7 +144,7 @@ def test_a_bridged_head_is_rebuilt_by_its_history_digest_and_never_matched_by_a_
         record("b", "2026-01-01T00:00:01", [1, 2], [4, 9], injection=bridged),
         record("x", "2026-01-01T00:00:02", [1], [9], injection={**bridged, "chain": "x", "history_hash": None}),
     ]
-    (rebuilt,) = chains_from_records(records)  # a head with neither a prefix nor a history digest is skipped
+    (rebuilt,) = histories_from_records(records)  # a head with neither a prefix nor a history digest is skipped
     assert rebuilt.id == "b" and rebuilt.prefix_len == 0 and not rebuilt.prefix_of(*rendered([1, 2, 3]))
     assert longest_match([rebuilt], *rendered([1, 2, 3])) is None
     goes_on = [user, {"role": "assistant", "content": "x"}, {"role": "tool", "content": "out"}]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from server.injection.transports import make_transport
+from server.injection.id_fields import id_field_for
 
 
 def test_vllm_merges_into_the_callers_kv_transfer_params():
-    t = make_transport("vllm")
+    t = id_field_for("vllm")
     body = {"messages": [], "kv_transfer_params": {"do_remote_prefill": True}}
     sent = t.attach(body, [1, 2], [3])
     assert sent == [1, 2, 3]
@@ -17,7 +17,7 @@ def test_vllm_merges_into_the_callers_kv_transfer_params():
 
 
 def test_vllm_does_not_touch_the_callers_dict():
-    t = make_transport("vllm")
+    t = id_field_for("vllm")
     theirs = {"x": 1}
     body = {"kv_transfer_params": theirs}
     t.attach(body, [1], [2])
@@ -25,7 +25,7 @@ def test_vllm_does_not_touch_the_callers_dict():
 
 
 def test_vllm_field_is_configurable():
-    t = make_transport("vllm", "prompt_token_ids")
+    t = id_field_for("vllm", "prompt_token_ids")
     body: dict = {}
     t.attach(body, [1], [2])
     assert body == {"prompt_token_ids": [1, 2]}
@@ -33,12 +33,12 @@ def test_vllm_field_is_configurable():
 
 def test_sglang_uses_input_ids():
     body: dict = {}
-    make_transport("sglang").attach(body, [1], [2])
+    id_field_for("sglang").attach(body, [1], [2])
     assert body == {"input_ids": [1, 2]}
 
 
 def test_nemo_rl_sends_the_history_only_and_accepts_a_spliced_echo():
-    t = make_transport("nemo_rl")
+    t = id_field_for("nemo_rl")
     body: dict = {}
     sent = t.attach(body, [1, 2, 9], [20, 21])
     assert body == {"required_prefix_token_ids": [1, 2, 9]} and sent == [1, 2, 9]
@@ -50,7 +50,7 @@ def test_nemo_rl_sends_the_history_only_and_accepts_a_spliced_echo():
 
 
 def test_full_prompt_transports_need_an_exact_echo():
-    t = make_transport("vllm")
+    t = id_field_for("vllm")
     assert t.echo_ok(b"[1,2,3]", [1, 2, 3])
     assert not t.echo_ok(b"[1,2,3]", [1, 2, 3, 4])
     assert not t.echo_ok(b"[1,2,3]", [1, 2, 30])
@@ -61,15 +61,15 @@ def test_full_prompt_transports_need_an_exact_echo():
 
 def test_unknown_transport_and_empty_field_are_rejected():
     with pytest.raises(ValueError, match="injection_transport"):
-        make_transport("grpc")
+        id_field_for("grpc")
     with pytest.raises(ValueError, match="injection_vllm_field"):
-        make_transport("vllm", "")
+        id_field_for("vllm", "")
 
 
 @pytest.mark.parametrize(
     "transport",
-    [make_transport("vllm"), make_transport("vllm", "prompt_token_ids"), make_transport("vllm", "a.b.c")]
-    + [make_transport("sglang"), make_transport("nemo_rl")],
+    [id_field_for("vllm"), id_field_for("vllm", "prompt_token_ids"), id_field_for("vllm", "a.b.c")]
+    + [id_field_for("sglang"), id_field_for("nemo_rl")],
 )
 @pytest.mark.parametrize("request_body", [{"model": "m", "messages": [{"role": "user", "content": "hé}"}]}, {}])
 def test_splicing_the_ids_into_the_payload_is_serialising_the_attached_body(transport, request_body):
