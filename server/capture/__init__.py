@@ -5,7 +5,6 @@ from __future__ import annotations
 from server.capture.tokens import (
     TOKEN_REQUEST_FIELDS,
     TokenTriple,
-    Triple,
     generation_token_texts,
     generation_tokens,
     is_finite_numbers,
@@ -21,7 +20,6 @@ from server.capture.tokens import (
 __all__ = [
     "TOKEN_REQUEST_FIELDS",
     "TokenTriple",
-    "Triple",
     "generation_token_texts",
     "generation_tokens",
     "is_finite_numbers",

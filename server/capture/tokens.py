@@ -40,10 +40,6 @@ class TokenTriple(NamedTuple):
     log_probs: list[float]
 
 
-# The name the translators use for it.
-Triple = TokenTriple
-
-
 def reasoning_of(message: object) -> str | None:
     """The reasoning text of a chat message or stream delta, or None when it has none.
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from server.capture.tokens import Triple, reasoning_of, token_triple
+from server.capture.tokens import TokenTriple, reasoning_of, token_triple
 
 # Seals raw reasoning text into a thinking block's `signature` (server.stateful.sealing).
 Sealer = Callable[[str], str]
@@ -26,7 +26,7 @@ def stop_reason(finish_reason: str | None, matched: Any, stop_sequences: list[st
     return "end_turn", None
 
 
-def messages_usage(chat_usage: dict[str, Any] | None, triple: Triple | None = None) -> dict[str, Any]:
+def messages_usage(chat_usage: dict[str, Any] | None, triple: TokenTriple | None = None) -> dict[str, Any]:
     """Chat usage in Messages form: `input_tokens` does not count the prompt tokens read from cache."""
     if chat_usage:
         prompt = chat_usage.get("prompt_tokens") or 0
@@ -72,7 +72,7 @@ def message_base(message_id: str, model: str | None) -> dict[str, Any]:
     }
 
 
-def attach_triple(message: dict[str, Any], triple: Triple | None) -> None:
+def attach_triple(message: dict[str, Any], triple: TokenTriple | None) -> None:
     """Gym's training names for the call's token ids, on the message (asked for with `return_token_id_information`)."""
     if triple is not None:
         message["prompt_token_ids"], message["generation_token_ids"], message["generation_log_probs"] = triple

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from server.capture.tokens import Triple, reasoning_of, token_triple
+from server.capture.tokens import TokenTriple, reasoning_of, token_triple
 from server.translate.checks import is_number
 from server.translate.custom_tools import decode_input, encode_input
 from server.translate.request import wants_output_logprobs
@@ -97,7 +97,7 @@ def response_base(
     }
 
 
-def responses_usage(chat_usage: dict[str, Any] | None, triple: Triple | None = None) -> dict[str, Any] | None:
+def responses_usage(chat_usage: dict[str, Any] | None, triple: TokenTriple | None = None) -> dict[str, Any] | None:
     """Chat usage in Responses form (with `cache_write_tokens`, which the openai SDK requires)."""
     if chat_usage:
         input_tokens = chat_usage.get("prompt_tokens") or 0
@@ -224,7 +224,7 @@ def tool_call_output(
     return function_call_output(item_id("fc", base, index), call_id, name, namespace, arguments, status)
 
 
-def attach_triple(output: list[dict[str, Any]], triple: Triple | None) -> None:
+def attach_triple(output: list[dict[str, Any]], triple: TokenTriple | None) -> None:
     # Gym's training convention: the ids ride on the last generated item only.
     if triple is not None and output:
         last = output[-1]
