@@ -1,7 +1,7 @@
 """Hostile keys on one server: no key reads, changes or writes into another key's data.
 
-Each test is an attack that worked before (the server in attach mode, straight to the mock upstream,
-with `api_keys: [A, B]`) and must fail now: sessions and their records, rollouts, timelines and
+Each test is an attack that must fail (the server in attach mode, straight to the mock upstream,
+with `api_keys: [A, B]`): sessions and their records, rollouts, timelines and
 deletes scoped to the key that wrote them, a deleted background run staying deleted, sealed
 reasoning bound to its key, the seal key file checked, and Switchyard's address kept off `/health`.
 """
@@ -113,7 +113,7 @@ def test_a_call_under_another_keys_session_is_refused_and_never_lands_there(keye
     child = chat(url, B, "B's child", **{"x-session-id": "child-b", "x-parent-session-id": "rollout-a"})
     assert child.status_code == 403
     assert session_texts(url, "rollout-a", A) == ["first of A"]
-    # B's own sessions work as before, and A cannot reach them either.
+    # B's own sessions still work, and A cannot reach them either.
     assert chat(url, B, "B's own", **{"x-session-id": "rollout-b"}).status_code == 200
     assert session_texts(url, "rollout-b", B) == ["B's own"]
     assert get(url, "/v1/sessions/rollout-b/completions", A).status_code == 404
