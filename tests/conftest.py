@@ -1,4 +1,4 @@
-"""Shared fixtures: a proxy-free environment for every test, and the real loopback chain (mock upstream →
+"""Shared fixtures: a proxy-free environment for every test, and the real loopback stack (mock upstream →
 hosted Switchyard → this server)."""
 
 from __future__ import annotations
