@@ -48,6 +48,9 @@ class ChainBody(TypedDict):
     log_probs: NotRequired[list[float]]  # 0.0 at prompt positions
 
 
+# How a call relates to the chain it is in (or why it is in none).
+Relation = Literal["first", "extends", "breaks", "side", "discarded", "incomplete", "unusable"]
+
 # One decision per record; `break` is a keyword, hence the functional form.
 CallDecision = TypedDict(
     "CallDecision",
@@ -55,8 +58,7 @@ CallDecision = TypedDict(
         "index": int,
         "uuid": str | None,
         "chain": int | None,  # its chain's index, None when it is in none
-        # first | extends | breaks | side | discarded | incomplete | unusable
-        "relation": str,
+        "relation": Relation,
         "previous_index": int | None,  # the call it extends
         "break": Break | None,
     },
@@ -169,7 +171,7 @@ class _Splitter(_Reconstruction):
         self.closed: list[tuple[list[_Call], Break | None]] = []  # (steps, the break before them)
         self.starts_after: Break | None = None
         # Sorted index -> (relation, break), for records that did not extend.
-        self.decisions: dict[int, tuple[str, Break]] = {}
+        self.decisions: dict[int, tuple[Relation, Break]] = {}
         self.unusable: set[int] = set()
         self.rollout: RolloutVerdict | None = None
         self.fresh = False  # a chain has ended: the next chain's first call sets its signature
@@ -192,7 +194,7 @@ class _Splitter(_Reconstruction):
             call = self._validate(i, self.ordered[i], position)
         except RolloutError as exc:
             account = self.explain(i, exc)
-            relation = "incomplete" if account["kind"] == "incomplete_record" else "unusable"
+            relation: Relation = "incomplete" if account["kind"] == "incomplete_record" else "unusable"
             self._note_break(i, exc, account)
             self._close(account)
             self.decisions[i] = (relation, account)
@@ -306,7 +308,7 @@ class _Splitter(_Reconstruction):
         self, chains: list[tuple[ChainKind, list[_Call], Break | None]], side: set[int], retried: set[int]
     ) -> list[CallDecision]:
         chain_of: dict[int, int] = {}
-        relation: dict[int, str] = {}
+        relation: dict[int, Relation] = {}
         previous: dict[int, int] = {}
         for n, (chain_kind, steps, _) in enumerate(chains):
             for k, step in enumerate(steps):
@@ -320,6 +322,7 @@ class _Splitter(_Reconstruction):
         calls: list[CallDecision] = []
         for i, record in enumerate(self.ordered):
             decided, account = self.decisions.get(i, (None, None))
+            kind: Relation
             if i in chain_of and decided == "breaks":
                 kind = "breaks"
             elif i in chain_of:
