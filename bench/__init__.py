@@ -1,1 +1,1 @@
-"""Benchmark harness: the whole chain measured side by side (direct to Switchyard vs through this server)."""
+"""Benchmark harness: the whole stack measured side by side (direct to Switchyard vs through this server)."""

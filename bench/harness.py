@@ -1,4 +1,4 @@
-"""One bench run: the shared chain of processes, series run in interleaved rounds, the table's rows.
+"""One bench run: the shared stack of processes, series run in interleaved rounds, the table's rows.
 
 A section is a function `section(bench: Bench) -> None` (bench/run.py lists them in order). It sends
 load with `bench.run_one` or `bench.interleave`, adds rows with `bench.row` and raw numbers to
@@ -28,7 +28,7 @@ Section = Callable[["Bench"], None]
 
 
 class Bench:
-    """The chain every section shares, the rows of the table and the raw numbers of one run."""
+    """The stack every section shares, the rows of the table and the raw numbers of one run."""
 
     def __init__(
         self, quick: bool, only: set[str], mock_tree: str | None = None, injection_trees: list[str] | None = None
@@ -132,7 +132,7 @@ class Bench:
         if "ceiling" in self.only:
             self.stub = Stub("stub-chat", "chat", self.log_dir)
             self.procs.append(self.stub.proc)
-        self.log(f"chain up: server {self.cap.url}, its Switchyard {self.cap.proxy_url}, mock :{self.mock.port}")
+        self.log(f"stack up: server {self.cap.url}, its Switchyard {self.cap.proxy_url}, mock :{self.mock.port}")
         self.warm_up()
 
     def warm_up(self) -> None:
@@ -233,7 +233,7 @@ class Bench:
         return out
 
     def run(self, sections: dict[str, Section]) -> None:
-        """Start the chain, run each section of `sections` named in `only`, in order; stop the chain."""
+        """Start the stack, run each section of `sections` named in `only`, in order; stop the stack."""
         self.start()
         try:
             for section, run_section in sections.items():

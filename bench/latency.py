@@ -335,7 +335,7 @@ def streams(bench: Bench) -> None:
 
 def loopback_send_cost(n: int = 1000) -> tuple[float, float]:
     """CPU µs per 300-byte loopback send when the reader is another (sleeping) process, and per
-    send+recv pair inside one thread. Every hop of the chain pays the first one per message."""
+    send+recv pair inside one thread. Every hop of the request path pays the first one per message."""
     import socket
 
     with socket.socket() as listener:

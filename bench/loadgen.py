@@ -1,6 +1,6 @@
 """Lean HTTP/1.1 load generator on raw asyncio sockets; runs in its own process, driven by JSON lines on stdin.
 
-Why not httpx: on a 2-core box the client must cost far less CPU per request than the chain it
+Why not httpx: on a 2-core box the client must cost far less CPU per request than the stack it
 measures. A hand-rolled protocol (no per-request objects beyond a future, no header dicts, no
 URL parsing) costs a few tens of microseconds per request under uvloop, and `bench/run.py`
 measures that ceiling against a canned responder before it measures anything else.

@@ -64,7 +64,7 @@ def summary(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def cpu_per_request(results: list[dict[str, Any]]) -> float:
-    """CPU seconds per completed call, summed over every process of the chain (generator included).
+    """CPU seconds per completed call, summed over every process of the stack (generator included).
 
     On a CPU-bound box throughput is about cores / this, and unlike wall-clock throughput it hardly
     moves when other tenants load the machine, so its ratio is the steadier estimate."""

@@ -1,8 +1,8 @@
-"""Where the chain's CPU goes per call, by process and by thread, for each c=64 load of the open targets.
+"""Where the stack's CPU goes per call, by process and by thread, for each c=64 load of the open targets.
 
 Usage: python bench/threads.py [--seconds S] [--capture-root DIR]
 
-One chain (the mock, this server hosting Switchyard, the load generator); each load runs for S seconds
+One stack (the mock, this server hosting Switchyard, the load generator); each load runs for S seconds
 at concurrency 64 and prints the CPU per call of: the server's event loop (its main thread), its other
 Python-started threads together (the capture writer and committer, the response store, granian's I/O
 thread), its Rust workers (`tokio-rt-worker`: the hosted Switchyard), the mock, and the load generator.

@@ -34,6 +34,7 @@ from server.files import process_temp_dir
 from server.process import PARENT_PID_ENV
 
 if TYPE_CHECKING:
+    from server.capture.rollout.chains import ChainsEnvelope
     from server.capture.rollout.items import Rollout
 
 # The child's settings (which may hold keys), port file and log: a `process_temp_dir`, so a parent
@@ -227,7 +228,7 @@ class LocalServer:
         """
         errors = list(self.errors)
         rollouts: list[Rollout] = []
-        chains: list[dict[str, Any]] = []
+        chains: list[ChainsEnvelope] = []
         try:
             rollouts = collect_rollouts(self.capture_dir, errors, chains)
         except Exception as exc:  # the promise is "never raises": a broken directory is an error entry
@@ -236,7 +237,7 @@ class LocalServer:
 
 
 def collect_rollouts(
-    capture_dir: str | os.PathLike[str], errors: list[str], chains: list[dict[str, Any]] | None = None
+    capture_dir: str | os.PathLike[str], errors: list[str], chains: list[ChainsEnvelope] | None = None
 ) -> list[Rollout]:
     """Rebuild every top session's rollout from a capture directory, read-only; problems go to
     `errors`, and each top session's chains to `chains` when given."""

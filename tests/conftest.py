@@ -1,4 +1,4 @@
-"""Shared fixtures: a proxy-free environment for every test, and the real loopback chain (mock upstream →
+"""Shared fixtures: a proxy-free environment for every test, and the real loopback stack (mock upstream →
 hosted Switchyard → this server)."""
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ def mock_upstream():
 
 @pytest.fixture(scope="module")
 def chain(mock_upstream, tmp_path_factory):
-    chain = launch_stack(mock_upstream, tmp_path_factory.mktemp("captures"))
-    yield chain
-    chain.proc.stop()
+    stack = launch_stack(mock_upstream, tmp_path_factory.mktemp("captures"))
+    yield stack
+    stack.proc.stop()
 
 
 @pytest.fixture

@@ -182,12 +182,12 @@ def _add_mock(sub: argparse._SubParsersAction[Any]) -> None:
 def _add_demo(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "demo",
-        help="run the demo chain (mock upstream + hosted Switchyard + this server) and a scripted agent",
+        help="run the demo stack (mock upstream + hosted Switchyard + this server) and a scripted agent",
         description="Start the mock upstream, this server hosting Switchyard from profiles/demo.toml, run a "
         "scripted multi-turn agent with a tool call and a sub-agent through the openai SDK, and print "
         "where each call went and the captured session tree.",
     )
-    p.add_argument("--serve", action="store_true", help="keep the chain up afterwards and print curl examples")
+    p.add_argument("--serve", action="store_true", help="keep the stack up afterwards and print curl examples")
     p.add_argument("--port", type=int, default=0, help="port for this server (default: a free one)")
     p.add_argument("--capture-dir", help="keep the captured records here (default: a temporary directory)")
 

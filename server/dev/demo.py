@@ -1,4 +1,4 @@
-"""`switchyard-model demo`: the whole chain on loopback and a scripted agent run through the openai SDK."""
+"""`switchyard-model demo`: the whole stack on loopback and a scripted agent run through the openai SDK."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, what: str, timeout: flo
 
 
 # The signals that end the demo, however it was started. SIGINT is among them even when the shell
-# started the demo in the background with SIGINT ignored: `kill -INT` must still stop the chain.
+# started the demo in the background with SIGINT ignored: `kill -INT` must still stop the stack.
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -79,7 +79,7 @@ def _start(argv: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen[
     return subprocess.Popen[bytes](
         argv,
         env=env,
-        start_new_session=True,  # a terminal's Ctrl-C or hangup reaches the demo, which stops the chain in order
+        start_new_session=True,  # a terminal's Ctrl-C or hangup reaches the demo, which stops the stack in order
         preexec_fn=functools.partial(die_with_parent, os.getpid()),
         **kw,
     )
@@ -90,7 +90,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _hurry(procs: list[subprocess.Popen[bytes]]) -> Callable[[int, FrameType | None], None]:
-    """While the chain is being stopped, a second signal kills what is left instead of waiting."""
+    """While the stack is being stopped, a second signal kills what is left instead of waiting."""
 
     def kill_all(signum: int, frame: FrameType | None) -> None:
         for proc in procs:
@@ -200,7 +200,7 @@ def show_capture(base_url: str) -> None:
 
 def _curl_examples(base_url: str, mock_port: int) -> str:
     return f"""
-The chain is up. Try:
+The stack is up. Try:
   curl -s {base_url}/v1/responses -H 'content-type: application/json' -H 'x-session-id: my-session' \\
        -d '{{"model": "demo", "input": "Hello!"}}'
   curl -sN {base_url}/v1/chat/completions -H 'content-type: application/json' \\
@@ -216,7 +216,7 @@ Press Ctrl-C to stop."""
 def run_demo(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("openai") is None:
         print(
-            "switchyard-model demo: the demo drives the chain with the openai SDK; "
+            "switchyard-model demo: the demo drives the stack with the openai SDK; "
             "install it with: pip install 'switchyard-model[demo]'",
             file=sys.stderr,
         )
@@ -235,7 +235,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_chain(args: argparse.Namespace, procs: list[subprocess.Popen[bytes]]) -> int:
-    """Start the chain (each process added to `procs` as it starts), run the agent, and serve if asked."""
+    """Start the stack (each process added to `procs` as it starts), run the agent, and serve if asked."""
     env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"}
     mock_port = _free_port()
     port = args.port or _free_port()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,9 +99,11 @@ def _body(response: dict[str, Any], input_items: list[dict[str, Any]]) -> bytes:
 class ResponseStore:
     """Responses by id, scoped by owner; every method is one short SQLite transaction."""
 
-    def __init__(self, db: StateDB, bounds: Bounds) -> None:
+    def __init__(self, db: StateDB, bounds: Bounds, *, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.bounds = bounds
+        # Wall-clock seconds: the stamps are stored and compared by every process sharing the file.
+        self.clock = clock
 
     # ---- writes ------------------------------------------------------------------------------
 
@@ -126,7 +129,7 @@ class ResponseStore:
         One commit (and, under `capture_fsync: always`, one sync) for the whole batch: the store's
         writer thread (`stateful.writer`) hands every response that queued up meanwhile here at once.
         """
-        now = time.time()
+        now = self.clock()
         rows = []
         oversized = []
         for put in puts:
@@ -149,7 +152,7 @@ class ResponseStore:
     def update_running(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> bool:
         """Replace a running (background) response's object; False if it is gone (deleted or evicted)."""
         body = _body(response, input_items)
-        now = time.time()
+        now = self.clock()
         with self.db.transaction() as conn:
             row = conn.execute(
                 "SELECT size - LENGTH(body), owner FROM responses WHERE id = ?", (response["id"],)
@@ -177,7 +180,7 @@ class ResponseStore:
                 [(response_id, seq, data) for seq, data in events],
             )
             conn.execute(
-                "UPDATE responses SET size = size + ?, heartbeat = ? WHERE id = ?", (added, time.time(), response_id)
+                "UPDATE responses SET size = size + ?, heartbeat = ? WHERE id = ?", (added, self.clock(), response_id)
             )
 
     def delete(self, response_id: str, owner: str) -> bool:

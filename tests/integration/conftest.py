@@ -26,21 +26,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="module")
 def sdk(chain) -> openai.OpenAI:
-    """The OpenAI SDK against the module's chain, without retries (a retry would hide a failed call)."""
+    """The OpenAI SDK against the module's stack, without retries (a retry would hide a failed call)."""
     return openai.OpenAI(base_url=chain.v1, api_key="sk-test", max_retries=0, http_client=httpx.Client(timeout=60))
 
 
 @pytest.fixture(scope="module")
 def reasoning_chains(tmp_path_factory):
-    """A Qwen3-like engine (past reasoning dropped from re-rendered turns), and a chain in front of it
-    with token injection (`chains[True]`) and one without (`chains[False]`, the negative control)."""
+    """A Qwen3-like engine (past reasoning dropped from re-rendered turns), and a stack in front of it
+    with token injection (`[True]`) and one without (`[False]`, the negative control)."""
     upstream, url = start_mock_upstream(None, "--template", "drop-reasoning")
-    chains = {}
+    stacks = {}
     try:
-        chains[True] = launch_stack(url, tmp_path_factory.mktemp("injected"), "--token-injection")
-        chains[False] = launch_stack(url, tmp_path_factory.mktemp("plain"))
-        yield chains
+        stacks[True] = launch_stack(url, tmp_path_factory.mktemp("injected"), "--token-injection")
+        stacks[False] = launch_stack(url, tmp_path_factory.mktemp("plain"))
+        yield stacks
     finally:
-        for chain in chains.values():
-            chain.proc.stop()
+        for stack in stacks.values():
+            stack.proc.stop()
         upstream.stop()

@@ -1,4 +1,4 @@
-"""Bad input against the real chain: a clear 4xx in the OpenAI shape, nothing forwarded, nothing captured."""
+"""Bad input against the real stack: a clear 4xx in the OpenAI shape, nothing forwarded, nothing captured."""
 
 from __future__ import annotations
 
@@ -29,66 +29,66 @@ JSON_DEPTH_GAP = 500
 
 
 @pytest.fixture(scope="module")
-def chain(mock_upstream, tmp_path_factory) -> Iterator[Stack]:
+def stack(mock_upstream, tmp_path_factory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("bad-input")
     config = root / "config.yaml"
     config.write_text(f"max_body_bytes: {MAX_BODY_BYTES}\n")
-    chain = launch_stack(mock_upstream, root / "captures", "--config", str(config))
+    stack = launch_stack(mock_upstream, root / "captures", "--config", str(config))
     try:
         # One real session, so the traversal attempts below have something they could destroy.
         reply = httpx.post(
-            chain.v1 + "/responses",
+            stack.v1 + "/responses",
             json={"input": "keep this"},
             timeout=30,
             headers={"x-session-id": KEPT_SESSION},
         )
         assert reply.status_code == 200, reply.text
-        assert _record_count(chain, KEPT_SESSION) == 1
-        for path in _sentinels(chain):
+        assert _record_count(stack, KEPT_SESSION) == 1
+        for path in _sentinels(stack):
             path.write_text(SENTINEL_TEXT)
-        yield chain
+        yield stack
     finally:
-        chain.proc.stop()
+        stack.proc.stop()
 
 
 # ---- helpers ------------------------------------------------------------------------------------
 
 
-def _sentinels(chain: Stack) -> list[Path]:
+def _sentinels(stack: Stack) -> list[Path]:
     """A file beside the capture dir and one inside it, outside any session directory."""
-    return [chain.capture_dir.parent / "sentinel.txt", chain.capture_dir / "sentinel.txt"]
+    return [stack.capture_dir.parent / "sentinel.txt", stack.capture_dir / "sentinel.txt"]
 
 
-def _record_count(chain: Stack, session_id: str) -> int:
-    response = httpx.get(f"{chain.v1}/sessions/{session_id}/completions", timeout=30)
+def _record_count(stack: Stack, session_id: str) -> int:
+    response = httpx.get(f"{stack.v1}/sessions/{session_id}/completions", timeout=30)
     return len(response.json()["completions"]) if response.status_code == 200 else 0
 
 
-def _capture_files(chain: Stack) -> set[str]:
+def _capture_files(stack: Stack) -> set[str]:
     # GET /v1/sessions first waits for queued records, so anything a request caused is on disk now.
-    assert httpx.get(chain.v1 + "/sessions", timeout=30).status_code == 200
-    return {str(path.relative_to(chain.capture_dir)) for path in chain.capture_dir.rglob("*")}
+    assert httpx.get(stack.v1 + "/sessions", timeout=30).status_code == 200
+    return {str(path.relative_to(stack.capture_dir)) for path in stack.capture_dir.rglob("*")}
 
 
-def _session_dir(chain: Stack, session_id: bytes) -> Path:
-    return chain.capture_dir / "sessions" / hashlib.sha256(session_id).hexdigest()
+def _session_dir(stack: Stack, session_id: bytes) -> Path:
+    return stack.capture_dir / "sessions" / hashlib.sha256(session_id).hexdigest()
 
 
 @contextmanager
-def nothing_forwarded(chain: Stack) -> Iterator[None]:
+def nothing_forwarded(stack: Stack) -> Iterator[None]:
     """The block's requests reach neither the upstream nor the capture store."""
-    upstream_before = chain.mock_stats()["requests"]
-    files_before = _capture_files(chain)
+    upstream_before = stack.mock_stats()["requests"]
+    files_before = _capture_files(stack)
     yield
-    assert chain.mock_stats()["requests"] == upstream_before, "a bad request was forwarded upstream"
-    assert _capture_files(chain) == files_before, "a bad request changed the capture dir"
+    assert stack.mock_stats()["requests"] == upstream_before, "a bad request was forwarded upstream"
+    assert _capture_files(stack) == files_before, "a bad request changed the capture dir"
 
 
 @contextmanager
-def nothing_captured(chain: Stack) -> Iterator[None]:
-    files_before = _capture_files(chain)
+def nothing_captured(stack: Stack) -> Iterator[None]:
+    files_before = _capture_files(stack)
     yield
-    assert _capture_files(chain) == files_before, "the request was captured"
+    assert _capture_files(stack) == files_before, "the request was captured"
 
 
 def assert_openai_error(response: httpx.Response, status: int | tuple[int, ...], param: str | None = None) -> dict:
@@ -108,21 +108,21 @@ def check_error_body(body: bytes, param: str | None = None) -> dict:
     return error
 
 
-def post(chain: Stack, endpoint: str, content: bytes | Iterator[bytes], headers: dict | None = None) -> httpx.Response:
+def post(stack: Stack, endpoint: str, content: bytes | Iterator[bytes], headers: dict | None = None) -> httpx.Response:
     return httpx.post(
-        chain.v1 + endpoint,
+        stack.v1 + endpoint,
         content=content,
         timeout=60,
         headers={"content-type": "application/json", **(headers or {})},
     )
 
 
-def post_json(chain: Stack, endpoint: str, body: dict, headers: dict | None = None) -> httpx.Response:
-    return post(chain, endpoint, orjson.dumps(body), headers)
+def post_json(stack: Stack, endpoint: str, body: dict, headers: dict | None = None) -> httpx.Response:
+    return post(stack, endpoint, orjson.dumps(body), headers)
 
 
 def raw_request(
-    chain: Stack,
+    stack: Stack,
     method: str,
     target: bytes,
     headers: list[bytes] = (),
@@ -130,7 +130,7 @@ def raw_request(
     declared_length: int | None = None,
 ) -> tuple[int, bytes, bytes]:
     """One HTTP/1.1 exchange on a bare socket, so nothing (no client library) normalises or refuses the bytes."""
-    port = int(chain.url.rsplit(":", 1)[1])
+    port = int(stack.url.rsplit(":", 1)[1])
     head = method.encode() + b" " + target + b" HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n"
     for header in headers:
         head += header + b"\r\n"
@@ -147,12 +147,12 @@ def raw_request(
     return int(status_line.split()[1]), response_headers.lower(), response_body
 
 
-def switchyard_session_of(chain: Stack, request_id: str, timeout: float = 10.0) -> str:
+def switchyard_session_of(stack: Stack, request_id: str, timeout: float = 10.0) -> str:
     """The session id Switchyard logged for the call with this x-request-id (its `correlation_id`)."""
     marker = f'correlation_id="{request_id}"'
 
     def logged() -> list[str]:  # a list, so that an empty session id still counts as found
-        for line in chain.proc.output().splitlines():
+        for line in stack.proc.output().splitlines():
             if marker in line and "LLM request" in line and "session_id=" in line:
                 # Switchyard quotes the value, escaping `"` and `\` with a backslash.
                 quoted = re.match(r'((?:[^"\\]|\\.)*)"', line.split('session_id="', 1)[1])
@@ -214,17 +214,17 @@ NOT_AN_OBJECT = {
 @pytest.mark.parametrize(
     "body", list(MALFORMED.values()) + list(INVALID_UTF8.values()), ids=list(MALFORMED) + list(INVALID_UTF8)
 )
-def test_malformed_or_invalid_utf8_json_is_400(chain, endpoint, body):
-    with nothing_forwarded(chain):
-        error = assert_openai_error(post(chain, endpoint, body), 400)
+def test_malformed_or_invalid_utf8_json_is_400(stack, endpoint, body):
+    with nothing_forwarded(stack):
+        error = assert_openai_error(post(stack, endpoint, body), 400)
     assert error["code"] == "invalid_json"
 
 
 @pytest.mark.parametrize("endpoint", ["/responses", "/chat/completions"])
 @pytest.mark.parametrize("body", list(NOT_AN_OBJECT.values()), ids=list(NOT_AN_OBJECT))
-def test_json_that_is_not_an_object_is_400(chain, endpoint, body):
-    with nothing_forwarded(chain):
-        error = assert_openai_error(post(chain, endpoint, body), 400)
+def test_json_that_is_not_an_object_is_400(stack, endpoint, body):
+    with nothing_forwarded(stack):
+        error = assert_openai_error(post(stack, endpoint, body), 400)
     assert "object" in error["message"]
 
 
@@ -275,10 +275,10 @@ RESPONSES_WRONG = [
 
 
 @pytest.mark.parametrize("field, value", RESPONSES_WRONG)
-def test_responses_wrong_type_is_400_naming_the_field(chain, field, value):
+def test_responses_wrong_type_is_400_naming_the_field(stack, field, value):
     body = {"input": "hi", field: value}
-    with nothing_forwarded(chain):
-        error = assert_openai_error(post_json(chain, "/responses", body), 400)
+    with nothing_forwarded(stack):
+        error = assert_openai_error(post_json(stack, "/responses", body), 400)
     assert error["param"] and error["param"].split(".")[0].split("[")[0] == field, error
     assert error["type"] == "invalid_request_error"
 
@@ -301,25 +301,25 @@ CHAT_WRONG = [
 
 
 @pytest.mark.parametrize("field, value", CHAT_WRONG)
-def test_chat_wrong_type_is_400_naming_the_field(chain, field, value):
+def test_chat_wrong_type_is_400_naming_the_field(stack, field, value):
     body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], field: value}
-    with nothing_forwarded(chain):
-        error = assert_openai_error(post_json(chain, "/chat/completions", body), 400)
+    with nothing_forwarded(stack):
+        error = assert_openai_error(post_json(stack, "/chat/completions", body), 400)
     assert error["param"] and error["param"].split("[")[0] == field, error
 
 
 @pytest.mark.parametrize("fields", [["bogus"], ["messages"], ["frobnicate", "input_text"]])
-def test_responses_unknown_field_is_400_naming_it(chain, fields):
+def test_responses_unknown_field_is_400_naming_it(stack, fields):
     body = {"input": "hi", **{name: 1 for name in fields}}
-    with nothing_forwarded(chain):
-        error = assert_openai_error(post_json(chain, "/responses", body), 400)
+    with nothing_forwarded(stack):
+        error = assert_openai_error(post_json(stack, "/responses", body), 400)
     assert error["param"] in fields and error["param"] in error["message"]
     assert error["code"] == "unsupported_parameter"
 
 
-def test_responses_without_input_is_400(chain):
-    with nothing_forwarded(chain):
-        error = assert_openai_error(post_json(chain, "/responses", {"model": "x"}), 400, param="input")
+def test_responses_without_input_is_400(stack):
+    with nothing_forwarded(stack):
+        error = assert_openai_error(post_json(stack, "/responses", {"model": "x"}), 400, param="input")
     assert error["code"] == "missing_required_parameter"
 
 
@@ -327,30 +327,30 @@ def test_responses_without_input_is_400(chain):
 
 
 @pytest.mark.parametrize("value", [b"-5", b"0", b"-1000000000000", b"1e12", b"1000000000000000000000000000000"])
-def test_impossible_max_output_tokens_is_400(chain, value):
+def test_impossible_max_output_tokens_is_400(stack, value):
     # 10**30 does not fit 64 bits and orjson parses it as a float: still not a positive integer.
-    with nothing_forwarded(chain):
+    with nothing_forwarded(stack):
         assert_openai_error(
-            post(chain, "/responses", b'{"input": "hi", "max_output_tokens": ' + value + b"}"),
+            post(stack, "/responses", b'{"input": "hi", "max_output_tokens": ' + value + b"}"),
             400,
             param="max_output_tokens",
         )
 
 
-def test_absurd_but_well_formed_token_limit_is_forwarded(chain):
+def test_absurd_but_well_formed_token_limit_is_forwarded(stack):
     """Decision: 10**12 is a valid positive integer, so it is forwarded as is. Only the model server knows the
     route's context length (max_model_len discovery is best effort), and vLLM answers such a request with a 400
     that is relayed; the mock clamps instead, so here the call succeeds."""
-    reply = post_json(chain, "/responses", {"input": "hi", "max_output_tokens": 10**12})
+    reply = post_json(stack, "/responses", {"input": "hi", "max_output_tokens": 10**12})
     assert reply.status_code == 200, reply.text
-    assert chain.mock_requests()[-1]["body"]["max_tokens"] == 10**12
+    assert stack.mock_requests()[-1]["body"]["max_tokens"] == 10**12
     reply = post_json(
-        chain, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**12}
+        stack, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**12}
     )
     assert reply.status_code == 200, reply.text
-    assert chain.mock_requests()[-1]["body"]["max_tokens"] == 10**12
+    assert stack.mock_requests()[-1]["body"]["max_tokens"] == 10**12
     # When the upstream refuses it (as vLLM does), the client gets that 400 in the OpenAI shape.
-    refused = post_json(chain, "/responses", {"input": "hi [[mock:error 400]]", "max_output_tokens": 10**12})
+    refused = post_json(stack, "/responses", {"input": "hi [[mock:error 400]]", "max_output_tokens": 10**12})
     assert_openai_error(refused, 400)
 
 
@@ -358,43 +358,43 @@ def test_absurd_but_well_formed_token_limit_is_forwarded(chain):
 
 
 @pytest.mark.parametrize("endpoint", ["/responses", "/chat/completions"])
-def test_body_over_the_limit_is_413_with_content_length(chain, endpoint):
+def test_body_over_the_limit_is_413_with_content_length(stack, endpoint):
     body = b'{"input": "' + b"x" * (2 * MAX_BODY_BYTES) + b'"}'
-    with nothing_forwarded(chain):
-        error = assert_openai_error(post(chain, endpoint, body), 413)
+    with nothing_forwarded(stack):
+        error = assert_openai_error(post(stack, endpoint, body), 413)
     assert error["code"] == "request_too_large"
 
 
 @pytest.mark.parametrize("endpoint", ["/responses", "/chat/completions"])
-def test_body_over_the_limit_is_413_when_chunked(chain, endpoint):
+def test_body_over_the_limit_is_413_when_chunked(stack, endpoint):
     def chunks() -> Iterator[bytes]:
         yield b'{"input": "'
         for _ in range(32):
             yield b"x" * (64 * 1024)
         yield b'"}'
 
-    with nothing_forwarded(chain):
-        response = post(chain, endpoint, chunks())
+    with nothing_forwarded(stack):
+        response = post(stack, endpoint, chunks())
         assert response.request.headers.get("transfer-encoding") == "chunked"
         assert_openai_error(response, 413)
 
 
-def test_413_does_not_wait_for_the_rest_of_an_announced_huge_body(chain):
+def test_413_does_not_wait_for_the_rest_of_an_announced_huge_body(stack):
     """The limit is applied while reading: a client announcing 100 MB gets its 413 after the limit, not the end."""
-    with nothing_forwarded(chain):
+    with nothing_forwarded(stack):
         started = time.monotonic()
         status, headers, body = raw_request(
-            chain, "POST", b"/v1/responses", body=b"x" * (MAX_BODY_BYTES + 4096), declared_length=100 * 1024 * 1024
+            stack, "POST", b"/v1/responses", body=b"x" * (MAX_BODY_BYTES + 4096), declared_length=100 * 1024 * 1024
         )
         assert status == 413 and time.monotonic() - started < 10
         check_error_body(body)
 
 
-def test_body_just_under_the_limit_is_served(chain):
+def test_body_just_under_the_limit_is_served(stack):
     # `user` is passed on but never tokenized (metadata, the other such field, is bounded to short strings).
     body = orjson.dumps({"input": "hi", "user": "x" * (MAX_BODY_BYTES - 100)})
     assert len(body) <= MAX_BODY_BYTES
-    assert post(chain, "/responses", body).status_code == 200
+    assert post(stack, "/responses", body).status_code == 200
 
 
 @pytest.mark.parametrize("endpoint", ["/responses", "/chat/completions"])
@@ -411,9 +411,9 @@ def test_body_just_under_the_limit_is_served(chain):
     ],
     ids=["100k arrays", "100k arrays in a field", "5k objects in a field"],
 )
-def test_deeply_nested_json_is_400(chain, endpoint, body):
-    with nothing_forwarded(chain):
-        error = assert_openai_error(post(chain, endpoint, body), 400)
+def test_deeply_nested_json_is_400(stack, endpoint, body):
+    with nothing_forwarded(stack):
+        error = assert_openai_error(post(stack, endpoint, body), 400)
     assert error["code"] == "invalid_json"
 
 
@@ -434,9 +434,9 @@ def test_deeply_nested_json_is_400(chain, endpoint, body):
     ],
     ids=["chat extra field", "responses metadata", "responses json_schema"],
 )
-def test_json_deeper_than_the_server_can_reserialise_is_400(chain, endpoint, body):
-    with nothing_forwarded(chain):
-        assert_openai_error(post(chain, endpoint, body), 400)
+def test_json_deeper_than_the_server_can_reserialise_is_400(stack, endpoint, body):
+    with nothing_forwarded(stack):
+        assert_openai_error(post(stack, endpoint, body), 400)
 
 
 # ---- session ids that must never be used -------------------------------------------------------------
@@ -463,30 +463,30 @@ ACCEPTED_IDS = [
 SESSION_HEADERS = ["x-switchyard-session-id", "proxy_x_session_id", "x-session-id", "thread-id", "session-id"]
 
 
-def _assert_uncorrelated_and_uncaptured(chain: Stack, response_status: int, rid: str, bad: bytes) -> None:
+def _assert_uncorrelated_and_uncaptured(stack: Stack, response_status: int, rid: str, bad: bytes) -> None:
     assert response_status == 200
     # Switchyard saw the call, with no session at all: the bad id was neither forwarded nor replaced.
-    assert switchyard_session_of(chain, rid) == ""
-    assert not _session_dir(chain, bad).exists()
+    assert switchyard_session_of(stack, rid) == ""
+    assert not _session_dir(stack, bad).exists()
 
 
 @pytest.mark.parametrize("header", SESSION_HEADERS)
 @pytest.mark.parametrize("bad", list(BAD_IDS.values()), ids=list(BAD_IDS))
-def test_bad_session_id_header_is_never_forwarded_or_captured(chain, header, bad):
+def test_bad_session_id_header_is_never_forwarded_or_captured(stack, header, bad):
     rid = request_id()
-    with nothing_captured(chain):
-        response = post_json(chain, "/responses", {"input": "hi"}, headers={header: bad, "x-request-id": rid})
-        _assert_uncorrelated_and_uncaptured(chain, response.status_code, rid, bad)
+    with nothing_captured(stack):
+        response = post_json(stack, "/responses", {"input": "hi"}, headers={header: bad, "x-request-id": rid})
+        _assert_uncorrelated_and_uncaptured(stack, response.status_code, rid, bad)
     # ... but not silently: the answer names the source that was refused.
     assert response.headers["x-switchyard-model-refused-id"] == "header:" + header
 
 
-def _refused_counts(chain: Stack) -> dict[str, int]:
-    return httpx.get(chain.url + "/health", timeout=30).json()["correlation"]["refused_ids"]
+def _refused_counts(stack: Stack) -> dict[str, int]:
+    return httpx.get(stack.url + "/health", timeout=30).json()["correlation"]["refused_ids"]
 
 
-def _metric_value(chain: Stack, name: str, label: str) -> float:
-    text = httpx.get(chain.url + "/metrics", timeout=30).text
+def _metric_value(stack: Stack, name: str, label: str) -> float:
+    text = httpx.get(stack.url + "/metrics", timeout=30).text
     for line in text.splitlines():
         if line.startswith(name + "{") and label in line:
             return float(line.rsplit(" ", 1)[1])
@@ -494,32 +494,32 @@ def _metric_value(chain: Stack, name: str, label: str) -> float:
 
 
 @pytest.mark.parametrize("session_id", ACCEPTED_IDS)
-def test_header_ids_with_colons_slashes_and_at_signs_are_forwarded_and_captured(chain, session_id):
+def test_header_ids_with_colons_slashes_and_at_signs_are_forwarded_and_captured(stack, session_id):
     rid = request_id()
     response = post_json(
-        chain, "/responses", {"input": "hi"}, headers={"x-session-id": session_id, "x-request-id": rid}
+        stack, "/responses", {"input": "hi"}, headers={"x-session-id": session_id, "x-request-id": rid}
     )
     assert response.status_code == 200, response.text
     assert "x-switchyard-model-refused-id" not in response.headers
-    assert switchyard_session_of(chain, rid) == session_id
+    assert switchyard_session_of(stack, rid) == session_id
     # The session API names it back (percent-encoded, as any client does with a path segment).
-    reply = httpx.get(f"{chain.v1}/sessions/{quote(session_id, safe='')}/completions", timeout=30)
+    reply = httpx.get(f"{stack.v1}/sessions/{quote(session_id, safe='')}/completions", timeout=30)
     assert reply.status_code == 200, reply.text
     assert [r["session_id"] for r in reply.json()["completions"]] == [session_id]
     # On disk it is one hashed directory directly under sessions/, whatever it holds.
-    assert _session_dir(chain, session_id.encode()).is_dir()
+    assert _session_dir(stack, session_id.encode()).is_dir()
 
 
-def test_refused_ids_are_counted_in_health_and_metrics(chain):
-    before = _refused_counts(chain).get("header:thread-id", 0)
-    metric_before = _metric_value(chain, "switchyard_model_correlation_refused_ids_total", 'source="header:thread-id"')
+def test_refused_ids_are_counted_in_health_and_metrics(stack):
+    before = _refused_counts(stack).get("header:thread-id", 0)
+    metric_before = _metric_value(stack, "switchyard_model_correlation_refused_ids_total", 'source="header:thread-id"')
     for _ in range(2):
-        response = post_json(chain, "/responses", {"input": "hi"}, headers={"thread-id": "has space"})
+        response = post_json(stack, "/responses", {"input": "hi"}, headers={"thread-id": "has space"})
         assert response.status_code == 200
-    assert _refused_counts(chain)["header:thread-id"] == before + 2
-    metric = _metric_value(chain, "switchyard_model_correlation_refused_ids_total", 'source="header:thread-id"')
+    assert _refused_counts(stack)["header:thread-id"] == before + 2
+    metric = _metric_value(stack, "switchyard_model_correlation_refused_ids_total", 'source="header:thread-id"')
     assert metric == metric_before + 2
-    assert "refused the id in header:thread-id" in chain.proc.output()
+    assert "refused the id in header:thread-id" in stack.proc.output()
 
 
 @pytest.mark.parametrize(
@@ -527,41 +527,41 @@ def test_refused_ids_are_counted_in_health_and_metrics(chain):
     [v.decode("utf-8", "replace") for v in BAD_IDS.values()] + ["a\r\nb", "a\x00b"],
     ids=list(BAD_IDS) + ["CRLF", "NUL"],
 )
-def test_bad_session_id_body_field_is_never_forwarded_or_captured(chain, bad):
+def test_bad_session_id_body_field_is_never_forwarded_or_captured(stack, bad):
     rid = request_id()
-    with nothing_captured(chain):
+    with nothing_captured(stack):
         response = post_json(
-            chain,
+            stack,
             "/chat/completions",
             {"messages": [{"role": "user", "content": "hi"}], "proxy_x_session_id": bad},
             headers={"x-request-id": rid},
         )
-        _assert_uncorrelated_and_uncaptured(chain, response.status_code, rid, bad.encode("utf-8", "surrogatepass"))
-    assert "proxy_x_session_id" not in chain.mock_requests()[-1]["body"]
+        _assert_uncorrelated_and_uncaptured(stack, response.status_code, rid, bad.encode("utf-8", "surrogatepass"))
+    assert "proxy_x_session_id" not in stack.mock_requests()[-1]["body"]
     # Not silent either: counted under its source.
-    assert _refused_counts(chain).get("body:proxy_x_session_id", 0) > 0
+    assert _refused_counts(stack).get("body:proxy_x_session_id", 0) > 0
 
 
-def test_bad_parent_id_is_dropped_but_the_call_is_still_captured(chain):
+def test_bad_parent_id_is_dropped_but_the_call_is_still_captured(stack):
     response = post_json(
-        chain,
+        stack,
         "/responses",
         {"input": "child"},
         headers={"x-session-id": "child-of-bad-parent", "x-parent-session-id": "../ ../etc"},
     )
     assert response.status_code == 200
     assert response.headers["x-switchyard-model-refused-id"] == "header:x-parent-session-id"
-    records = httpx.get(chain.v1 + "/sessions/child-of-bad-parent/completions").json()["completions"]
+    records = httpx.get(stack.v1 + "/sessions/child-of-bad-parent/completions").json()["completions"]
     assert [r["parent_session_id"] for r in records] == [None]
 
 
 @pytest.mark.parametrize("header", ["x-session-id", "x-switchyard-session-id", "x-parent-session-id"])
 @pytest.mark.parametrize("bad", [b"a\rb", b"a\nb", b"a\x00b", b"a\r\n\tb"], ids=["CR", "LF", "NUL", "CRLF fold"])
-def test_control_characters_in_a_header_are_refused_by_the_http_layer(chain, header, bad):
+def test_control_characters_in_a_header_are_refused_by_the_http_layer(stack, header, bad):
     """uvicorn refuses these before the app runs: a plain-text 400 (not the OpenAI shape), nothing forwarded."""
-    with nothing_forwarded(chain):
+    with nothing_forwarded(stack):
         status, _, _ = raw_request(
-            chain, "POST", b"/v1/responses", [header.encode() + b": " + bad], body=b'{"input": "hi"}'
+            stack, "POST", b"/v1/responses", [header.encode() + b": " + bad], body=b'{"input": "hi"}'
         )
     assert status == 400
 
@@ -590,24 +590,24 @@ ROLLOUT_PATH_IDS = {
     ],
 )
 @pytest.mark.parametrize("raw_id", list(ROLLOUT_PATH_IDS.values()), ids=list(ROLLOUT_PATH_IDS))
-def test_bad_rollout_prefix_id_is_never_forwarded_or_captured(chain, endpoint, body, raw_id):
+def test_bad_rollout_prefix_id_is_never_forwarded_or_captured(stack, endpoint, body, raw_id):
     rid = request_id()
-    upstream_before = chain.mock_stats()["requests"]
-    with nothing_captured(chain):
+    upstream_before = stack.mock_stats()["requests"]
+    with nothing_captured(stack):
         status, headers, reply = raw_request(
-            chain, "POST", b"/ng-rollout/" + raw_id + endpoint.encode(), [b"x-request-id: " + rid.encode()], body
+            stack, "POST", b"/ng-rollout/" + raw_id + endpoint.encode(), [b"x-request-id: " + rid.encode()], body
         )
         if status == 200:
             # The prefix was stripped and the call went on uncorrelated, as the design says.
-            _assert_uncorrelated_and_uncaptured(chain, status, rid, unquote_to_bytes(raw_id))
+            _assert_uncorrelated_and_uncaptured(stack, status, rid, unquote_to_bytes(raw_id))
             assert b"x-switchyard-model-refused-id: path:ng-rollout" in headers
         else:
             # An id holding a slash moves the route (404); a raw NUL is not HTTP at all (uvicorn's 400).
             assert status in (400, 404), (status, reply[:300])
             if status == 404:
                 check_error_body(reply)
-            assert chain.mock_stats()["requests"] == upstream_before
-    assert f'session_id="{unquote_to_bytes(raw_id).decode("latin-1")}"' not in chain.proc.output()
+            assert stack.mock_stats()["requests"] == upstream_before
+    assert f'session_id="{unquote_to_bytes(raw_id).decode("latin-1")}"' not in stack.proc.output()
 
 
 # ---- the session API: no way out of the capture dir ----------------------------------------------------
@@ -635,12 +635,12 @@ TRAVERSAL_IDS = {
 SESSION_ROUTES = [("GET", b"/completions"), ("GET", b"/tree"), ("GET", b"/rollout"), ("DELETE", b"")]
 
 
-def test_session_routes_never_leave_the_capture_dir(chain):
-    files_before = _capture_files(chain)
+def test_session_routes_never_leave_the_capture_dir(stack):
+    files_before = _capture_files(stack)
     for raw_id in TRAVERSAL_IDS.values():
         for method, suffix in SESSION_ROUTES:
             target = b"/v1/sessions/" + raw_id + suffix
-            status, headers, body = raw_request(chain, method, target)
+            status, headers, body = raw_request(stack, method, target)
             if status == 307:
                 # Starlette's trailing-slash redirect ("/v1/sessions//" -> "/v1/sessions"): harmless, nothing read.
                 assert b"location: http://127.0.0.1/v1/sessions\r\n" in headers + b"\r\n", headers
@@ -657,13 +657,13 @@ def test_session_routes_never_leave_the_capture_dir(chain):
         b"/v1/sessions/" + KEPT_SESSION.encode() + b"/../../sentinel.txt",
     ):
         for method in ("GET", "DELETE"):
-            status, _, body = raw_request(chain, method, target)
+            status, _, body = raw_request(stack, method, target)
             assert status in (400, 404, 405), (method, target, status, body[:300])
             assert SENTINEL_TEXT.encode() not in body
-    for path in _sentinels(chain):
+    for path in _sentinels(stack):
         assert path.read_text() == SENTINEL_TEXT
-    assert _record_count(chain, KEPT_SESSION) == 1
-    assert _capture_files(chain) == files_before
+    assert _record_count(stack, KEPT_SESSION) == 1
+    assert _capture_files(stack) == files_before
 
 
 @pytest.mark.parametrize(
@@ -680,25 +680,25 @@ def test_session_routes_never_leave_the_capture_dir(chain):
         b"roots_only=maybe",
     ],
 )
-def test_bad_session_list_parameters_are_400(chain, query):
-    status, _, body = raw_request(chain, "GET", b"/v1/sessions?" + query)
+def test_bad_session_list_parameters_are_400(stack, query):
+    status, _, body = raw_request(stack, "GET", b"/v1/sessions?" + query)
     assert status == 400, body[:300]
     check_error_body(body)
 
 
-def test_bad_rollout_parameter_is_400(chain):
-    response = httpx.get(f"{chain.v1}/sessions/{KEPT_SESSION}/rollout", params={"allow_partial": "perhaps"})
+def test_bad_rollout_parameter_is_400(stack):
+    response = httpx.get(f"{stack.v1}/sessions/{KEPT_SESSION}/rollout", params={"allow_partial": "perhaps"})
     assert_openai_error(response, 400, param="allow_partial")
 
 
-def test_wrong_method_is_405_in_the_openai_shape(chain):
-    assert_openai_error(httpx.get(chain.v1 + "/responses"), 405)
-    assert_openai_error(httpx.delete(chain.v1 + "/sessions"), 405)
+def test_wrong_method_is_405_in_the_openai_shape(stack):
+    assert_openai_error(httpx.get(stack.v1 + "/responses"), 405)
+    assert_openai_error(httpx.delete(stack.v1 + "/sessions"), 405)
 
 
-def test_server_is_healthy_after_all_of_it(chain):
-    assert httpx.get(chain.url + "/health").json()["status"] == "ok"
-    assert post_json(chain, "/responses", {"input": "still here?"}).status_code == 200
-    assert chain.proc.popen.poll() is None
-    for path in _sentinels(chain):
+def test_server_is_healthy_after_all_of_it(stack):
+    assert httpx.get(stack.url + "/health").json()["status"] == "ok"
+    assert post_json(stack, "/responses", {"input": "still here?"}).status_code == 200
+    assert stack.proc.popen.poll() is None
+    for path in _sentinels(stack):
         assert path.read_text() == SENTINEL_TEXT

@@ -179,14 +179,14 @@ def test_mid_stream_failure_ends_with_an_error_event(chain):
 def test_upstream_timeout_is_504(mock_upstream, tmp_path):
     config = tmp_path / "cfg.yaml"
     config.write_text("upstream_timeout_s: 1.0\n")
-    chain = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config))
+    stack = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config))
     try:
         started = time.monotonic()
-        assert_openai_error(chat(chain, "[[mock:hang 30]]"), 504)
+        assert_openai_error(chat(stack, "[[mock:hang 30]]"), 504)
         # Far from a timing test: the upstream would have answered only after 30 s.
         assert time.monotonic() - started < 20
     finally:
-        chain.proc.stop()
+        stack.proc.stop()
 
 
 def test_connection_refused_is_502():
@@ -233,23 +233,23 @@ def test_launched_switchyard_that_dies_gives_503_then_is_restarted(mock_upstream
     command = f"{sys.executable} -m server.switchyard.host --config {{deployment}} --port {{port}}"
     config = tmp_path / "cfg.yaml"
     config.write_text("proxy_restart_backoff_s: [3.0]\n")  # a wide window in which it is down
-    chain = launch_stack(mock_upstream, tmp_path / "cap", "--switchyard-command", command, "--config", str(config))
+    stack = launch_stack(mock_upstream, tmp_path / "cap", "--switchyard-command", command, "--config", str(config))
     try:
-        assert httpx.get(chain.url + "/health").json()["mode"] == "launch-process"
-        assert chat(chain, "hi").status_code == 200
-        children = psutil.Process(chain.proc.pid).children()
+        assert httpx.get(stack.url + "/health").json()["mode"] == "launch-process"
+        assert chat(stack, "hi").status_code == 200
+        children = psutil.Process(stack.proc.pid).children()
         assert len(children) == 1, "the launched Switchyard should be the server's only child"
         children[0].send_signal(signal.SIGKILL)
         children[0].wait(5)
-        health = httpx.get(chain.url + "/health")
+        health = httpx.get(stack.url + "/health")
         assert health.status_code == 503 and health.json()["proxy"]["up"] is False
-        assert_openai_error(chat(chain, "hi"), 503)
-        wait_for(lambda: httpx.get(chain.url + "/health").status_code == 200, 30, interval=0.1)
-        assert chat(chain, "hi again").status_code == 200
-        restarted = psutil.Process(chain.proc.pid).children()
+        assert_openai_error(chat(stack, "hi"), 503)
+        wait_for(lambda: httpx.get(stack.url + "/health").status_code == 200, 30, interval=0.1)
+        assert chat(stack, "hi again").status_code == 200
+        restarted = psutil.Process(stack.proc.pid).children()
         assert len(restarted) == 1 and restarted[0].pid != children[0].pid
     finally:
-        chain.proc.stop()
+        stack.proc.stop()
     restarted[0].wait(10)  # stopping the server stops the restarted Switchyard too
 
 
@@ -268,12 +268,12 @@ def test_bad_deployment_and_busy_port_fail_startup_with_exit_2(tmp_path):
 
 
 def test_shutdown_closes_the_hosted_proxy(mock_upstream, tmp_path):
-    chain = launch_stack(mock_upstream, tmp_path)
-    proxy_url = httpx.get(chain.url + "/health").json()["proxy"]["url"]
+    stack = launch_stack(mock_upstream, tmp_path)
+    proxy_url = httpx.get(stack.url + "/health").json()["proxy"]["url"]
     assert httpx.get(proxy_url + "/health").status_code == 200
     # uvicorn re-raises the signal after its graceful shutdown, so -SIGTERM is a clean exit too.
-    assert chain.proc.stop() in (0, -signal.SIGTERM)
-    assert "shutdown signal received; draining" in chain.proc.output()  # Switchyard's close() ran
+    assert stack.proc.stop() in (0, -signal.SIGTERM)
+    assert "shutdown signal received; draining" in stack.proc.output()  # Switchyard's close() ran
     with pytest.raises(httpx.ConnectError):
         httpx.get(proxy_url + "/health")
 

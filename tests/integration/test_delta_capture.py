@@ -82,15 +82,15 @@ def test_a_delta_server_serves_what_a_full_server_serves(mock_upstream, tmp_path
     for encoding in ("full", "delta"):
         capture_dir = tmp_path / encoding
         config = settings(tmp_path, encoding, capture_encoding=encoding)
-        chain = launch_stack(mock_upstream, capture_dir, "--config", config)
+        stack = launch_stack(mock_upstream, capture_dir, "--config", config)
         try:
-            agent_session(chain.v1, "weather-agent", turns=9)
-            completions = httpx.get(f"{chain.v1}/sessions/weather-agent/completions", timeout=30)
-            rollout = httpx.get(f"{chain.v1}/sessions/weather-agent/rollout", timeout=60)
+            agent_session(stack.v1, "weather-agent", turns=9)
+            completions = httpx.get(f"{stack.v1}/sessions/weather-agent/completions", timeout=30)
+            rollout = httpx.get(f"{stack.v1}/sessions/weather-agent/rollout", timeout=60)
             assert completions.status_code == rollout.status_code == 200
             served[encoding] = {"completions": completions.json(), "rollout": rollout.json(), "dir": capture_dir}
         finally:
-            chain.proc.stop()
+            stack.proc.stop()
 
     full, delta = served["full"], served["delta"]
     full_records, delta_records = full["completions"]["completions"], delta["completions"]["completions"]

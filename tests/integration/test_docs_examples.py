@@ -1,9 +1,9 @@
-"""Every request/answer example in docs/ runs against the demo chain, and the answer has the shape shown.
+"""Every request/answer example in docs/ runs against the demo stack, and the answer has the shape shown.
 
 How an example joins: put the marker line `<!-- example -->` right above a ```bash block that holds
 one `curl` to http://127.0.0.1:8080, and follow that block directly with a ```json block showing
 the answer. The marker may name the expected HTTP status, `<!-- example status=404 -->` (default
-200). An example that cannot run against the demo chain (it needs a real engine, a key, another
+200). An example that cannot run against the demo stack (it needs a real engine, a key, another
 mode) says so instead: `<!-- example skip: why -->`. Every curl block followed by a JSON answer
 must carry one of the two (`test_every_answered_curl_in_the_docs_is_an_example`), so a new example
 cannot silently go stale.
@@ -15,7 +15,7 @@ scalars match in type (any number for a number; `null` only `null`); and the val
 `type` and `code` must be equal, since those are what clients branch on. Other values (ids, times,
 texts, token ids) may differ.
 
-Examples run in document order, file by file, on one demo chain on which the demo's scripted agent
+Examples run in document order, file by file, on one demo stack on which the demo's scripted agent
 has run first (so `demo-root` and `demo-child` exist, as in the docs) and one call's session id was
 refused (as the `/health` example counts), so an example may use what an earlier one in its file
 created (`my-session`).

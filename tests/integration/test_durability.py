@@ -240,7 +240,7 @@ def test_sigkill_mid_burst_loses_completed_calls_when_the_answer_does_not_wait(m
     for attempt in range(5):
         completed, records = burst_then_kill(mock_upstream, tmp_path / f"captures-{attempt}", config, tokens=1000)
         lost = completed - set(records)
-        print(f"former hand-off, burst {attempt + 1}: {len(lost)} of {len(completed)} completed calls lost")
+        print(f"fire-and-forget hand-off, burst {attempt + 1}: {len(lost)} of {len(completed)} completed calls lost")
         if lost:
             break
     assert lost, "every completed call had its record in five bursts even without waiting"

@@ -1,4 +1,4 @@
-"""The harness recipes of docs/harnesses.md, run as written against the demo chain.
+"""The harness recipes of docs/harnesses.md, run as written against the demo stack.
 
 Each recipe is extracted from the doc (the fenced block after its `<!-- recipe: NAME -->` marker) and
 run in a fresh Python process, with only the base URL and the task replaced: the task carries the

@@ -52,16 +52,16 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def injected(upstream, tmp_path_factory):
-    chain = launch_stack(upstream, tmp_path_factory.mktemp("inj"), "--token-injection")
-    yield chain
-    chain.proc.stop()
+    stack = launch_stack(upstream, tmp_path_factory.mktemp("inj"), "--token-injection")
+    yield stack
+    stack.proc.stop()
 
 
 @pytest.fixture(scope="module")
 def plain(upstream, tmp_path_factory):
-    chain = launch_stack(upstream, tmp_path_factory.mktemp("plain"))
-    yield chain
-    chain.proc.stop()
+    stack = launch_stack(upstream, tmp_path_factory.mktemp("plain"))
+    yield stack
+    stack.proc.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -314,7 +314,7 @@ def test_the_workers_of_one_server_serve_a_session_in_turn_and_keep_its_chain(up
     """`serve --workers 2`: each call on a new connection, so the kernel hands a session's calls to either
     worker (the worker header says which); a worker that did not serve the previous call finds the chain
     in the capture records."""
-    chain = launch_stack(upstream, tmp_path, "--token-injection", "--workers", "2")
+    stack = launch_stack(upstream, tmp_path, "--token-injection", "--workers", "2")
     served_by: list[str] = []
 
     def note_worker(response: httpx.Response) -> None:
@@ -328,15 +328,15 @@ def test_the_workers_of_one_server_serve_a_session_in_turn_and_keep_its_chain(up
             httpx.post(upstream + "/mock/reset")
             served_by.clear()
             session = f"workers-{attempt}-{uuid.uuid4().hex[:8]}"
-            chat_session(lambda turn: chain, session, stream=attempt % 2 == 1, http_client=fresh_connections)
-            assert_one_chain(chain, upstream, session, run="all")
+            chat_session(lambda turn: stack, session, stream=attempt % 2 == 1, http_client=fresh_connections)
+            assert_one_chain(stack, upstream, session, run="all")
             crossed += len(set(served_by)) > 1
             if crossed == 2:
                 break
         assert crossed == 2, "the kernel never handed one session's calls to both workers"
     finally:
         fresh_connections.close()
-        chain.proc.stop()
+        stack.proc.stop()
 
 
 @pytest.mark.parametrize("injection", [True, False], ids=["injected", "plain"])
@@ -413,25 +413,25 @@ def test_the_other_transports_cross_switchyard_and_keep_the_chain(upstream, tmp_
     """SGLang's input_ids and NeMo-RL's required_prefix_token_ids (the engine splices) reach the engine intact."""
     config = tmp_path / "settings.yaml"
     config.write_text(f"injection_transport: {transport}\n")
-    chain = launch_stack(upstream, tmp_path / "captures", "--token-injection", "--config", str(config))
+    stack = launch_stack(upstream, tmp_path / "captures", "--token-injection", "--config", str(config))
     session = f"{transport}-{uuid.uuid4().hex[:8]}"
     try:
-        chat_session(lambda turn: chain, session, stream=False)
-        assert_one_chain(chain, upstream, session)
+        chat_session(lambda turn: stack, session, stream=False)
+        assert_one_chain(stack, upstream, session)
         field = "input_ids" if transport == "sglang" else "required_prefix_token_ids"
         sent = [c["body"].get(field) for c in engine_calls(upstream)]
         assert sent[0] is None and all(isinstance(ids, list) and ids for ids in sent[1:])
-        assert {r["injection"]["transport"] for r in chain.records(session)} == {transport}
+        assert {r["injection"]["transport"] for r in stack.records(session)} == {transport}
         # NeMo-RL's engine renders and splices: its chains are matched by their messages, never tokenized here.
         tokenizes = httpx.get(upstream + "/mock/stats").json()["tokenize"]
         assert (tokenizes == 0) == (transport == "nemo_rl")
         # A Responses stream (its messages translated anew on every call) keeps its chain the same way.
         httpx.post(upstream + "/mock/reset")
-        responses_stream_session(chain, session + "-responses")
-        assert_one_chain(chain, upstream, session + "-responses")
+        responses_stream_session(stack, session + "-responses")
+        assert_one_chain(stack, upstream, session + "-responses")
         # And one whose history the server expands from its stored responses.
         httpx.post(upstream + "/mock/reset")
-        responses_stateful_session(chain, session + "-stateful", "previous_response_id")
-        assert_one_chain(chain, upstream, session + "-stateful")
+        responses_stateful_session(stack, session + "-stateful", "previous_response_id")
+        assert_one_chain(stack, upstream, session + "-stateful")
     finally:
-        chain.proc.stop()
+        stack.proc.stop()

@@ -1,4 +1,4 @@
-"""The demo chain's traces as Arize Phoenix shows them: read back through Phoenix's own GraphQL API.
+"""The demo stack's traces as Arize Phoenix shows them: read back through Phoenix's own GraphQL API.
 
 Phoenix (from `make phoenix`'s venv) runs offline on loopback ports; the chain exports to it as
 docs/observability.md says. What a user sees first must be right: per-session token totals, each

@@ -16,9 +16,9 @@ def strict_chain(mock_upstream, tmp_path_factory):
     folder = tmp_path_factory.mktemp("strict")
     config = folder / "settings.yaml"
     config.write_text("refused_session_ids: reject\n")
-    chain = launch_stack(mock_upstream, folder / "captures", "--config", str(config))
-    yield chain
-    chain.proc.stop()
+    stack = launch_stack(mock_upstream, folder / "captures", "--config", str(config))
+    yield stack
+    stack.proc.stop()
 
 
 def _upstream_calls(chain) -> int:

@@ -56,13 +56,13 @@ def test_disconnect_before_the_first_byte_cancels_upstream(chain):
 
 
 def test_sigterm_lets_an_inflight_stream_finish_and_loses_no_record(mock_upstream, tmp_path):
-    chain = launch_stack(mock_upstream, tmp_path)
+    stack = launch_stack(mock_upstream, tmp_path)
     result: dict = {}
 
     def slow_stream():
         with httpx.stream(
             "POST",
-            chain.v1 + "/chat/completions",
+            stack.v1 + "/chat/completions",
             headers={"x-session-id": "shutdown-1"},
             timeout=60,
             json=stream_body("[[mock:tokens 30]] [[mock:slow 40]]"),
@@ -71,12 +71,12 @@ def test_sigterm_lets_an_inflight_stream_finish_and_loses_no_record(mock_upstrea
 
     worker = threading.Thread(target=slow_stream)
     worker.start()
-    assert wait_for(lambda: chain.mock_stats()["in_flight"] > 0)
-    os.kill(chain.proc.pid, signal.SIGTERM)
+    assert wait_for(lambda: stack.mock_stats()["in_flight"] > 0)
+    os.kill(stack.proc.pid, signal.SIGTERM)
 
     def refused() -> bool:
         try:
-            httpx.get(chain.url + "/health", timeout=2)
+            httpx.get(stack.url + "/health", timeout=2)
         except httpx.ConnectError:
             return True
         return False
@@ -84,8 +84,8 @@ def test_sigterm_lets_an_inflight_stream_finish_and_loses_no_record(mock_upstrea
     assert wait_for(refused, timeout=10), "still accepting connections after SIGTERM"
     worker.join(60)
     assert result["lines"][-1] == "data: [DONE]"  # the in-flight stream finished
-    assert chain.proc.popen.wait(30) in (0, -signal.SIGTERM)
-    chain.proc.stop()
+    assert stack.proc.popen.wait(30) in (0, -signal.SIGTERM)
+    stack.proc.stop()
     [record], skipped = records_in(tmp_path)
     assert skipped == 0
     assert record["session_id"] == "shutdown-1" and record["status"] == "completed"
@@ -95,7 +95,7 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
     # Delta records: a kill must not leave one whose base never reached the disk.
     config = tmp_path / "delta.yaml"
     config.write_text("capture_encoding: delta\n")
-    chain = launch_stack(mock_upstream, tmp_path, "--config", str(config))
+    stack = launch_stack(mock_upstream, tmp_path, "--config", str(config))
     stop = threading.Event()
     acknowledged = []
 
@@ -106,7 +106,7 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
                     return
                 try:
                     r = client.post(
-                        chain.v1 + "/chat/completions",
+                        stack.v1 + "/chat/completions",
                         headers={"x-session-id": f"heavy-{worker}"},
                         json={"model": "x", "messages": [{"role": "user", "content": f"call {i}"}]},
                     )
@@ -120,12 +120,12 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
         w.start()
     assert wait_for(lambda: len(acknowledged) > 150, timeout=60)
     # What the server has reported written must survive the kill; what was still queued may not.
-    written = httpx.get(chain.url + "/health").json()["capture"]["written"]
-    os.kill(chain.proc.pid, signal.SIGKILL)
+    written = httpx.get(stack.url + "/health").json()["capture"]["written"]
+    os.kill(stack.proc.pid, signal.SIGKILL)
     stop.set()
     for w in workers:
         w.join(30)
-    chain.proc.stop()
+    stack.proc.stop()
     # Every file a reader can see is a whole record (temp files are hidden), and every delta has its base.
     records, skipped = records_in(tmp_path)
     assert skipped == 0 and not [r for r in records if (r["invalid_reason"] or "").startswith("delta record")]
@@ -143,7 +143,7 @@ def test_kill_9_during_heavy_capture_leaves_no_torn_record(mock_upstream, tmp_pa
 def test_unwritable_capture_dir_degrades_to_counted_failures(mock_upstream, tmp_path):
     capture = tmp_path / "cap"
     capture.mkdir()
-    chain = launch_stack(mock_upstream, capture)
+    stack = launch_stack(mock_upstream, capture)
     try:
         os.chmod(capture, 0o500)
         if os.access(capture, os.W_OK):  # root ignores permission bits: put a file where the dir must go
@@ -152,7 +152,7 @@ def test_unwritable_capture_dir_degrades_to_counted_failures(mock_upstream, tmp_
             (capture / "sessions" / hashlib.sha256(b"blocked").hexdigest()).write_text("")
         for i in range(3):
             r = httpx.post(
-                chain.v1 + "/chat/completions",
+                stack.v1 + "/chat/completions",
                 headers={"x-session-id": "blocked"},
                 timeout=30,
                 json={"model": "x", "messages": [{"role": "user", "content": f"hi {i}"}]},
@@ -160,13 +160,13 @@ def test_unwritable_capture_dir_degrades_to_counted_failures(mock_upstream, tmp_
             assert r.status_code == 200
 
         def health():
-            return httpx.get(chain.url + "/health").json()
+            return httpx.get(stack.url + "/health").json()
 
         assert wait_for(lambda: health()["capture"]["failed"] >= 3)
         assert health()["status"] == "ok"
     finally:
         os.chmod(capture, 0o700)
-        chain.proc.stop()
+        stack.proc.stop()
 
 
 def test_fault_storm_leaks_no_connections_or_fds(chain):

@@ -119,10 +119,10 @@ def test_upstream_api_responses_passes_through_and_still_records(mock_upstream, 
 
     config = tmp_path / "cfg.yaml"
     config.write_text("upstream_api: responses\n")
-    chain = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config))
+    stack = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config))
     try:
         sdk = openai.OpenAI(
-            base_url=chain.v1,
+            base_url=stack.v1,
             api_key="k",
             max_retries=0,
             default_headers={"x-session-id": "pt-1"},
@@ -131,15 +131,15 @@ def test_upstream_api_responses_passes_through_and_still_records(mock_upstream, 
         response = sdk.responses.create(model="x", input="hello passthrough")
         assert response.output_text and response.model == "mock-model"
         # Switchyard translated this one itself: the ids do not survive (why the default is `chat`).
-        assert chain.mock_requests()[-1]["body"].get("return_token_ids") is None
+        assert stack.mock_requests()[-1]["body"].get("return_token_ids") is None
         with sdk.responses.stream(model="x", input="streamed passthrough") as stream:
             final = stream.get_final_response()
         assert final.output_text
-        records = chain.records("pt-1")
+        records = stack.records("pt-1")
         assert [r["api"] for r in records] == ["responses", "responses"]
         assert records[0]["messages"][-1]["role"] == "assistant"
         assert records[0]["messages"][-1]["content"] == response.output_text
         assert records[1]["status"] == "completed" and records[1]["messages"][-1]["content"] == final.output_text
         assert records[0]["is_valid"] is False  # no token ids on this path
     finally:
-        chain.proc.stop()
+        stack.proc.stop()

@@ -21,10 +21,10 @@ def test_one_trace_per_call_across_this_server_and_switchyard(mock_upstream, tmp
         }
         config = tmp_path / "cfg.yaml"
         config.write_text("otel_service_name: switchyard-model-test\n")
-        chain = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config), env=env)
+        stack = launch_stack(mock_upstream, tmp_path / "cap", "--config", str(config), env=env)
         try:
             response = httpx.post(
-                chain.v1 + "/responses",
+                stack.v1 + "/responses",
                 timeout=30,
                 headers={
                     "x-session-id": "otel-chain-1",
@@ -35,7 +35,7 @@ def test_one_trace_per_call_across_this_server_and_switchyard(mock_upstream, tmp
             )
             assert response.status_code == 200
         finally:
-            chain.proc.stop()  # flushes our exporter and closes Switchyard (which flushes its own)
+            stack.proc.stop()  # flushes our exporter and closes Switchyard (which flushes its own)
         spans = receiver.wait_for(
             lambda: (
                 (s := receiver.spans(CALLER_TRACE))

@@ -56,7 +56,7 @@ class Stack:
 
     def engine_mark(self) -> int:
         """The number of the mock's latest request: `engine_calls(after=mark)` is what came since. (The
-        mock keeps only its last 200 requests, so counting entries breaks on a busy shared chain.)"""
+        mock keeps only its last 200 requests, so counting entries breaks on a busy shared stack.)"""
         requests = self.mock_requests()
         return requests[-1]["seq"] if requests else 0
 

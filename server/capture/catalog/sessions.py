@@ -9,7 +9,7 @@ from server.capture.catalog.index_view import IndexView
 from server.capture.catalog.runs import ALL, LATEST, RunChoice, children_in, choose, narrow, run_of, runs_of
 from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import reconstruct_tree
-from server.capture.rollout.chains import chains_tree
+from server.capture.rollout.chains import ChainsEnvelope, chains_tree
 from server.capture.rollout.items import Rollout
 from server.capture.write.record import SCHEMA_VERSION, CaptureRecord
 
@@ -103,14 +103,14 @@ def build_rollout(
 @overload
 def build_rollout(
     store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST, view: Literal["chains"]
-) -> dict[str, Any]: ...
+) -> ChainsEnvelope: ...
 @overload
 def build_rollout(
     store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST, view: str
-) -> Rollout | dict[str, Any]: ...
+) -> Rollout | ChainsEnvelope: ...
 def build_rollout(
     store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST, view: str = "rollout"
-) -> Rollout | dict[str, Any]:
+) -> Rollout | ChainsEnvelope:
     """Reconstruct the session's rollout with its sub-agent sessions, from the records of one server
     run (`latest`, a run id, `legacy`) or of `all` (raises RolloutError, UnknownSession, UnknownRun).
     `view="chains"`: every session's chains instead (`chains_tree`)."""
@@ -121,7 +121,8 @@ def build_rollout(
         body = chains_tree(
             session_id, load_records, lambda sid: children_in(index, sid, runs), lost_records=store.lost_records
         )
-        return {"schema_version": 1, **body}
+        envelope: ChainsEnvelope = {"schema_version": 1, **body}
+        return envelope
     return reconstruct_tree(
         session_id,
         load_records,

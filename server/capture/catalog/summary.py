@@ -15,7 +15,7 @@ from server.capture.catalog.index_view import IndexView, SessionEntry
 from server.capture.catalog.runs import children_in, latest_conversation, runs_of
 from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError
-from server.capture.rollout.chains import session_chains
+from server.capture.rollout.chains import SessionChains, session_chains
 from server.capture.rollout.reconstruct import CAPTURE_FAILED
 from server.capture.write.record import CaptureRecord, RecordHead
 
@@ -83,7 +83,7 @@ def reply_has_tool_calls(record: CaptureRecord) -> bool:
     return bool(messages[-1].get("tool_calls"))
 
 
-def chain_outcome(session_id: str, records: list[CaptureRecord]) -> tuple[dict[str, Any] | None, str | None]:
+def chain_outcome(session_id: str, records: list[CaptureRecord]) -> tuple[SessionChains | None, str | None]:
     """The session's chains and per-call decisions (`session_chains`, no flat token lists) over its
     latest conversation (its records from the last server run that began it anew, as GET /rollout
     covers by default; see `runs.latest_conversation`); None and why when nothing can be read."""
@@ -107,7 +107,7 @@ class SessionFacts:
 def session_facts(
     session_id: str,
     records: list[CaptureRecord],
-    outcome: tuple[dict[str, Any] | None, str | None] | None = None,
+    outcome: tuple[SessionChains | None, str | None] | None = None,
 ) -> SessionFacts:
     """Summarise one session's records (already in `(captured_at, uuid)` order); `outcome` is
     `chain_outcome(session_id, records)` if the caller has it already."""

@@ -1,4 +1,4 @@
-"""Reading capture back: the store and its files, delta and shared-prompt reads, contiguity, timelines, rollout rebuilds.
+"""Reading capture back: the store and its files, diff and shared-prompt reads, contiguity, timelines, rollout rebuilds.
 
 Its public surface is its modules (`__all__`): catalog, read and rollout import each other's
 modules, so re-exporting names here would turn those imports into cycles through the packages.

@@ -1,4 +1,4 @@
-"""Reading delta record files (`diff` describes the format): each rebuilt once against its base's record.
+"""Reading diff record files (`.delta`; `diff` describes the format): each rebuilt once against its base's record.
 
 A session reads in time linear in its files, however long its chain. A record whose base is
 missing, damaged or replaced is served marked `is_valid: false` with the reason, never as if whole.
@@ -80,7 +80,7 @@ def parse_diff_file(data: bytes) -> DiffFile:
 
 
 class Resolver:
-    """Rebuilds a session's full records from its files: each delta once, against its base's record.
+    """Rebuilds a session's full records from its files: each diff once, against its base's record.
 
     `add_full` and `add_diff` take every readable file of the session; `record` then gives each
     file's full record. Bases are looked up by uuid and checked by the sha256 of their file bytes.
@@ -104,7 +104,7 @@ class Resolver:
 
     def record(self, entry: dict[str, Any] | DiffFile) -> dict[str, Any]:
         # A record being rebuilt is a plain dict until `read_with_diffs` has checked it.
-        """The full record of one file (a broken delta comes back `is_valid: false`, with why)."""
+        """The full record of one file (a broken diff comes back `is_valid: false`, with why)."""
         if isinstance(entry, dict):
             return entry
         # Walk down to the first resolved (or full) base, then rebuild back up: iterative, as chains
@@ -186,7 +186,7 @@ def _rebuild(diff: DiffFile, base: dict[str, Any] | None) -> tuple[dict[str, Any
 
 
 def _broken(diff: DiffFile, why: str) -> dict[str, Any]:
-    """A delta whose base cannot be had: its own fields, no history, and marked unusable for training."""
+    """A diff whose base cannot be had: its own fields, no history, and marked unusable for training."""
     record = dict(diff.header)
     for key, value in diff.body.items():
         record[key] = value
@@ -206,9 +206,9 @@ def read_with_diffs(
     read_bytes: Callable[[str], bytes | None],
     parse_full: Callable[[bytes, str], CaptureRecord | None],
 ) -> tuple[list[CaptureRecord], int]:
-    """A session's records from its files, some of them deltas, and how many files were skipped.
+    """A session's records from its files, some of them diffs, and how many files were skipped.
 
-    Each delta is rebuilt once against its base's record; full files (`parse_full`) serve as bases too.
+    Each diff is rebuilt once against its base's record; full files (`parse_full`) serve as bases too.
     """
     resolver, skipped = Resolver(), 0
     for path in files:

@@ -45,7 +45,7 @@ from server.capture.catalog.runs import LATEST, RunChoice, children_in
 from server.capture.catalog.sessions import pick, tree_records
 from server.capture.read.store import UnknownSession, read_session_records
 from server.capture.rollout import reconstruct_tree
-from server.capture.rollout.chains import chains_tree
+from server.capture.rollout.chains import ChainsEnvelope, chains_tree
 from server.capture.write.record import SCHEMA_VERSION
 from server.files import process_temp_dir
 
@@ -171,7 +171,8 @@ def rollout_json(
     lost_by_session = dict(lost)
     if view == CHAINS:
         body = chains_tree(session_id, load_records, children_of, lost_records=lambda sid: lost_by_session.get(sid, 0))
-        return orjson.dumps({"schema_version": SCHEMA_VERSION, **body})
+        envelope: ChainsEnvelope = {"schema_version": SCHEMA_VERSION, **body}
+        return orjson.dumps(envelope)
     return orjson.dumps(
         reconstruct_tree(
             session_id,

@@ -1,7 +1,7 @@
 """Durable capture store: one file per call under sessions/<sha256(id)>/, its index, reads and deletes.
 
 Writing (the queue, the writer thread, syncs, failure marks) is `writer.RecordWriter`'s job; the
-`.delta` file format (a record as what it adds to an earlier one) is `delta`'s; reading record
+`.delta` file format (a record as what it adds to an earlier one) is `diff`'s; reading record
 files is `record_files`'s (its session-id checks and errors are re-exported here for callers).
 """
 
@@ -12,7 +12,9 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid as uuid_module
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,7 @@ class CaptureStore:
         server_run: str | None = None,
         change_journal: bool = True,
         full_revalidation_s: float = FULL_REVALIDATION_S,
+        index_clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.capture_dir = Path(capture_dir)
         # The id of this server run, written into every record it builds (docs/capture.md#server-runs).
@@ -111,6 +114,7 @@ class CaptureStore:
                 else None
             ),
             full_revalidation_s=full_revalidation_s,
+            clock=index_clock,
         )
         self.writer = RecordWriter(
             self.capture_dir,

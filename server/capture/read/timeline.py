@@ -19,6 +19,7 @@ from server.capture.catalog.summary import (
 )
 from server.capture.read.contiguity import compare_calls
 from server.capture.read.store import CaptureStore, read_session_records
+from server.capture.rollout.chains import Break, CallDecision, ChainBody, SessionChains
 from server.capture.rollout.reconstruct import CAPTURE_FAILED
 from server.capture.write.record import CaptureRecord
 
@@ -62,7 +63,7 @@ def build_timeline(
     records: list[CaptureRecord],
     *,
     window: int = CONTEXT_WINDOW,
-    outcome: tuple[dict[str, Any] | None, str | None] | None = None,
+    outcome: tuple[SessionChains | None, str | None] | None = None,
 ) -> dict[str, Any]:
     """The session's calls, each with the messages it added since the previous call, its reply,
     timing, tokens, and how its prompt relates to the call it continues, as the chains decided it.
@@ -72,9 +73,9 @@ def build_timeline(
     record to see its tokens. `outcome` is `chain_outcome(session_id, records)` if already known.
     """
     chains, error = outcome if outcome is not None else chain_outcome(session_id, records)
-    index_of = {record.get("uuid"): index for index, record in enumerate(records)}
-    decisions: dict[str, Any] = {}
-    rollout_uuids: set[Any] = set()
+    index_of: dict[str | None, int] = {record.get("uuid"): index for index, record in enumerate(records)}
+    decisions: dict[str | None, CallDecision] = {}
+    rollout_uuids: set[str | None] = set()
     if chains is not None:
         decisions = {call["uuid"]: call for call in chains["calls"]}
         if chains["rollout"]["status"] != "failed":
@@ -151,7 +152,7 @@ def build_timeline(
     }
 
 
-def _role(decision: dict[str, Any] | None, in_rollout: bool) -> str:
+def _role(decision: CallDecision | None, in_rollout: bool) -> str:
     if in_rollout:
         return "step"
     relation: str | None = decision["relation"] if decision is not None else None
@@ -160,7 +161,7 @@ def _role(decision: dict[str, Any] | None, in_rollout: bool) -> str:
     return "unused"
 
 
-def _located(account: dict[str, Any] | None, timeline_index: _TimelineIndex) -> dict[str, Any] | None:
+def _located(account: Break | None, timeline_index: _TimelineIndex) -> dict[str, Any] | None:
     """A break account with its call indices turned into this timeline's (all records, all runs)."""
     if account is None:
         return None
@@ -171,7 +172,7 @@ def _located(account: dict[str, Any] | None, timeline_index: _TimelineIndex) -> 
     }
 
 
-def _chain_view(chain: dict[str, Any], index_of: dict[str, int], timeline_index: _TimelineIndex) -> dict[str, Any]:
+def _chain_view(chain: ChainBody, index_of: dict[str | None, int], timeline_index: _TimelineIndex) -> dict[str, Any]:
     return {
         "chain_index": chain["chain_index"],
         "kind": chain["kind"],
@@ -190,7 +191,7 @@ def _parent(records: list[CaptureRecord]) -> str | None:
 
 
 def _contiguity(
-    decision: dict[str, Any] | None,
+    decision: CallDecision | None,
     records: list[CaptureRecord],
     timeline_index: _TimelineIndex,
     record: CaptureRecord,

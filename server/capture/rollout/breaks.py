@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from server.capture.read.contiguity import compare_calls
 from server.capture.write.record import CaptureRecord
@@ -28,6 +28,27 @@ KINDS: dict[str, str] = {
 WINDOW = 8
 
 
+class Break(TypedDict):
+    """The account of one break (`describe_break`): its kind in plain words, the calls on both sides
+    (sorted record indices), and where the tokens part (None and empty lists when the token lists
+    cannot be compared)."""
+
+    kind: str  # a key of KINDS
+    summary: str
+    detail: str  # the reconstruction's own message
+    index: int
+    uuid: str | None
+    previous_index: int | None
+    previous_uuid: str | None
+    invalid_reason: str | None
+    position: int | None
+    expected_length: int | None
+    in_previous_generation: bool | None
+    before: list[int]
+    expected: list[int]
+    actual: list[int]
+
+
 def describe_break(
     kind: str,
     record: object,
@@ -37,7 +58,7 @@ def describe_break(
     detail: str,
     *,
     window: int = WINDOW,
-) -> dict[str, Any]:
+) -> Break:
     """The one account of a break that the rollout, the chains and the viewer all show.
 
     `previous` is the record the call was expected to continue (the chain's last call), None when
@@ -47,7 +68,7 @@ def describe_break(
     invalid_reason = record.get("invalid_reason") if isinstance(record, dict) else None
     if kind == "incomplete_record" and isinstance(invalid_reason, str) and invalid_reason:
         summary = f"{summary}: {invalid_reason}"
-    out: dict[str, Any] = {
+    out: Break = {
         "kind": kind,
         "summary": summary,
         "detail": detail,
@@ -66,8 +87,12 @@ def describe_break(
     tokens = _token_lists(previous, record)
     if tokens is not None:
         compared = compare_calls(*tokens, window=window)
-        for key in ("position", "expected_length", "in_previous_generation", "before", "expected", "actual"):
-            out[key] = compared[key]
+        out["position"] = compared["position"]
+        out["expected_length"] = compared["expected_length"]
+        out["in_previous_generation"] = compared["in_previous_generation"]
+        out["before"] = compared["before"]
+        out["expected"] = compared["expected"]
+        out["actual"] = compared["actual"]
     return out
 
 

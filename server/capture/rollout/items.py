@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, NotRequired, TypedDict
 
+from server.capture.rollout.breaks import Break
 from server.capture.rollout.messages import RolloutError
 from server.capture.tokens import TokenTriple, reasoning_of
 
@@ -27,7 +28,7 @@ class Rollout(TypedDict):
     output: list[dict[str, Any]]
     record_uuids: list[str]
     partial_reason: str | None
-    partial_break: dict[str, Any] | None
+    partial_break: Break | None
     mask_sample: bool
     degraded_reason: str | None
     side_calls: list[str]

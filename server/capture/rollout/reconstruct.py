@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from server.capture.rollout.breaks import KINDS, break_kind, describe_break
+from server.capture.rollout.breaks import KINDS, Break, break_kind, describe_break
 from server.capture.rollout.continuation import ContinuationIndex
 from server.capture.rollout.continuation import extends as _extends
 from server.capture.rollout.items import Rollout, failed_rollout, map_tools, message_items
@@ -193,7 +193,7 @@ class _Reconstruction:
             return self.pending[-1]
         return self.steps[-1] if self.steps else None
 
-    def explain(self, i: int, exc: RolloutError) -> dict[str, Any]:
+    def explain(self, i: int, exc: RolloutError) -> Break:
         """The account of why record `i` does not continue the chain (`exc` is what stopped it)."""
         record = self.ordered[i]
         previous = self.last_call()

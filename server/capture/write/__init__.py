@@ -1,4 +1,4 @@
-"""Writing capture records durably: the record, the writer thread, group syncs, deltas, the change journal, loss marks.
+"""Writing capture records durably: the record, the writer thread, group syncs, diffs, the change journal, loss marks.
 
 Its public surface is its modules (`__all__`): `handoff` imports read's store, which imports this
 package's modules, so re-exporting names here would be an import cycle through the packages.

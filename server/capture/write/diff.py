@@ -1,4 +1,4 @@
-"""Delta-encoded record files: a record stored as what it adds to an earlier record of its session.
+"""Diff-encoded record files (`.delta`): a record stored as what it adds to an earlier record of its session.
 
 Each call of a conversation repeats the whole conversation: its messages and prompt token ids start
 with those of a call before it. Under `capture_encoding: delta` the writer stores a record as

@@ -77,7 +77,7 @@ class RecordWriter:
         self.sessions_dir = sessions_dir
         self._sessions_path = os.fspath(sessions_dir)
         self.compress = compress
-        # Only this thread writes, so only it knows each session's recent records: the delta bases.
+        # Only this thread writes, so only it knows each session's recent records: the diffs' bases.
         self.diff = DiffEncoder() if encoding == "delta" else None
         self.fsync = fsync
         self.fsync_window_s = max(0.0, fsync_window_ms / 1000.0)

@@ -283,7 +283,7 @@ def test_delete(client, store):
 
 
 def test_a_session_whose_parent_never_made_a_call_is_a_root_marked_parent_missing(client, store):
-    # A worker under a job id that itself never called the model: before, it was nobody's child and no root.
+    # A worker under a job id that itself never called the model: a root, or it would be in no tree at all.
     add(store, call("worker-1", parent="job-7"), call("root-1"), call("sub-1", parent="root-1"))
     roots = client.get("/v1/sessions", params={"roots_only": "true"}).json()["sessions"]
     assert [(s["session_id"], s["parent_session_id"], s["parent_missing"]) for s in roots] == [

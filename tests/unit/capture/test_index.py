@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import pytest
 
@@ -332,13 +331,15 @@ def test_negative_control_a_writer_that_does_not_append_is_unseen_until_a_full_r
 
 
 def test_the_rolling_sweep_finds_writers_that_do_not_append_within_the_interval(tmp_path):
-    reader = CaptureStore(tmp_path, full_revalidation_s=0.2)
+    now = [0]
+    reader = CaptureStore(tmp_path, full_revalidation_s=0.2, index_clock=lambda: now[0])
     older = CaptureStore(tmp_path, change_journal=False)
     reader.start()
     older.start()
     try:
         alternate([older], [call("a")])
-        time.sleep(0.25)  # the interval has passed: every directory is checked by the next look
+        assert ids(reader) == []  # no time has passed on the index's clock: nothing swept yet
+        now[0] += 250_000_000  # the interval has passed: every directory is checked by the next look
         assert ids(reader) == ["a"]
         assert reader._index.full_revalidations == 1  # by the sweep, not by a look at every directory
     finally:

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import stat
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -15,10 +16,10 @@ from server.stateful.responses import Bounds, ResponseStore
 BIG = Bounds(max_count=1000, max_bytes=10**9, max_age_s=3600)
 
 
-def make(tmp_path, bounds: Bounds = BIG) -> ResponseStore:
+def make(tmp_path, bounds: Bounds = BIG, clock: Callable[[], float] = time.time) -> ResponseStore:
     db = StateDB(tmp_path)
     db.open()
-    return ResponseStore(db, bounds)
+    return ResponseStore(db, bounds, clock=clock)
 
 
 def response(rid: str, text: str = "hi", status: str = "completed") -> dict:
@@ -137,11 +138,16 @@ def test_a_write_reads_no_per_key_sums_without_shares(tmp_path, max_count):
 
 
 def test_age_bound_expires(tmp_path):
-    store = make(tmp_path, Bounds(max_count=1000, max_bytes=10**9, max_age_s=0.2))
+    now = [1_000_000.0]
+    store = make(tmp_path, Bounds(max_count=1000, max_bytes=10**9, max_age_s=60), clock=lambda: now[0])
     store.put(response("resp_old"), owner="", session_id=None, input_items=[])
-    time.sleep(0.3)
+    now[0] += 59
+    store.put(response("resp_young"), owner="", session_id=None, input_items=[])
+    assert store.get("resp_old", "") is not None  # not yet past its age: a write within it keeps it
+    now[0] += 2
     store.put(response("resp_new"), owner="", session_id=None, input_items=[])
-    assert store.get("resp_old", "") is None and store.get("resp_new", "") is not None
+    assert store.get("resp_old", "") is None  # 61 s old
+    assert store.get("resp_young", "") is not None and store.get("resp_new", "") is not None
 
 
 def test_running_responses_are_never_evicted(tmp_path):
