@@ -21,7 +21,7 @@ from pathlib import Path
 
 DB_NAME = "state.sqlite3"
 
-# Row counts and byte totals are kept by triggers in `totals` (and each key's in `owner_totals`), so a
+# Row counts and byte totals are kept by triggers in `totals` (and each key's), so a
 # bound check is one row read whatever the table size, and stays right whichever process wrote.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -75,26 +75,24 @@ END;
 CREATE TRIGGER IF NOT EXISTS responses_resized AFTER UPDATE OF size ON responses BEGIN
     UPDATE totals SET bytes = bytes - OLD.size + NEW.size WHERE name = 'responses';
 END;
--- Each key's count and bytes, for the per-key shares (`response_store_max_*_per_key`): one row read
--- per write instead of a sum over the key's rows. Kept by triggers of their own, so a state file made
--- before this table gets them too; the INSERT counts such a file's responses once, when the table is
--- new (an empty table beside stored responses is only ever that: the triggers keep a row per key).
-CREATE TABLE IF NOT EXISTS owner_totals (
-    owner TEXT PRIMARY KEY, count INTEGER NOT NULL, bytes INTEGER NOT NULL
-) WITHOUT ROWID;
-INSERT INTO owner_totals SELECT owner, COUNT(*), SUM(size) FROM responses
-    WHERE NOT EXISTS (SELECT 1 FROM owner_totals) GROUP BY owner;
+-- Each key's count and bytes, for the per-key shares (`response_store_max_*_per_key`): rows named
+-- 'owner <key>' in `totals`, next to the store's own row (so a write dirties no page more). Kept by
+-- triggers of their own, so a state file made before them gets them too; the INSERT counts such a
+-- file's responses once, when it has no key's row (beside stored responses that is only ever such a
+-- file: the triggers keep a key's row, at zero too).
+INSERT INTO totals SELECT 'owner ' || owner, COUNT(*), SUM(size) FROM responses
+    WHERE NOT EXISTS (SELECT 1 FROM totals WHERE name LIKE 'owner %') GROUP BY owner;
 CREATE TRIGGER IF NOT EXISTS responses_added_by_owner AFTER INSERT ON responses BEGIN
-    INSERT INTO owner_totals VALUES (NEW.owner, 1, NEW.size)
-        ON CONFLICT (owner) DO UPDATE SET count = count + 1, bytes = bytes + NEW.size;
+    INSERT INTO totals VALUES ('owner ' || NEW.owner, 1, NEW.size)
+        ON CONFLICT (name) DO UPDATE SET count = count + 1, bytes = bytes + NEW.size;
 END;
 CREATE TRIGGER IF NOT EXISTS responses_removed_by_owner AFTER DELETE ON responses BEGIN
-    UPDATE owner_totals SET count = count - 1, bytes = bytes - OLD.size WHERE owner = OLD.owner;
+    UPDATE totals SET count = count - 1, bytes = bytes - OLD.size WHERE name = 'owner ' || OLD.owner;
 END;
 CREATE TRIGGER IF NOT EXISTS responses_changed_by_owner AFTER UPDATE OF owner, size ON responses BEGIN
-    UPDATE owner_totals SET count = count - 1, bytes = bytes - OLD.size WHERE owner = OLD.owner;
-    INSERT INTO owner_totals VALUES (NEW.owner, 1, NEW.size)
-        ON CONFLICT (owner) DO UPDATE SET count = count + 1, bytes = bytes + NEW.size;
+    UPDATE totals SET count = count - 1, bytes = bytes - OLD.size WHERE name = 'owner ' || OLD.owner;
+    INSERT INTO totals VALUES ('owner ' || NEW.owner, 1, NEW.size)
+        ON CONFLICT (name) DO UPDATE SET count = count + 1, bytes = bytes + NEW.size;
 END;
 CREATE TRIGGER IF NOT EXISTS conversations_added AFTER INSERT ON conversations BEGIN
     UPDATE totals SET count = count + 1 WHERE name = 'conversations';

@@ -218,7 +218,7 @@ class ResponseStore:
         bounds = self.bounds
         gone: set[str] = set()
         if bounds.max_count_per_key is not None or bounds.max_bytes_per_key is not None:
-            row = conn.execute("SELECT count, bytes FROM owner_totals WHERE owner = ?", (owner,)).fetchone()
+            row = conn.execute("SELECT count, bytes FROM totals WHERE name = ?", ("owner " + owner,)).fetchone()
             count, size = row or (0, 0)
             max_count = bounds.max_count_per_key or bounds.max_count
             max_bytes = bounds.max_bytes_per_key or bounds.max_bytes

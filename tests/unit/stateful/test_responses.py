@@ -124,7 +124,7 @@ def statements_of_one_put(store: ResponseStore, rid: str) -> list[str]:
 
 @pytest.mark.parametrize("max_count", [1000, 5], ids=["room", "full"])
 def test_a_write_reads_no_per_key_sums(tmp_path, max_count):
-    """The bound check reads rows of `totals` and `owner_totals`, never a sum over every response of
+    """The bound check reads rows of `totals` (the store's, the key's), never a sum over every response of
     the key (which costs more the fuller the store), with or without per-key shares, whether the
     store has room or must evict."""
     plain = make(tmp_path / "plain", Bounds(max_count=max_count, max_bytes=10**9, max_age_s=3600))
@@ -138,14 +138,19 @@ def test_a_write_reads_no_per_key_sums(tmp_path, max_count):
         assert not [sql for sql in seen if "SUM(" in sql.replace("SUM(LENGTH(data))", "") or "COUNT(" in sql]
         # A full store gave up its oldest for the new one.
         assert store.totals()[0] == min(6, max_count) and (store.get("resp_0", "a") is None) == (max_count == 5)
-    assert not [sql for sql in statements_of_one_put(plain, "resp_y") if "owner_totals" in sql]
-    assert [sql for sql in statements_of_one_put(shared, "resp_y") if "owner_totals" in sql]
+    key_read = "SELECT count, bytes FROM totals WHERE name = 'owner a'"
+    assert not [sql for sql in statements_of_one_put(plain, "resp_y") if key_read in sql]
+    assert [sql for sql in statements_of_one_put(shared, "resp_y") if key_read in sql]
 
 
 def owner_totals(store: ResponseStore) -> tuple[dict, dict]:
-    """Each key's (count, bytes) as kept in `owner_totals`, and as summed from the rows."""
+    """Each key's (count, bytes) as kept in `totals`, and as summed from the rows."""
     conn = store.db.connection()
-    kept = {owner: (count, size) for owner, count, size in conn.execute("SELECT * FROM owner_totals") if count}
+    kept = {
+        name.removeprefix("owner "): (count, size)
+        for name, count, size in conn.execute("SELECT * FROM totals WHERE name LIKE 'owner %'")
+        if count
+    }
     summed = {
         owner: (count, size)
         for owner, count, size in conn.execute("SELECT owner, COUNT(*), SUM(size) FROM responses GROUP BY owner")
@@ -170,7 +175,7 @@ def test_each_keys_totals_follow_every_kind_of_write(tmp_path):
 
 
 def test_a_state_file_from_before_the_per_key_totals_gets_them(tmp_path):
-    """A file made by the schema without `owner_totals` opens with its keys counted, and they stay right."""
+    """A file made by the schema without each key's totals opens with its keys counted, and they stay right."""
     store = make(tmp_path)
     for i in range(4):
         store.put(response(f"resp_a{i}", "x" * i), owner="a", session_id=None, input_items=[])
@@ -178,7 +183,7 @@ def test_a_state_file_from_before_the_per_key_totals_gets_them(tmp_path):
     conn = store.db.connection()
     for trigger in ("responses_added_by_owner", "responses_removed_by_owner", "responses_changed_by_owner"):
         conn.execute(f"DROP TRIGGER {trigger}")
-    conn.execute("DROP TABLE owner_totals")
+    conn.execute("DELETE FROM totals WHERE name LIKE 'owner %'")
     store.put(response("resp_b1"), owner="b", session_id=None, input_items=[])  # written by the older schema
     store.db.close()
     store = make(tmp_path, Bounds(max_count=1000, max_bytes=10**9, max_age_s=3600, max_count_per_key=3))
