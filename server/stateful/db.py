@@ -21,8 +21,8 @@ from pathlib import Path
 
 DB_NAME = "state.sqlite3"
 
-# Row counts and byte totals are kept by triggers in `totals`, so a bound check is one row read
-# whatever the table size, and stays right whichever process wrote.
+# Row counts and byte totals are kept by triggers in `totals` (and each key's), so a
+# bound check is one row read whatever the table size, and stays right whichever process wrote.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
@@ -74,6 +74,25 @@ CREATE TRIGGER IF NOT EXISTS responses_removed AFTER DELETE ON responses BEGIN
 END;
 CREATE TRIGGER IF NOT EXISTS responses_resized AFTER UPDATE OF size ON responses BEGIN
     UPDATE totals SET bytes = bytes - OLD.size + NEW.size WHERE name = 'responses';
+END;
+-- Each key's count and bytes, for the per-key shares (`response_store_max_*_per_key`): rows named
+-- 'owner <key>' in `totals`, next to the store's own row (so a write dirties no page more). Kept by
+-- triggers of their own, so a state file made before them gets them too; the INSERT counts such a
+-- file's responses once, when it has no key's row (beside stored responses that is only ever such a
+-- file: the triggers keep a key's row, at zero too).
+INSERT INTO totals SELECT 'owner ' || owner, COUNT(*), SUM(size) FROM responses
+    WHERE NOT EXISTS (SELECT 1 FROM totals WHERE name LIKE 'owner %') GROUP BY owner;
+CREATE TRIGGER IF NOT EXISTS responses_added_by_owner AFTER INSERT ON responses BEGIN
+    INSERT INTO totals VALUES ('owner ' || NEW.owner, 1, NEW.size)
+        ON CONFLICT (name) DO UPDATE SET count = count + 1, bytes = bytes + NEW.size;
+END;
+CREATE TRIGGER IF NOT EXISTS responses_removed_by_owner AFTER DELETE ON responses BEGIN
+    UPDATE totals SET count = count - 1, bytes = bytes - OLD.size WHERE name = 'owner ' || OLD.owner;
+END;
+CREATE TRIGGER IF NOT EXISTS responses_changed_by_owner AFTER UPDATE OF owner, size ON responses BEGIN
+    UPDATE totals SET count = count - 1, bytes = bytes - OLD.size WHERE name = 'owner ' || OLD.owner;
+    INSERT INTO totals VALUES ('owner ' || NEW.owner, 1, NEW.size)
+        ON CONFLICT (name) DO UPDATE SET count = count + 1, bytes = bytes + NEW.size;
 END;
 CREATE TRIGGER IF NOT EXISTS conversations_added AFTER INSERT ON conversations BEGIN
     UPDATE totals SET count = count + 1 WHERE name = 'conversations';

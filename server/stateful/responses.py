@@ -139,14 +139,20 @@ class ResponseStore:
             rows.append(
                 (put.id, put.owner, put.session_id, put.status, int(put.background), now, now, len(put.body), put.body)
             )
+        # Each key's responses go in, then that key makes room for them (so one key never evicts another's).
+        by_owner: dict[str, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_owner.setdefault(row[1], []).append(row)
         with self.db.transaction() as conn:
             if oversized:
                 conn.executemany("DELETE FROM responses WHERE id = ?", oversized)
-            # New ids (nearly all) are one INSERT; replacing keeps the row's age and its events, whose
-            # bytes stay counted in its size (a delete would drop them with it).
-            conn.executemany(_UPSERT, rows)
-            evicted = self._evict(conn, now, {put.owner for put in puts})
-        dropped = evicted.union(row[0] for row in oversized)
+            dropped = self._expire(conn, now)
+            for owner, owned in by_owner.items():
+                # New ids (nearly all) are one INSERT; replacing keeps the row's age and its events,
+                # whose bytes stay counted in its size (a delete would drop them with it).
+                conn.executemany(_UPSERT, owned)
+                dropped |= self._make_room(conn, owner)
+        dropped.update(row[0] for row in oversized)
         return [put.id not in dropped for put in puts]
 
     def update_running(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> bool:
@@ -164,7 +170,8 @@ class ResponseStore:
                 (response.get("status") or "completed", now, row[0] + len(body), body, response["id"]),
             )
             if response.get("status") not in RUNNING:
-                self._evict(conn, now, {row[1]})
+                self._expire(conn, now)
+                self._make_room(conn, row[1])
             return True
 
     def append_events(self, response_id: str, events: list[tuple[int, bytes]]) -> None:
@@ -197,35 +204,30 @@ class ResponseStore:
             )
         return self.get(response_id, owner)
 
-    def _evict(self, conn: sqlite3.Connection, now: float, writers: set[str]) -> set[str]:
-        """Apply the bounds: expired responses first; then, while a writer is over its key's share or
-        the store over its bounds, the writers' own oldest finished responses (never another key's).
-        Returns the ids dropped (a response just written is among them when its key has nothing
-        older to give up)."""
-        bounds = self.bounds
-        gone = {
+    def _expire(self, conn: sqlite3.Connection, now: float) -> set[str]:
+        """Drop the finished responses older than `max_age_s`; their ids."""
+        return {
             row[0]
             for row in conn.execute(
-                f"DELETE FROM responses WHERE stored_at < ? AND {_NOT_RUNNING} RETURNING id", (now - bounds.max_age_s,)
+                f"DELETE FROM responses WHERE stored_at < ? AND {_NOT_RUNNING} RETURNING id",
+                (now - self.bounds.max_age_s,),
             )
         }
-        # Without shares a key's bounds are the store's, and no key holds more than the store: the
-        # store's bounds (one row of `totals`) hold every key to its own, with no per-key sums, which
-        # read every row the key has and so cost more the fuller the store.
-        shared = bounds.max_count_per_key is not None or bounds.max_bytes_per_key is not None
-        for owner in sorted(writers) if shared else ():
-            count, size = conn.execute(
-                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM responses WHERE owner = ?", (owner,)
-            ).fetchone()
+
+    def _make_room(self, conn: sqlite3.Connection, owner: str) -> set[str]:
+        """Once `owner` has written: while it is over its key's share or the store over its bounds,
+        drop its own oldest finished responses (never another key's). Returns the ids dropped (a
+        response just written is among them when its key has nothing older to give up)."""
+        bounds = self.bounds
+        gone: set[str] = set()
+        if bounds.max_count_per_key is not None or bounds.max_bytes_per_key is not None:
+            row = conn.execute("SELECT count, bytes FROM totals WHERE name = ?", ("owner " + owner,)).fetchone()
+            count, size = row or (0, 0)
             max_count = bounds.max_count_per_key or bounds.max_count
             max_bytes = bounds.max_bytes_per_key or bounds.max_bytes
-            gone |= _drop_oldest(conn, "owner = ?", (owner,), count, size, max_count, max_bytes)
+            gone |= _drop_oldest(conn, owner, count, size, max_count, max_bytes)
         count, size = conn.execute("SELECT count, bytes FROM totals WHERE name = 'responses'").fetchone()
-        if writers and (count > bounds.max_count or size > bounds.max_bytes):
-            # One key (the usual batch) reads its oldest straight off its index; several are merged by a sort.
-            where = "owner = ?" if len(writers) == 1 else f"owner IN ({', '.join('?' * len(writers))})"
-            gone |= _drop_oldest(conn, where, tuple(sorted(writers)), count, size, bounds.max_count, bounds.max_bytes)
-        return gone
+        return gone | _drop_oldest(conn, owner, count, size, bounds.max_count, bounds.max_bytes)
 
     # ---- reads -------------------------------------------------------------------------------
 
@@ -281,17 +283,17 @@ class ResponseStore:
 
 
 def _drop_oldest(
-    conn: sqlite3.Connection, where: str, args: tuple[Any, ...], count: int, size: int, max_count: int, max_bytes: int
+    conn: sqlite3.Connection, owner: str, count: int, size: int, max_count: int, max_bytes: int
 ) -> set[str]:
-    """Delete the oldest finished responses matching `where` until count and size are within bounds."""
+    """Delete `owner`'s oldest finished responses until `count` and `size` are within bounds."""
     if count <= max_count and size <= max_bytes:
         return set()
     victims: list[tuple[str]] = []
     cursor = conn.execute(
         # Ties (one batch's responses share a time) go in the order written: `rowid`, the last
         # column of every index, so the key's index gives this order without sorting.
-        f"SELECT id, size FROM responses WHERE {where} AND {_NOT_RUNNING} ORDER BY stored_at, rowid",
-        args,
+        f"SELECT id, size FROM responses WHERE owner = ? AND {_NOT_RUNNING} ORDER BY stored_at, rowid",
+        (owner,),
     )
     while count > max_count or size > max_bytes:
         row = cursor.fetchone()

@@ -175,7 +175,7 @@ from server.batching import Waiter
 from server.stateful import writer
 
 async def put(self, put):
-    self._queue.put((put, Waiter.here()))
+    self._queue.put([(put, Waiter.here())])
     return True
 
 commit = writer.StoreWriter._commit

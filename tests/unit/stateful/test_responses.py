@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from server.stateful.db import StateDB
-from server.stateful.responses import Bounds, ResponseStore
+from server.stateful.responses import Bounds, Put, ResponseStore
 
 BIG = Bounds(max_count=1000, max_bytes=10**9, max_age_s=3600)
 
@@ -24,6 +24,10 @@ def make(tmp_path, bounds: Bounds = BIG, clock: Callable[[], float] = time.time)
 
 def response(rid: str, text: str = "hi", status: str = "completed") -> dict:
     return {"id": rid, "object": "response", "status": status, "output": [{"type": "message", "content": text}]}
+
+
+def put(rid: str, owner: str) -> Put:
+    return Put.of(response(rid), owner=owner, session_id=None, input_items=[])
 
 
 def test_put_get_delete_round_trip(tmp_path):
@@ -120,10 +124,10 @@ def statements_of_one_put(store: ResponseStore, rid: str) -> list[str]:
 
 
 @pytest.mark.parametrize("max_count", [1000, 5], ids=["room", "full"])
-def test_a_write_reads_no_per_key_sums_without_shares(tmp_path, max_count):
-    """Without per-key shares the bound check is one row of `totals`, not a sum over every response
-    of the key (which costs more the fuller the store), whether the store has room or must evict.
-    With shares (the control), the key's sum is read."""
+def test_a_write_reads_no_per_key_sums(tmp_path, max_count):
+    """The bound check reads rows of `totals` (the store's, the key's), never a sum over every response of
+    the key (which costs more the fuller the store), with or without per-key shares, whether the
+    store has room or must evict."""
     plain = make(tmp_path / "plain", Bounds(max_count=max_count, max_bytes=10**9, max_age_s=3600))
     shared = make(
         tmp_path / "shared", Bounds(max_count=max_count, max_bytes=10**9, max_age_s=3600, max_count_per_key=500)
@@ -131,10 +135,66 @@ def test_a_write_reads_no_per_key_sums_without_shares(tmp_path, max_count):
     for store in (plain, shared):
         for i in range(5):
             store.put(response(f"resp_{i}"), owner="a", session_id=None, input_items=[])
-    assert not [sql for sql in statements_of_one_put(plain, "resp_x") if "SUM(size)" in sql]
-    assert [sql for sql in statements_of_one_put(shared, "resp_x") if "SUM(size)" in sql]
-    # A full store gave up its oldest for the new one.
-    assert plain.totals()[0] == min(6, max_count) and (plain.get("resp_0", "a") is None) == (max_count == 5)
+        seen = statements_of_one_put(store, "resp_x")
+        assert not [sql for sql in seen if "SUM(" in sql.replace("SUM(LENGTH(data))", "") or "COUNT(" in sql]
+        # A full store gave up its oldest for the new one.
+        assert store.totals()[0] == min(6, max_count) and (store.get("resp_0", "a") is None) == (max_count == 5)
+    key_read = "SELECT count, bytes FROM totals WHERE name = 'owner a'"
+    assert not [sql for sql in statements_of_one_put(plain, "resp_y") if key_read in sql]
+    assert [sql for sql in statements_of_one_put(shared, "resp_y") if key_read in sql]
+
+
+def owner_totals(store: ResponseStore) -> tuple[dict, dict]:
+    """Each key's (count, bytes) as kept in `totals`, and as summed from the rows."""
+    conn = store.db.connection()
+    kept = {
+        name.removeprefix("owner "): (count, size)
+        for name, count, size in conn.execute("SELECT * FROM totals WHERE name LIKE 'owner %'")
+        if count
+    }
+    summed = {
+        owner: (count, size)
+        for owner, count, size in conn.execute("SELECT owner, COUNT(*), SUM(size) FROM responses GROUP BY owner")
+    }
+    return kept, summed
+
+
+def test_each_keys_totals_follow_every_kind_of_write(tmp_path):
+    store = make(tmp_path, Bounds(max_count=6, max_bytes=10**9, max_age_s=3600, max_count_per_key=3))
+    for i in range(5):
+        store.put(response(f"resp_a{i}", "x" * i), owner="a", session_id=None, input_items=[])
+    store.put_many([put("resp_b0", "b"), put("resp_a9", "a"), put("resp_b1", "b")])
+    store.put(response("resp_b0", "longer now"), owner="b", session_id=None, input_items=[])  # replaced
+    store.put(response("resp_r", status="in_progress"), owner="c", session_id=None, input_items=[])
+    store.append_events("resp_r", [(1, b"data: 1"), (2, b"data: 22")])
+    store.update_running(response("resp_r", "done"), [])
+    store.put(response("resp_b1"), owner="c", session_id=None, input_items=[])  # another key's id, replaced
+    store.delete("resp_a9", "a")
+    kept, summed = owner_totals(store)
+    assert kept == summed and set(summed) == {"a", "b", "c"}
+    assert summed["a"][0] == 2 and summed["c"][0] == 2
+
+
+def test_a_state_file_from_before_the_per_key_totals_gets_them(tmp_path):
+    """A file made by the schema without each key's totals opens with its keys counted, and they stay right."""
+    store = make(tmp_path)
+    for i in range(4):
+        store.put(response(f"resp_a{i}", "x" * i), owner="a", session_id=None, input_items=[])
+    store.put(response("resp_b0"), owner="b", session_id=None, input_items=[])
+    conn = store.db.connection()
+    for trigger in ("responses_added_by_owner", "responses_removed_by_owner", "responses_changed_by_owner"):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute("DELETE FROM totals WHERE name LIKE 'owner %'")
+    store.put(response("resp_b1"), owner="b", session_id=None, input_items=[])  # written by the older schema
+    store.db.close()
+    store = make(tmp_path, Bounds(max_count=1000, max_bytes=10**9, max_age_s=3600, max_count_per_key=3))
+    kept, summed = owner_totals(store)
+    assert kept == summed and summed["a"][0] == 4 and summed["b"][0] == 2
+    store.put(response("resp_a9"), owner="a", session_id=None, input_items=[])
+    assert store.get("resp_a0", "a") is None and store.get("resp_a1", "a") is None  # a held to its share
+    store.db.close()
+    kept, summed = owner_totals(make(tmp_path))  # opened again: counted once, not twice
+    assert kept == summed and summed["a"][0] == 3
 
 
 def test_age_bound_expires(tmp_path):
@@ -202,3 +262,34 @@ def _many_puts(directory: str, prefix: str, count: int) -> None:
     store = ResponseStore(db, Bounds(max_count=25, max_bytes=10**9, max_age_s=3600))
     for i in range(count):
         store.put(response(f"resp_{prefix}_{i}"), owner="", session_id=None, input_items=[])
+
+
+def test_a_batch_of_two_keys_in_a_full_store_evicts_each_keys_own(tmp_path):
+    """A full store, one batch of two keys' responses: each key gives up its own oldest for its own
+    new one, even where the other key's is older (one key never evicts another's)."""
+    store = make(tmp_path, Bounds(max_count=4, max_bytes=10**9, max_age_s=3600))
+    for rid, owner in (("resp_b1", "b"), ("resp_b2", "b"), ("resp_a1", "a"), ("resp_a2", "a")):
+        store.put(response(rid), owner=owner, session_id=None, input_items=[])
+    kept = store.put_many([put("resp_a3", "a"), put("resp_b3", "b")])
+    assert kept == [True, True] and store.totals()[0] == 4
+    stored = {
+        rid
+        for rid in ("resp_a1", "resp_a2", "resp_a3", "resp_b1", "resp_b2", "resp_b3")
+        if store.get(rid, rid[5]) is not None
+    }
+    # b's two oldest are the store's oldest, yet a's new one took a's own oldest.
+    assert stored == {"resp_a2", "resp_a3", "resp_b2", "resp_b3"}
+
+
+def test_a_batch_of_one_key_in_a_full_store_takes_that_keys_oldest_only(tmp_path):
+    """Control for the test above: one key's batch of two gives up its own two oldest, not b's older ones."""
+    store = make(tmp_path, Bounds(max_count=4, max_bytes=10**9, max_age_s=3600))
+    for rid, owner in (("resp_b1", "b"), ("resp_b2", "b"), ("resp_a1", "a"), ("resp_a2", "a")):
+        store.put(response(rid), owner=owner, session_id=None, input_items=[])
+    assert store.put_many([put("resp_a3", "a"), put("resp_a4", "a")]) == [True, True]
+    assert [store.get(rid, rid[5]) is not None for rid in ("resp_b1", "resp_b2", "resp_a1", "resp_a2")] == [
+        True,
+        True,
+        False,
+        False,
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -53,6 +54,21 @@ def test_concurrent_puts_share_commits_and_each_is_committed_when_its_caller_wak
     assert all(asyncio.run(burst()))
     assert writer.store.totals()[0] == 64
     assert writer.batches < 64, "64 responses queued at once took a commit each"
+
+
+def test_the_puts_of_one_event_loop_turn_go_in_one_commit(writer):
+    """Responses that finish in one turn of the loop are handed to the thread together, even when it
+    is idle and free to take the first alone (each caller here blocks a while before its put)."""
+
+    async def one(i: int) -> bool:
+        time.sleep(0.02)  # holds the loop, not the GIL: the thread could commit what is queued meanwhile
+        return await writer.put(put(f"resp_{i}"))
+
+    async def burst() -> list[bool]:
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    assert all(asyncio.run(burst()))
+    assert writer.batches == 1
 
 
 def test_one_at_a_time_takes_a_commit_each(writer):
