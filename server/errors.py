@@ -7,30 +7,30 @@ an HTTP answer, in the OpenAI shape or, for Anthropic clients, the Messages API'
 Every exception class of the project, by base, with where it lives:
 
     Exception
-    ├── OpenAIError               server/errors.py          an error a client sees, with its status
-    │   └── SealError             server/stateful/sealing.py   a sealed reasoning item would not open (400)
-    ├── ClientGone                server/http/asgi.py       the client disconnected mid-call
-    ├── HTTPError                 server/upstream/http1.py  the upstream connection failed
-    │   ├── ConnectError          server/upstream/http1.py  ... could not be made
-    │   ├── TimeoutError_         server/upstream/http1.py  ... stayed silent past the read timeout
-    │   └── ProtocolError         server/upstream/http1.py  ... closed early, or spoke bad HTTP/1.1
-    ├── TokenizeError             server/injection/tokenize.py  the engine's /tokenize gave no usable answer
-    ├── StreamCut                 server/dev/mock_upstream/app.py  the mock drops a stream on purpose
-    ├── _NotFound, _Failed        server/cli/sessions.py    the `sessions` command's own exits
+    ├── OpenAIError               server/errors.py                      an error a client sees, with its status
+    │   └── SealError             server/stateful/sealing.py            a sealed reasoning item would not open (400)
+    ├── ClientGone                server/http/asgi.py                   the client disconnected mid-call
+    ├── HTTPError                 server/upstream/http1.py              the upstream connection failed
+    │   ├── ConnectError          server/upstream/http1.py              ... could not be made
+    │   ├── TimeoutError_         server/upstream/http1.py              ... stayed silent past the read timeout
+    │   └── ProtocolError         server/upstream/http1.py              ... closed early, or spoke bad HTTP/1.1
+    ├── TokenizeError             server/injection/tokenize.py          the engine's /tokenize gave no usable answer
+    ├── StreamCut                 server/dev/mock_upstream/app.py       the mock drops a stream on purpose
+    ├── NotFound, Failed          server/cli/session_sources.py         the `sessions` command's own exits
     ├── ValueError
-    │   ├── ConfigError           server/config.py          settings the server cannot start with
-    │   ├── RolloutError          server/capture/rollout/messages.py  records that make no trustworthy rollout
-    │   ├── DiffFileError        server/capture/read/diff_read.py  a record file this server did not write
-    │   ├── InvalidSessionId      server/capture/read/store.py  a session id outside the allowed shape
-    │   ├── TooBig                server/capture/read/bounded.py  a record file over the size limit
-    │   └── NoEndOfTurn           server/injection/histories.py  a re-rendered tail without its end-of-turn token
+    │   ├── ConfigError           server/config.py                      settings the server cannot start with
+    │   ├── RolloutError          server/capture/rollout/messages.py    records that make no trustworthy rollout
+    │   ├── DiffFileError         server/capture/read/diff_read.py      a record file this server did not write
+    │   ├── InvalidSessionId      server/capture/read/record_files.py   a session id outside the allowed shape
+    │   ├── TooBig                server/capture/read/bounded.py        a record file over the size limit
+    │   └── NoEndOfTurn           server/injection/histories.py         a re-rendered tail without its end-of-turn token
     ├── LookupError
-    │   ├── UnknownRun            server/capture/catalog/runs.py  a run the session does not have
-    │   └── UnknownSession        server/capture/read/store.py  (a KeyError) no capture of that session
+    │   ├── UnknownRun            server/capture/catalog/runs.py        a run the session does not have
+    │   └── UnknownSession        server/capture/read/record_files.py   (a KeyError) no capture of that session
     └── RuntimeError
-        ├── ServerStartError      server/spawn.py           a child server exited or was not ready in time
-        ├── GymCaptureUnavailable server/capture/gym/tokens.py  Gym's token capture cannot run here
-        └── RebuildUnavailable    server/capture/read/rebuilds.py  the rebuild worker died
+        ├── ServerStartError      server/spawn.py                       a child server exited or was not ready in time
+        ├── GymCaptureUnavailable server/capture/gym/tokens.py          Gym's token capture cannot run here
+        └── RebuildUnavailable    server/capture/read/rebuilds.py       the rebuild worker died
 """
 
 from __future__ import annotations
