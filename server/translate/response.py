@@ -292,7 +292,9 @@ def chat_to_response(
     if status == "incomplete":
         output[-1]["status"] = "incomplete"
 
-    triple = token_triple(chat)
+    usage = chat.get("usage")
+    # The triple is read only where it is used: on the output, or as the usage a chat answer lacks.
+    triple = token_triple(chat) if token_ids or not usage else None
     if token_ids:
         attach_triple(output, triple)
     response = response_base(
@@ -302,7 +304,7 @@ def chat_to_response(
     response["incomplete_details"] = incomplete
     response["completed_at"] = completed_at if status == "completed" else None
     response["output"] = output
-    response["usage"] = responses_usage(chat.get("usage"), triple)
+    response["usage"] = responses_usage(usage, triple)
     return response
 
 
