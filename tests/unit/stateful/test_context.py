@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
 from server.errors import OpenAIError
 from server.stateful.context import expand
+from server.stateful.items import new_item_id, normalize_input
 from server.stateful.service import Stateful
 from tests.support.stateful_settings import stateful_settings
 
@@ -131,3 +133,14 @@ def test_malformed_items_reach_the_translator_as_a_400(stateful):
         with pytest.raises(OpenAIError) as caught:
             responses_to_chat(expanded.body)
         assert caught.value.status == 400
+
+
+def test_input_items_get_distinct_ids_shaped_like_stored_ones():
+    first = normalize_input([{"role": "user", "content": "a"}, {"type": "function_call_output", "output": "x"}])
+    second = normalize_input("b")
+    ids = [item["id"] for item in first + second]
+    assert re.fullmatch(r"msg_[0-9a-f]{24}", ids[0]) and re.fullmatch(r"fco_[0-9a-f]{24}", ids[1])
+    assert len(set(ids)) == 3
+    assert len({new_item_id("msg") for _ in range(1000)}) == 1000
+    # A client's own id is kept.
+    assert normalize_input([{"role": "user", "content": "c", "id": "msg_mine"}])[0]["id"] == "msg_mine"
