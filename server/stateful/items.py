@@ -9,6 +9,7 @@ the store translates to exactly the chat messages it did the first time.
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
 from typing import Any
 
@@ -33,6 +34,16 @@ def new_id(prefix: str) -> str:
 # keeps them unique across processes and restarts without a trip to the OS's random source per item.
 _ITEM_ID_PREFIX = secrets.token_hex(6)
 _item_counter = itertools.count(1)
+
+
+def _renew_item_ids() -> None:
+    """A forked worker starts its own ids: it must not repeat its parent's prefix and counter."""
+    global _ITEM_ID_PREFIX, _item_counter
+    _ITEM_ID_PREFIX = secrets.token_hex(6)
+    _item_counter = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_renew_item_ids)
 
 
 def new_item_id(prefix: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 
 import pytest
@@ -144,3 +145,18 @@ def test_input_items_get_distinct_ids_shaped_like_stored_ones():
     assert len({new_item_id("msg") for _ in range(1000)}) == 1000
     # A client's own id is kept.
     assert normalize_input([{"role": "user", "content": "c", "id": "msg_mine"}])[0]["id"] == "msg_mine"
+
+
+def test_a_forked_worker_does_not_repeat_its_parents_item_ids():
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then out without running the parent's teardown
+        os.write(writer, new_item_id("msg").encode())
+        os._exit(0)
+    os.close(writer)
+    child = os.read(reader, 100).decode()
+    os.close(reader)
+    os.waitpid(pid, 0)
+    parent = new_item_id("msg")
+    assert re.fullmatch(r"msg_[0-9a-f]{24}", child)
+    assert child[:16] != parent[:16]  # another random half, so the counters cannot meet
