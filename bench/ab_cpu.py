@@ -32,9 +32,9 @@ from bench.procs import LoadGen, Mock, Server, make_log_dir, thread_cpu_by_role 
 BODIES = {"chat": (CHAT, chat_body(SMALL)), "responses": (RESPONSES, responses_body(SMALL))}
 
 
-def thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds (user + system) of each thread of `pid`."""
-    return {tid: cpu for tid, (_role, cpu) in thread_cpu_by_role(pid).items()}
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """(role, CPU seconds user + system) of each thread of `pid`."""
+    return thread_cpu_by_role(pid)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,14 +90,16 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     after = thread_cpu(pid)
                     acc = totals.setdefault(
-                        (kind, name), {"ok": 0, "rps": [], "loop": 0.0, "all": 0.0, "errors": 0, "lat": []}
+                        (kind, name), {"ok": 0, "rps": [], "event loop": 0.0, "all": 0.0, "errors": 0, "lat": []}
                     )
                     acc["lat"] += result["lat"]
                     acc["ok"] += result["ok"]
                     acc["errors"] += result["errors"]
                     acc["rps"].append(round(result["throughput"]))
-                    acc["loop"] += after.get(pid, 0.0) - before.get(pid, 0.0)
-                    acc["all"] += sum(cpu - before.get(tid, 0.0) for tid, cpu in after.items())
+                    for tid, (role, cpu) in after.items():
+                        used = cpu - before.get(tid, (role, 0.0))[1]
+                        acc["all"] += used
+                        acc[role] = acc.get(role, 0.0) + used
         print(
             f"a = {here}, b = {Path(args.other).resolve()}; c={args.concurrency}, {args.rounds} rounds of"
             f" {args.seconds:.0f} s{', captured' if args.session else ''}"
@@ -106,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
             calls = max(1, acc["ok"])
             print(
                 f"{kind:<10} {name}  server CPU {acc['all'] / calls * 1e6:5.0f} us/call, event loop"
-                f" {acc['loop'] / calls * 1e6:4.0f} us/call; p50 {statistics.median(acc['lat'] or [0]) * 1e3:.2f} ms;"
+                f" {acc['event loop'] / calls * 1e6:4.0f} us/call (Rust workers"
+                f" {acc.get('Rust workers', 0.0) / calls * 1e6:.0f}, other threads"
+                f" {acc.get('other threads', 0.0) / calls * 1e6:.0f}); p50 {statistics.median(acc['lat'] or [0]) * 1e3:.2f} ms;"
                 f" calls/s by round {acc['rps']}; errors {acc['errors']}"
             )
     finally:

@@ -38,6 +38,7 @@ def profile(args: argparse.Namespace) -> int:
             },
         ),
         ("c64", bench.cap, {"concurrency": 64, "templates": [template(CHAT, chat_body(SMALL))]}),
+        ("c64_responses", bench.cap, {"concurrency": 64, "templates": [template(RESPONSES, responses_body(SMALL))]}),
         (
             "c64_responses_captured",
             bench.cap,

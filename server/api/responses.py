@@ -139,7 +139,9 @@ class Responses(ModelEndpoint):
             echo=turn.echo,
             seal=turn.seal,
         )
-        await turn.keep(response)  # before the answer: a follow-up sent at once finds it
+        encoded = orjson.dumps(response)  # serialised once: stored, and (most often) the answer as is
+        echoed_store = response["store"]
+        await turn.keep(response, encoded)  # before the answer: a follow-up sent at once finds it
 
         def served() -> dict[str, Any]:  # for Gym's token store: the answer with its triple
             if call.wants_token_ids:
@@ -155,7 +157,11 @@ class Responses(ModelEndpoint):
             )
 
         await self.save_record(call, chat, served=served)  # the record in its file before the answer goes out
-        await send_json(send, 200, orjson.dumps(response), relayed_headers(reply.headers))
+        # Encoded again only if it changed since: keep reports a failed store on it, and the object
+        # itself went to Gym's token store when the client asked for its triple.
+        if response["store"] != echoed_store or call.wants_token_ids:
+            encoded = orjson.dumps(response)
+        await send_json(send, 200, encoded, relayed_headers(reply.headers))
         span.finish(chat)
 
     async def stream(

@@ -8,6 +8,8 @@ the store translates to exactly the chat messages it did the first time.
 
 from __future__ import annotations
 
+import itertools
+import os
 import secrets
 from typing import Any
 
@@ -28,6 +30,27 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
+# Input items get an id on every call: a random half per process and a counter for the other half
+# keeps them unique across processes and restarts without a trip to the OS's random source per item.
+_ITEM_ID_PREFIX = secrets.token_hex(6)
+_item_counter = itertools.count(1)
+
+
+def _renew_item_ids() -> None:
+    """A forked worker starts its own ids: it must not repeat its parent's prefix and counter."""
+    global _ITEM_ID_PREFIX, _item_counter
+    _ITEM_ID_PREFIX = secrets.token_hex(6)
+    _item_counter = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_renew_item_ids)
+
+
+def new_item_id(prefix: str) -> str:
+    """An id for an item of a client's input: `prefix_` and 24 hex digits, like `new_id`, unique per process run."""
+    return f"{prefix}_{_ITEM_ID_PREFIX}{next(_item_counter):012x}"
+
+
 def _normalize(item: dict[str, Any]) -> dict[str, Any]:
     item = dict(item)
     kind = item.get("type")
@@ -40,7 +63,9 @@ def _normalize(item: dict[str, Any]) -> dict[str, Any]:
             text_part["annotations"] = []
         item["content"] = [text_part]
     if not isinstance(item.get("id"), str) or not item["id"]:
-        item["id"] = new_id(_ID_PREFIX.get(kind, "item") if isinstance(kind, str) else "item")  # kind may be any JSON
+        item["id"] = new_item_id(
+            _ID_PREFIX.get(kind, "item") if isinstance(kind, str) else "item"
+        )  # kind may be any JSON
     if isinstance(kind, str) and kind in _WITH_STATUS and item.get("status") is None:
         item["status"] = "completed"
     return item

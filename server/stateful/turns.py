@@ -43,14 +43,17 @@ class Turn:
     def background(self) -> bool:
         return self.expanded.background
 
-    async def keep(self, response: dict[str, Any] | None) -> bool:
-        """Store the response (and its conversation turn) now; background runs defer to `keep_final`."""
+    async def keep(self, response: dict[str, Any] | None, encoded: bytes | None = None) -> bool:
+        """Store the response (and its conversation turn) now; background runs defer to `keep_final`.
+
+        `encoded`: the response as `orjson.dumps` gives it now, when the caller has it already.
+        """
         if response is None:
             return False
         if self.background and response.get("status") not in ("queued", "in_progress"):
             self.final = response
             return bool(response.get("store"))
-        stored = await self._write(response)
+        stored = await self._write(response, encoded)
         response["store"] = stored
         return stored
 
@@ -59,7 +62,7 @@ class Turn:
         response = self.final if self.final is not None else fallback
         await self._write(response)
 
-    async def _write(self, response: dict[str, Any]) -> bool:
+    async def _write(self, response: dict[str, Any], encoded: bytes | None = None) -> bool:
         expanded = self.expanded
         if not expanded.store or self.stateful is None:
             return False
@@ -75,6 +78,7 @@ class Turn:
                     session_id=self.session_id,
                     input_items=expanded.input_items,
                     background=expanded.background,
+                    encoded=encoded,
                 )
                 stored = await self.stateful.writer.put(put)
             if stored and expanded.conversation_id and response.get("status") in _FINISHED:

@@ -34,8 +34,65 @@ def item_id(prefix: str, base: str, output_index: int) -> str:
     return f"{prefix}_{base}_{output_index}"
 
 
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value
+# Every key of the Open Responses response object, in its order, with the value it has when the
+# request leaves it out (the Responses API defaults: the schema makes these non-nullable).
+_BASE: dict[str, Any] = {
+    "id": None,
+    "object": "response",
+    "created_at": None,
+    "completed_at": None,
+    "status": "in_progress",
+    "error": None,
+    "incomplete_details": None,
+    "instructions": None,
+    "max_output_tokens": None,
+    "max_tool_calls": None,
+    "model": None,
+    "output": None,
+    "parallel_tool_calls": True,
+    "previous_response_id": None,
+    "reasoning": None,
+    "store": False,
+    "temperature": 1.0,
+    "text": None,
+    "tool_choice": "auto",
+    "tools": None,
+    "top_p": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "top_logprobs": 0,
+    "truncation": "disabled",
+    "usage": None,
+    "user": None,
+    "metadata": None,
+    "background": False,
+    "service_tier": "default",
+    "prompt_cache_key": None,
+    "safety_identifier": None,
+    "conversation": None,
+    "prompt": None,
+}
+# The request settings echoed as given when not null (`tools`, `metadata`, `model` and `text` are
+# filled in apart: their defaults are fresh objects, or not the request's).
+_ECHOED = frozenset(
+    {
+        "instructions",
+        "max_output_tokens",
+        "max_tool_calls",
+        "parallel_tool_calls",
+        "reasoning",
+        "temperature",
+        "tool_choice",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_logprobs",
+        "truncation",
+        "user",
+        "prompt_cache_key",
+        "safety_identifier",
+    }
+)
 
 
 def response_base(
@@ -58,43 +115,24 @@ def response_base(
     text_config = dict(text) if isinstance(text, dict) else {}
     if text_config.get("format") is None:
         text_config["format"] = {"type": "text"}
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": created_at,
-        "completed_at": None,
-        "status": "in_progress",
-        "error": None,
-        "incomplete_details": None,
-        "instructions": request.get("instructions"),
-        "max_output_tokens": request.get("max_output_tokens"),
-        "max_tool_calls": request.get("max_tool_calls"),
-        "model": model if model is not None else request.get("model"),
-        "output": [],
-        "parallel_tool_calls": _or(request.get("parallel_tool_calls"), True),
-        "previous_response_id": None,
-        "reasoning": request.get("reasoning"),
-        "store": False,
-        "temperature": _or(request.get("temperature"), 1.0),
-        "text": text_config,
-        "tool_choice": _or(request.get("tool_choice"), "auto"),
-        "tools": _or(request.get("tools"), []),
-        "top_p": _or(request.get("top_p"), 1.0),
-        "presence_penalty": _or(request.get("presence_penalty"), 0.0),
-        "frequency_penalty": _or(request.get("frequency_penalty"), 0.0),
-        "top_logprobs": _or(request.get("top_logprobs"), 0),
-        "truncation": _or(request.get("truncation"), "disabled"),
-        "usage": None,
-        "user": request.get("user"),
-        "metadata": _or(request.get("metadata"), {}),
-        "background": False,
-        "service_tier": "default",
-        "prompt_cache_key": request.get("prompt_cache_key"),
-        "safety_identifier": request.get("safety_identifier"),
-        "conversation": None,
-        "prompt": None,
-        **(echo or {}),
-    }
+    # A copy of the defaults with the request's settings over them (a request holds a few keys; the
+    # object has every one): the key order stays the schema's.
+    response = _BASE.copy()
+    for key, value in request.items():
+        if value is not None and key in _ECHOED:
+            response[key] = value
+    tools = request.get("tools")
+    metadata = request.get("metadata")
+    response["id"] = response_id
+    response["created_at"] = created_at
+    response["model"] = model if model is not None else request.get("model")
+    response["output"] = []
+    response["text"] = text_config
+    response["tools"] = [] if tools is None else tools
+    response["metadata"] = {} if metadata is None else metadata
+    if echo:
+        response.update(echo)
+    return response
 
 
 def responses_usage(chat_usage: dict[str, Any] | None, triple: TokenTriple | None = None) -> dict[str, Any] | None:
@@ -292,7 +330,9 @@ def chat_to_response(
     if status == "incomplete":
         output[-1]["status"] = "incomplete"
 
-    triple = token_triple(chat)
+    usage = chat.get("usage")
+    # The triple is read only where it is used: on the output, or as the usage a chat answer lacks.
+    triple = token_triple(chat) if token_ids or not usage else None
     if token_ids:
         attach_triple(output, triple)
     response = response_base(
@@ -302,7 +342,7 @@ def chat_to_response(
     response["incomplete_details"] = incomplete
     response["completed_at"] = completed_at if status == "completed" else None
     response["output"] = output
-    response["usage"] = responses_usage(chat.get("usage"), triple)
+    response["usage"] = responses_usage(usage, triple)
     return response
 
 

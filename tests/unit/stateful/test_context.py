@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 
 import pytest
 
 from server.errors import OpenAIError
 from server.stateful.context import expand
+from server.stateful.items import new_item_id, normalize_input
 from server.stateful.service import Stateful
 from tests.support.stateful_settings import stateful_settings
 
@@ -131,3 +134,29 @@ def test_malformed_items_reach_the_translator_as_a_400(stateful):
         with pytest.raises(OpenAIError) as caught:
             responses_to_chat(expanded.body)
         assert caught.value.status == 400
+
+
+def test_input_items_get_distinct_ids_shaped_like_stored_ones():
+    first = normalize_input([{"role": "user", "content": "a"}, {"type": "function_call_output", "output": "x"}])
+    second = normalize_input("b")
+    ids = [item["id"] for item in first + second]
+    assert re.fullmatch(r"msg_[0-9a-f]{24}", ids[0]) and re.fullmatch(r"fco_[0-9a-f]{24}", ids[1])
+    assert len(set(ids)) == 3
+    assert len({new_item_id("msg") for _ in range(1000)}) == 1000
+    # A client's own id is kept.
+    assert normalize_input([{"role": "user", "content": "c", "id": "msg_mine"}])[0]["id"] == "msg_mine"
+
+
+def test_a_forked_worker_does_not_repeat_its_parents_item_ids():
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then out without running the parent's teardown
+        os.write(writer, new_item_id("msg").encode())
+        os._exit(0)
+    os.close(writer)
+    child = os.read(reader, 100).decode()
+    os.close(reader)
+    os.waitpid(pid, 0)
+    parent = new_item_id("msg")
+    assert re.fullmatch(r"msg_[0-9a-f]{24}", child)
+    assert child[:16] != parent[:16]  # another random half, so the counters cannot meet

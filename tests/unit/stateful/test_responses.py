@@ -8,6 +8,7 @@ import stat
 import time
 from collections.abc import Callable
 
+import orjson
 import pytest
 
 from server.stateful.db import StateDB
@@ -293,3 +294,15 @@ def test_a_batch_of_one_key_in_a_full_store_takes_that_keys_oldest_only(tmp_path
         False,
         False,
     ]
+
+
+def test_a_body_spliced_from_the_encoded_response_is_the_one_encoded_whole():
+    items = [{"type": "message", "role": "user", "id": "msg_1", "content": [{"type": "input_text", "text": "q"}]}]
+    answer = response("resp_s", 'é \u2028 "quoted"')
+    whole = orjson.dumps({"response": answer, "input": items})
+    spliced = Put.of(answer, owner="", session_id=None, input_items=items, encoded=orjson.dumps(answer))
+    assert spliced.body == whole
+    assert Put.of(answer, owner="", session_id=None, input_items=items).body == whole
+    # The bytes given are the ones stored (not encoded again): what the client got is what is kept.
+    other = Put.of(answer, owner="", session_id=None, input_items=items, encoded=orjson.dumps(response("resp_t")))
+    assert orjson.loads(other.body)["response"]["id"] == "resp_t"

@@ -267,3 +267,19 @@ def test_openai_client_reads_the_non_stream_response():
     client = sdk_client(orjson.dumps(response), "application/json")
     parsed = client.responses.create(model="m", input="x")
     assert parsed.output_text == "Hello" and parsed.id == "resp_abc"
+
+
+def test_response_base_echoes_settings_defaults_nulls_and_never_shares_its_lists():
+    from server.translate.response import response_base
+
+    request = {"temperature": 0.2, "top_p": None, "tools": None, "input": "hi", "model": "asked", "store": True}
+    one = response_base(request, response_id="resp_1", created_at=5, model=None, echo={"store": True})
+    assert one["temperature"] == 0.2 and one["top_p"] == 1.0 and one["tools"] == [] and one["model"] == "asked"
+    assert "input" not in one and one["store"] is True and one["status"] == "in_progress"
+    assert list(one)[:3] == ["id", "object", "created_at"] and list(one)[-1] == "prompt"
+    one["output"].append({})
+    one["tools"].append({})
+    one["metadata"]["k"] = "v"
+    two = response_base({}, response_id="resp_2", created_at=6, model="routed")
+    assert two["output"] == [] and two["tools"] == [] and two["metadata"] == {} and two["store"] is False
+    assert two["model"] == "routed"
