@@ -30,7 +30,7 @@ from server.http import sse
 from server.http.asgi import ClientGone, parse_json_object, read_body, run_until_disconnect
 from server.ids import is_valid_session_id, uncorrelated_session_id
 from server.state import AppState
-from server.translate.accumulate import chunks_from_completion
+from server.translate.accumulate import ChatStreamAccumulator, chunks_from_completion
 from server.translate.checks import check_counts
 from server.upstream.client import BufferedStream, UpstreamReply, UpstreamStream
 
@@ -320,6 +320,23 @@ class ModelEndpoint:
         """A call that failed or was cut: its record is queued, not waited for (its answer is already over)."""
         if call.capture and self.state.capture_handoff is not None:
             self.state.capture_handoff.save_later(self.record_input(call, chat_response, status, chat_request))
+
+    def stream_ended_early(
+        self,
+        call: Call,
+        span: CallSpan,
+        accumulator: ChatStreamAccumulator | None,
+        status: str,
+        *,
+        injection_finished: bool,
+        kept: bool,
+    ) -> None:
+        """A stream that failed or was cut: injection learns it did not complete, and what arrived is
+        queued as the call's record (`status` "failed" or "partial") unless it was saved already."""
+        if not injection_finished:
+            self.injection_done(call, None, span, completed=False)
+        if accumulator is not None and not kept:
+            self.save_record_later(call, accumulator.result(), status)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The raw ASGI app: 503 until the lifespan has brought Switchyard up (and after it went down);

@@ -114,16 +114,12 @@ class ChatCompletions(ModelEndpoint):
         except OpenAIError as error:
             # Mid-stream: the status line is gone, so the error travels in-band, as Switchyard does.
             await send({"type": "http.response.body", "body": last + sse.chat_error(error)})
-            if not injection_finished:
-                self.injection_done(call, None, span, completed=False)
-            if accumulator is not None and not kept:
-                self.save_record_later(call, accumulator.result(), "failed")
+            self.stream_ended_early(call, span, accumulator, "failed", injection_finished=injection_finished, kept=kept)
             span.finish(None, error)
         except asyncio.CancelledError:
-            if not injection_finished:
-                self.injection_done(call, None, span, completed=False)
-            if accumulator is not None and not kept:
-                self.save_record_later(call, accumulator.result(), "partial")
+            self.stream_ended_early(
+                call, span, accumulator, "partial", injection_finished=injection_finished, kept=kept
+            )
             raise
         finally:
             await stream.aclose()

@@ -257,16 +257,14 @@ class Messages(_AnthropicErrors):
             span.finish(result)
         except OpenAIError as error:
             await send({"type": "http.response.body", "body": encode_events(last + writer.fail(error))})
-            if not injection_finished:
-                self.injection_done(call, None, span, completed=False)
-            if not kept:
-                self.save_record_later(call, writer.accumulator.result(), "failed")
+            self.stream_ended_early(
+                call, span, writer.accumulator, "failed", injection_finished=injection_finished, kept=kept
+            )
             span.finish(None, error)
         except asyncio.CancelledError:
-            if not injection_finished:
-                self.injection_done(call, None, span, completed=False)
-            if not kept:
-                self.save_record_later(call, writer.accumulator.result(), "partial")
+            self.stream_ended_early(
+                call, span, writer.accumulator, "partial", injection_finished=injection_finished, kept=kept
+            )
             raise
         finally:
             await stream.aclose()

@@ -234,16 +234,14 @@ class Responses(ModelEndpoint):
             failing = writer.fail(error.message, error.code)
             await turn.keep(writer.response)
             await send({"type": "http.response.body", "body": sse.encode_responses_events(last + failing) + sse.DONE})
-            if not injection_finished:
-                self.injection_done(call, None, span, completed=False)
-            if not kept:
-                self.save_record_later(call, writer.accumulator.result(), "failed")
+            self.stream_ended_early(
+                call, span, writer.accumulator, "failed", injection_finished=injection_finished, kept=kept
+            )
             span.finish(None, error)
         except asyncio.CancelledError:
-            if not injection_finished:
-                self.injection_done(call, None, span, completed=False)
-            if not kept:
-                self.save_record_later(call, writer.accumulator.result(), "partial")
+            self.stream_ended_early(
+                call, span, writer.accumulator, "partial", injection_finished=injection_finished, kept=kept
+            )
             raise
         finally:
             await stream.aclose()
