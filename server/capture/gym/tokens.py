@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from server.capture.gym.lineage import dispatch_safe_file_lineage_store
 from server.capture.tokens import token_triple
 
 log = logging.getLogger("switchyard_model.gym_tokens")
@@ -30,6 +31,9 @@ TESTED_GYM = "0.7"
 # The role Gym gives the request envelope (instructions and tools) in the items lineage reads; not a
 # dialect role, so it never collides with a turn.
 _ENVELOPE_ROLE = "_ng_request_envelope"
+
+# Gym's file lineage resolver as a config names it; built as `dispatch_safe_file_lineage_store`.
+_GYMS_FILE_LINEAGE_STORE = "nemo_gym.token_id_capture.lineage:FileLineageStore"
 
 
 class GymCaptureUnavailable(RuntimeError):
@@ -141,7 +145,6 @@ class GymTokenCapture:
         _gym()
         check_gym_version()
         from nemo_gym.token_id_capture.config import TokenIdCaptureConfig
-        from nemo_gym.token_id_capture.lineage import FileLineageStore
         from nemo_gym.token_id_capture.protocols import LineageResolver, TokenSink
         from nemo_gym.token_id_capture.store import TokenCaptureStore
 
@@ -162,11 +165,20 @@ class GymTokenCapture:
             sink = TokenCaptureStore(directory)
             owned.append(sink)
         lineage = None
-        if block.lineage_store is not None:
+        if block.lineage_store == _GYMS_FILE_LINEAGE_STORE:
+            # Gym's own file resolver, named explicitly: the same one, with its inode-reuse hole closed.
+            try:
+                lineage = dispatch_safe_file_lineage_store(**block.lineage_store_kwargs)
+            except TypeError as exc:
+                raise ValueError(
+                    f"could not build token_id_capture.lineage_store {block.lineage_store!r}: {exc}"
+                ) from exc
+            owned.append(lineage)
+        elif block.lineage_store is not None:
             lineage = _build(block.lineage_store, block.lineage_store_kwargs, LineageResolver, "lineage_store")
             owned.append(lineage)
         elif isinstance(sink, TokenCaptureStore):
-            lineage = FileLineageStore(sink.root)
+            lineage = dispatch_safe_file_lineage_store(sink.root)
             owned.append(lineage)
         if workers > 1 and (lineage is None or not lineage.is_process_shared()):
             raise ValueError(
