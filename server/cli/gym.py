@@ -12,15 +12,55 @@ import os
 import re
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from server.config import _interpolate_gym_env as interpolate_gym_env  # Gym's `${oc.env:VAR,default}`
+
 _GLOBAL_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
-# Gym's global settings this server acts on: its evaluation capture switch and directory, and its
-# training-token capture block. They live at the top of Gym's merged config, not in the server's block.
-GYM_GLOBAL_KEYS = ("observability_enabled", "model_call_capture_dir", "token_id_capture")
+# Gym's global settings this server acts on: its evaluation capture switch and directory, its
+# training-token capture block, and where its servers write run artifacts (`results_dir`, set by Gym's
+# launcher, absolute). They live at the top of Gym's merged config, not in the server's block.
+GYM_GLOBAL_KEYS = ("observability_enabled", "model_call_capture_dir", "token_id_capture", "results_dir")
+
+# This server's capture folder under Gym: in Gym's model-call capture directory, else in its results.
+CAPTURE_SUBDIR = "switchyard-captures"
+
+
+def _resolve_references(value: Any, doc: dict[str, Any]) -> Any:
+    """`${key}` inside a string, where `key` is a top-level scalar of Gym's merged config (Gym hands its
+    config over with interpolations unresolved, e.g. `${results_dir}/model-calls`)."""
+    if isinstance(value, dict):
+        return {k: _resolve_references(v, doc) for k, v in value.items()}
+    if not isinstance(value, str):
+        return value
+
+    def scalar(match: re.Match[str]) -> str:
+        found = doc.get(match.group(1))
+        return str(found) if found is not None and not isinstance(found, (dict, list)) else match.group(0)
+
+    return _GLOBAL_REFERENCE.sub(scalar, value)
+
+
+def capture_dir_under_gym(capture_dir: Any, gym: dict[str, Any]) -> str | None:
+    """Where this server captures when Gym starts it: an absolute `capture_dir` as given; a relative one
+    under Gym's `results_dir`; unset, `<model_call_capture_dir>/switchyard-captures` or else
+    `<results_dir>/switchyard-captures`, so captures sit with the run's other outputs rather than in
+    the server's directory. None when Gym gave neither directory (the server's default applies)."""
+    results = gym.get("results_dir")
+    if capture_dir:
+        if Path(str(capture_dir)).is_absolute() or not results:
+            return str(capture_dir)
+        return str(Path(results) / str(capture_dir))
+    calls = gym.get("model_call_capture_dir")
+    if calls:
+        return str(Path(calls) / CAPTURE_SUBDIR)
+    if results:
+        return str(Path(results) / CAPTURE_SUBDIR)
+    return None
 
 
 def instance_block(config_yaml: str, instance: str) -> dict[str, Any]:
@@ -40,8 +80,11 @@ def instance_block(config_yaml: str, instance: str) -> dict[str, Any]:
         match = _GLOBAL_REFERENCE.fullmatch(value) if isinstance(value, str) else None
         if match and match.group(1) in doc and not isinstance(doc[match.group(1)], dict):
             block[key] = doc[match.group(1)]
-    block["gym"] = {key: doc[key] for key in GYM_GLOBAL_KEYS if doc.get(key) is not None}
+    block["gym"] = {key: _resolve_references(doc[key], doc) for key in GYM_GLOBAL_KEYS if doc.get(key) is not None}
     block["gym"]["server_name"] = block.get("name") or instance  # the model_ref of Gym's capture records
+    capture_dir = capture_dir_under_gym(interpolate_gym_env(block.get("capture_dir")), block["gym"])
+    if capture_dir is not None:
+        block["capture_dir"] = capture_dir
     return {instance: {"responses_api_models": {"switchyard_model": block}}}
 
 

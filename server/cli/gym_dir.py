@@ -1,8 +1,13 @@
-"""`switchyard-model gym-dir DIR`: writes the NeMo Gym server directory, with a requirement Gym's setup keeps.
+"""`switchyard-model gym-dir DIR`: writes the NeMo Gym server directory, with a pyproject.toml Gym's setup installs.
 
-Gym's setup installs a server directory's `requirements.txt` into the server's own venv, and drops
-every line holding `../..` unless Gym's own tree is an editable checkout. So the directory is
-written with this installation's own source by absolute path (its checkout or wheel), or its version.
+Gym's setup (nemo_gym/cli/setup_command.py) installs a server directory from its `pyproject.toml` or
+its `requirements.txt`, and refuses a directory holding both. Gym 0.7.0 ships
+`responses_api_models/switchyard_model/` with a `pyproject.toml` of its own, so the directory is
+written with a `pyproject.toml` (replacing Gym's, and any `requirements.txt` an earlier gym-dir left):
+Gym installs it as `uv pip install -e .` (from a Gym checkout, with its `[tool.uv.sources]`) or, from
+an installed Gym, `nemo-gym==<its version>` then `uv pip install --no-sources -e .`. Either way the
+dependency on this server has to name its source itself: this installation's checkout or wheel by
+absolute path (a relative one would be read from wherever Gym's venv builds), or its version.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import importlib.metadata
 import json
 import shutil
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -20,9 +26,9 @@ from server.cli.exits import EXIT_OK, EXIT_USAGE
 from server.config import PROFILES_DIR
 
 DROP_IN = PROFILES_DIR / "gym" / "responses_api_models" / "switchyard_model"
-# Gym's own servers name Gym's checkout this way; Gym keeps the line only when that checkout is
-# editable (the directory sits in it), and then installs nemo-gym from it, as for its own servers.
-_GYM_FROM_ITS_CHECKOUT = "-e nemo-gym[dev] @ ../../"
+WRITTEN_BY = "# Written by `switchyard-model gym-dir`."
+# The project this directory is, as Gym installs it (`-e .`); not `switchyard-model`, its dependency.
+DIRECTORY_PROJECT = "switchyard-model-gym-server"
 
 
 def own_requirement() -> str:
@@ -47,26 +53,85 @@ def own_requirement() -> str:
     return f"switchyard-model=={found[0].version}"
 
 
-def write_server_dir(target: Path, requirement: str) -> None:
-    """The Gym server directory: app.py, configs/switchyard_model.yaml, and a requirements.txt Gym keeps."""
-    if "../.." in requirement:
-        raise ValueError(f"Gym's setup drops requirement lines holding '../..': give an absolute path ({requirement})")
+def dependency(requirement: str) -> str:
+    """A requirement as a pyproject dependency that carries its own source: `-e PATH` and a bare
+    absolute path become `switchyard-model @ file://PATH` (Gym's `--no-sources` install keeps no
+    editable source); a `name @ url` or a version specifier is kept."""
+    requirement = requirement.strip()
+    if "../.." in requirement or requirement.startswith(("-e .", "./", "../")):
+        raise ValueError(f"Gym builds this server's venv elsewhere: give an absolute path ({requirement})")
+    path = requirement[len("-e") :].strip() if requirement.startswith("-e ") else requirement
+    if path.startswith(("/", "~")):
+        return f"switchyard-model @ {Path(path).expanduser().resolve().as_uri()}"
+    if requirement.startswith("-"):
+        raise ValueError(f"not a requirement a pyproject.toml can hold: {requirement}")
+    return requirement
+
+
+def _gym_checkout_above(target: Path) -> bool:
+    """Whether the directory sits in a Gym checkout (`<Gym>/responses_api_models/<dir>`): Gym's setup
+    then installs it with `[tool.uv.sources]`, and nemo-gym from that checkout, as its own servers."""
+    pyproject = target.parent.parent / "pyproject.toml"
+    try:
+        name = tomllib.loads(pyproject.read_text()).get("project", {}).get("name")
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return bool(name == "nemo-gym")
+
+
+def pyproject_text(requirement: str, in_gym_checkout: bool) -> str:
+    """The directory's pyproject.toml: this server and Gym as its dependencies, no code of its own."""
+    sources = (
+        "\n# In Gym's checkout Gym installs this editable, with nemo-gym from the checkout, as for its own servers.\n"
+        '[tool.uv.sources]\nnemo-gym = { path = "../..", editable = true }\n'
+        if in_gym_checkout
+        else ""
+    )
+    return (
+        f"{WRITTEN_BY} Gym's setup installs this directory (`uv pip install -e .`)\n"
+        "# and so its dependencies into this server's venv. `app.py` runs switchyard-model from there.\n"
+        "[project]\n"
+        f'name = "{DIRECTORY_PROJECT}"\n'
+        'version = "0.1.0"\n'
+        'requires-python = ">=3.11"\n'
+        "dependencies = [\n"
+        '    "nemo-gym[dev]",\n'
+        f"    {json.dumps(dependency(requirement))},\n"
+        "]\n\n"
+        "[build-system]\n"
+        'build-backend = "setuptools.build_meta"\n'
+        'requires = ["setuptools>=64"]\n\n'
+        "[tool.setuptools]\n"
+        "packages = []\n" + sources
+    )
+
+
+def write_server_dir(target: Path, requirement: str) -> list[str]:
+    """The Gym server directory: app.py, configs/switchyard_model.yaml and pyproject.toml, over what
+    is there (Gym's own shipped directory included). Returns the names of files it replaced or removed."""
+    text = pyproject_text(requirement, _gym_checkout_above(target))
     (target / "configs").mkdir(parents=True, exist_ok=True)
+    changed = [
+        name
+        for name in ("app.py", "configs/switchyard_model.yaml", "pyproject.toml", "requirements.txt")
+        if (target / name).exists()
+    ]
     shutil.copyfile(DROP_IN / "app.py", target / "app.py")
     shutil.copyfile(DROP_IN / "configs" / "switchyard_model.yaml", target / "configs" / "switchyard_model.yaml")
-    (target / "requirements.txt").write_text(
-        "# Written by `switchyard-model gym-dir`. Gym's setup installs these lines into this server's venv.\n"
-        f"{_GYM_FROM_ITS_CHECKOUT}\n{requirement}\n"
-    )
+    (target / "pyproject.toml").write_text(text)
+    # Gym's setup refuses a directory with both files (an earlier gym-dir wrote requirements.txt).
+    (target / "requirements.txt").unlink(missing_ok=True)
+    return changed
 
 
 def add_gym_dir_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "gym-dir",
         help="write the NeMo Gym server directory for --model-type switchyard_model",
-        description="Write a NeMo Gym server directory (app.py, configs/switchyard_model.yaml, requirements.txt) "
-        "that Gym's own setup installs: put it at <Gym>/responses_api_models/switchyard_model, or at "
-        "<root>/responses_api_models/switchyard_model for NEMO_GYM_EXTRA_ROOTS / --search-dir <root>.",
+        description="Write a NeMo Gym server directory (app.py, configs/switchyard_model.yaml, pyproject.toml) "
+        "that Gym's own setup installs: <Gym>/responses_api_models/switchyard_model (replacing Gym's own "
+        "switchyard_model server there), or <root>/responses_api_models/switchyard_model for "
+        "NEMO_GYM_EXTRA_ROOTS / --search-dir <root>.",
     )
     p.add_argument("directory", help="the server directory to write (created if missing)")
     p.add_argument(
@@ -78,9 +143,12 @@ def add_gym_dir_parser(sub: argparse._SubParsersAction[Any]) -> None:
 def run_gym_dir(args: argparse.Namespace) -> int:
     target = Path(args.directory).expanduser().resolve()
     try:
-        write_server_dir(target, args.requirement or own_requirement())
+        requirement = args.requirement or own_requirement()
+        replaced = write_server_dir(target, requirement)
     except (OSError, ValueError) as exc:
         print(f"switchyard-model gym-dir: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"wrote {target} (installs: {(target / 'requirements.txt').read_text().splitlines()[-1]})")
+    print(f"wrote {target} (installs: {dependency(requirement)})")
+    if replaced:
+        print(f"replaced or removed: {', '.join(replaced)}")
     return EXIT_OK

@@ -7,7 +7,7 @@ try:
 except ImportError:
     sys.exit(
         "switchyard_model: switchyard-model is not installed in this server's venv. Write this directory "
-        "with `switchyard-model gym-dir <dir>`, whose requirements.txt installs it (see docs/quickstart.md)."
+        "with `switchyard-model gym-dir <dir>`, whose pyproject.toml installs it (see docs/quickstart.md)."
     )
 
 if __name__ == "__main__":
