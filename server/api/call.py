@@ -57,6 +57,7 @@ class Call:
     wants_token_ids: bool = False  # the client asked for the token triple in its answer
     injection: Plan | None = None  # token injection's decision for this call (docs/injection.md)
     response_id: str | None = None  # a Responses call's id, which its record carries too
+    developer_messages: list[int] | None = None  # `request` messages the client sent as `developer`
 
 
 # Ids unique across processes (a random prefix per process) without a uuid4 per call.
@@ -292,6 +293,7 @@ class ModelEndpoint:
             status=status,
             injection=call.injection.record if call.injection is not None else None,
             response_id=call.response_id,
+            developer_messages=call.developer_messages,
         )
 
     async def save_record(

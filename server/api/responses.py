@@ -86,6 +86,7 @@ class Responses(ModelEndpoint):
             requested_model=body.get("model"),
             extra_body=self._extra_for_translated_chat,
         )
+        call.developer_messages = translated.developer_messages or None
         await self.inject(call)
         span = self.state.telemetry.start_call(
             api="responses",

@@ -78,6 +78,9 @@ class ChatRequest:
     body: dict[str, Any]
     tool_map: ToolMap
     dropped_tool_types: list[str] = field(default_factory=list)
+    # Indices into `body["messages"]` of the messages the client sent as `developer` (sent as
+    # `system`): the record keeps them, so a rollout gives the client's role back.
+    developer_messages: list[int] = field(default_factory=list)
 
 
 # ---- input items --------------------------------------------------------------------------------
@@ -144,6 +147,8 @@ class _History:
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
+        # The messages the client sent as `developer`, by identity (their index is known at the end).
+        self.developer: list[dict[str, Any]] = []
         self._reasoning: list[str] = []
         # The assistant message a following function_call joins (same model turn), if any.
         self._turn: dict[str, Any] | None = None
@@ -211,7 +216,10 @@ def _message_item(item: dict[str, Any], param: str, history: _History, developer
     if role == "assistant":
         history.assistant(chat_content, "".join(refusals) if refusals else None)
     else:
-        history.other({"role": developer_role if role == "developer" else role, "content": chat_content})
+        message = {"role": developer_role if role == "developer" else role, "content": chat_content}
+        if role == "developer" and developer_role != "developer":
+            history.developer.append(message)
+        history.other(message)
 
 
 def _tool_call_item(item: dict[str, Any], param: str, history: _History, tool_map: ToolMap) -> None:
@@ -265,9 +273,11 @@ def _reasoning_item(item: dict[str, Any], param: str, history: _History) -> None
         history.reasoning(text)
 
 
-def _input_messages(value: Any, tool_map: ToolMap, developer_role: str) -> list[dict[str, Any]]:
+def _input_messages(value: Any, tool_map: ToolMap, developer_role: str) -> _History:
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        history = _History()
+        history.other({"role": "user", "content": value})
+        return history
     if not isinstance(value, list):
         raise wrong_type("input", "a string or an array of input items")
     history = _History()
@@ -290,7 +300,8 @@ def _input_messages(value: Any, tool_map: ToolMap, developer_role: str) -> list[
             raise unsupported(
                 f"input items of type {kind!r} cannot be sent to a chat completions upstream", f"{param}.type"
             )
-    return history.finish()
+    history.finish()
+    return history
 
 
 # ---- the request --------------------------------------------------------------------------------
@@ -374,7 +385,8 @@ def responses_to_chat(body: dict[str, Any], *, developer_role: str = "system") -
         raise invalid("`input` is required", "input", code="missing_required_parameter")
 
     chat_tools, tool_map, dropped = translate_tools(body.get("tools"))
-    messages = _input_messages(body["input"], tool_map, developer_role)
+    history = _input_messages(body["input"], tool_map, developer_role)
+    messages = history.messages
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
@@ -436,7 +448,9 @@ def responses_to_chat(body: dict[str, Any], *, developer_role: str = "system") -
         if body.get(key) is not None:
             check_passthrough_type(key, body[key])
             chat[key] = body[key]
-    return ChatRequest(chat, tool_map, dropped)
+    sent_as_developer = {id(message) for message in history.developer}
+    developer = [i for i, message in enumerate(messages) if id(message) in sent_as_developer]
+    return ChatRequest(chat, tool_map, dropped, developer)
 
 
 def check_passthrough_type(key: str, value: Any) -> None:

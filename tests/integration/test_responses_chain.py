@@ -143,3 +143,45 @@ def test_upstream_api_responses_passes_through_and_still_records(mock_upstream, 
         assert records[0]["is_valid"] is False  # no token ids on this path
     finally:
         stack.proc.stop()
+
+
+def test_a_rollout_keeps_the_developer_role_and_a_strict_tool_as_the_client_sent_them(chain):
+    """The model is sent `system` (chat templates know it), the rollout gives Gym what Gym sent."""
+    strict_tool = {**WEATHER, "strict": True}
+    history: list = [
+        {"role": "developer", "content": "answer in one word"},
+        {
+            "role": "user",
+            "content": 'Paris? [[mock:tool get_weather {"city": "Paris"}]] [[mock:next]] [[mock:say sunny]]',
+        },
+    ]
+    path = chain.url + "/ng-rollout/developer-strict/v1/responses"
+    for _ in range(2):
+        body = {"model": "x", "input": history, "tools": [strict_tool], "instructions": "be kind"}
+        reply = httpx.post(path, json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        output = reply.json()["output"]
+        history += output
+        calls = [item for item in output if item["type"] == "function_call"]
+        if calls:
+            history.append({"type": "function_call_output", "call_id": calls[0]["call_id"], "output": "sunny"})
+
+    records = httpx.get(chain.url + "/v1/sessions/developer-strict/completions", timeout=30).json()["completions"]
+    assert [m["role"] for m in records[0]["messages"][:3]] == ["system", "system", "user"]  # as sent upstream
+    assert records[0]["developer_messages"] == [1] and records[0]["tools"][0]["strict"] is True
+    rollout = httpx.get(chain.url + "/v1/sessions/developer-strict/rollout", timeout=30).json()
+    assert not rollout["mask_sample"], rollout["partial_reason"]
+    assert [(i.get("role"), i.get("content")) for i in rollout["input"][:3]] == [
+        ("system", "be kind"),
+        ("developer", "answer in one word"),
+        ("user", history[1]["content"]),
+    ]
+    assert rollout["tools"] == [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": WEATHER["parameters"],
+            "strict": True,
+        }
+    ]

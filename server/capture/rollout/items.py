@@ -63,7 +63,8 @@ def map_tools(raw_tools: object) -> list[dict[str, Any]]:
         elif kind is None:  # Switchyard: {id, description, inputSchema: {jsonSchema}}
             schema_holder = tool.get("inputSchema")
             schema = schema_holder.get("jsonSchema") if isinstance(schema_holder, dict) else None
-            spec, name = {"description": tool.get("description"), "parameters": schema}, tool.get("id")
+            spec = {"description": tool.get("description"), "parameters": schema, "strict": tool.get("strict")}
+            name = tool.get("id")
         else:
             continue
         if not isinstance(name, str) or not name:

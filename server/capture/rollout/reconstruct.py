@@ -111,6 +111,14 @@ class _Call:
         return TokenTriple(self.prompt_ids, self.generation_ids, self.log_probs)
 
 
+def _developer_messages(record: CaptureRecord) -> frozenset[int]:
+    """The indices of a record's messages the client sent as `developer` (sent upstream as `system`)."""
+    indices = record.get("developer_messages")
+    if not isinstance(indices, list):
+        return frozenset()
+    return frozenset(i for i in indices if isinstance(i, int) and not isinstance(i, bool))
+
+
 class _Reconstruction:
     def __init__(self, session_id: str, records: list[CaptureRecord], allow_partial: bool) -> None:
         self.session_id = session_id
@@ -447,7 +455,10 @@ class _Reconstruction:
     def _items(self, steps: list[_Call]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         for step in steps:
+            developer = _developer_messages(step.record)
             for j, message, raw in step.context:
+                if j in developer and message["role"] == "system":
+                    message = {**message, "role": "developer"}  # as the client sent it
                 items.extend(message_items(message, raw, f"{step.uuid}_{j}", None))
             assert step.reply is not None, "a step is only accepted once its reply is normalized"
             items.extend(message_items(step.reply, step.raw[-1], step.uuid, step.triple))

@@ -80,6 +80,9 @@ class CaptureRecord(RecordHead):
     generation_token_texts: list[str] | None
     # Only on calls that token injection handled (docs/injection.md).
     injection: NotRequired[dict[str, Any]]
+    # Only on Responses calls with `developer` messages: their indices in `messages`, which hold them as
+    # `system` (as sent upstream); a rollout gives them their `developer` role back.
+    developer_messages: NotRequired[list[int]]
     # Time to the first token: not written by this server, shown by the timeline when a writer set it.
     ttft_ms: NotRequired[float | None]
 
@@ -112,6 +115,7 @@ class RecordInput:
     injection: dict[str, Any] | None = None
     response_id: str | None = None
     server_run: str | None = None
+    developer_messages: list[int] | None = None
 
 
 def utc_timestamp() -> str:
@@ -137,6 +141,7 @@ def build_record(
     injection: dict[str, Any] | None = None,
     response_id: str | None = None,
     server_run: str | None = None,
+    developer_messages: list[int] | None = None,
 ) -> CaptureRecord:
     """Build the record for one call. Never raises on odd upstream output: it marks the record invalid.
 
@@ -211,6 +216,8 @@ def build_record(
     }
     if injection is not None:
         record["injection"] = injection
+    if developer_messages:
+        record["developer_messages"] = developer_messages
     return record
 
 
@@ -233,6 +240,7 @@ def record_of(call: RecordInput) -> CaptureRecord:
         injection=call.injection,
         response_id=call.response_id,
         server_run=call.server_run,
+        developer_messages=call.developer_messages,
     )
 
 
@@ -273,13 +281,15 @@ def format_tools(tools: object) -> list[dict[str, Any]]:
         schema = spec.get("parameters")
         if schema is None:
             schema = spec.get("input_schema")
-        out.append(
-            {
-                "id": name,
-                "description": spec.get("description") or "",
-                "inputSchema": {"jsonSchema": schema if isinstance(schema, dict) else {}},
-            }
-        )
+        entry: dict[str, Any] = {
+            "id": name,
+            "description": spec.get("description") or "",
+            "inputSchema": {"jsonSchema": schema if isinstance(schema, dict) else {}},
+        }
+        # Ours, beside the former shape: a function tool's `strict`, as the client gave it.
+        if isinstance(spec.get("strict"), bool):
+            entry["strict"] = spec["strict"]
+        out.append(entry)
     return out
 
 

@@ -171,6 +171,9 @@ def test_tool_shape_variants():
     assert format_tools([{"type": "function", "function": {"name": "h"}}]) == [
         {"id": "h", "description": "", "inputSchema": {"jsonSchema": {}}}
     ]
+    assert format_tools([{"type": "function", "function": {"name": "s", "strict": True}}]) == [
+        {"id": "s", "description": "", "inputSchema": {"jsonSchema": {}}, "strict": True}  # kept for rollouts
+    ]
     assert format_tools(None) == []
     assert format_tools("nope") == []
 

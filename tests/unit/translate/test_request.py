@@ -422,3 +422,19 @@ def test_unsupported_fields_are_400_naming_them(extra, param):
 )
 def test_wrong_types_are_400_naming_the_param(extra, param):
     assert error_of({"model": "m", "input": "x", **extra}).param == param
+
+
+def test_the_messages_sent_as_developer_are_named_by_their_index():
+    body = {
+        "instructions": "lead",
+        "input": [
+            {"role": "developer", "content": "dev"},
+            {"role": "user", "content": "u"},
+            {"role": "developer", "content": "d2"},
+        ],
+    }
+    translated = responses_to_chat(body)
+    assert [m["role"] for m in translated.body["messages"]] == ["system", "system", "user", "system"]
+    assert translated.developer_messages == [1, 3]
+    assert responses_to_chat(body, developer_role="developer").developer_messages == []  # kept as is
+    assert responses_to_chat({"input": "hi"}).developer_messages == []

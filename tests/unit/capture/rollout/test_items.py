@@ -153,3 +153,26 @@ class TestItems:
     def test_ids_are_deterministic(self):
         assert strict_rollout(two_call_records()) == strict_rollout(two_call_records())
         assert strict_rollout(two_call_records())["output"][-1]["id"] == "msg_uuid-1"
+
+
+def test_a_message_the_client_sent_as_developer_is_a_developer_item_again():
+    """Sent upstream (and recorded) as `system`; the record's `developer_messages` gives the role back."""
+    records = two_call_records()
+    plain = strict_rollout(records)
+    assert plain["input"][0]["role"] == "system"  # without the field: as recorded
+    for record in records:
+        record["developer_messages"] = [0]
+    rollout = strict_rollout(records)
+    assert rollout["input"][0] == {"type": "message", "role": "developer", "content": plain["input"][0]["content"]}
+    assert rollout["input"][1:] == plain["input"][1:] and rollout["output"] == plain["output"]
+    for junk in ("0", [True], [None], {"0": 1}):  # a damaged field is ignored, not trusted
+        for record in records:
+            record["developer_messages"] = junk
+        assert strict_rollout(records)["input"][0]["role"] == "system"
+
+
+def test_a_strict_tool_in_the_record_shape_stays_strict():
+    (tool,) = map_tools(
+        [{"id": "bash", "description": "Run", "inputSchema": {"jsonSchema": TOOL_SCHEMA}, "strict": True}]
+    )
+    assert tool["strict"] is True
