@@ -102,16 +102,16 @@ def worker_app() -> Any:
 
 
 def settings_for_workers(settings: Settings, switchyard_root_url: str | None) -> Settings:
-    """What every worker runs with: attached to the one Switchyard the parent runs (if it runs one).
+    """What every worker runs with: attached to the one Switchyard the parent runs (if it runs one),
+    and no condition_dir: the run's condition files are the parent's to write, once (`_Condition`).
 
     Not validated again: the settings were checked as given (launch mode), and attaching to the
     parent's Switchyard does not make them any less valid.
     """
-    if switchyard_root_url is None:
-        return settings
-    return settings.model_copy(
-        update={"switchyard_base_url": switchyard_root_url + "/v1", "switchyard_command": None, "proxy_port": None}
-    )
+    update: dict[str, Any] = {"condition_dir": None}
+    if switchyard_root_url is not None:
+        update.update(switchyard_base_url=switchyard_root_url + "/v1", switchyard_command=None, proxy_port=None)
+    return settings.model_copy(update=update)
 
 
 # ---- in the parent ---------------------------------------------------------------------------
@@ -152,6 +152,55 @@ class _SwitchyardThread:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+
+
+class _Condition:
+    """The run's condition files in `condition_dir`, written by the parent: the manifest once every
+    worker is ready (the route is theirs to discover), the stats snapshot once they have stopped,
+    while the Switchyard still runs. Workers write neither, so N workers leave one of each."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.proxy_root_url: str | None = None
+
+    def write_manifest(self, note: dict[str, Any]) -> None:
+        from server.switchyard import profiles, provenance
+
+        settings = self.settings
+        self.proxy_root_url = note.get("switchyard")
+        deployment_path = rendered = None
+        if settings.launches_proxy:
+            try:
+                deployment_path = resolve_deployment(settings.deployment or "")
+                rendered = profiles.render(deployment_path).redacted_text
+            except (ConfigError, OSError) as exc:  # it served already: the manifest is best-effort
+                log.warning("cannot read the deployment for the condition manifest: %s", exc)
+        provenance.write_manifest(
+            settings.condition_dir,
+            route=note.get("route"),
+            mode=settings.mode,
+            proxy_root_url=self.proxy_root_url,
+            deployment_path=str(deployment_path) if deployment_path else None,
+            rendered_text=rendered,
+            session_id_headers=settings.session_id_headers,
+            proxy_provenance=settings.proxy_provenance,
+        )
+
+    def snapshot_stats(self) -> None:
+        from server.switchyard import provenance
+
+        if self.proxy_root_url is None:  # the workers never all came up: no manifest, no stats
+            return
+        settings = self.settings
+        asyncio.run(
+            provenance.snapshot_stats(
+                settings.condition_dir,
+                self.proxy_root_url,
+                mode=settings.mode,
+                api_key=settings.switchyard_api_key,
+                default_headers=settings.default_headers,
+            )
+        )
 
 
 def _await_workers(
@@ -204,6 +253,14 @@ def run_workers(
     os.environ[RUN_ENV] = new_run_id()  # one run for every worker, restarted ones included
     stop = threading.Event()
     ready: list[dict[str, Any]] = []
+    condition = _Condition(settings) if settings.condition_dir else None
+    if condition is not None:
+        announce = on_ready
+
+        def on_ready(note: dict[str, Any]) -> None:
+            condition.write_manifest(note)
+            announce(note)
+
     try:
         config = uvicorn.Config(
             "server.cli.workers:worker_app",
@@ -223,9 +280,13 @@ def run_workers(
         supervisor.run()
     finally:
         stop.set()
-        if switchyard is not None:
-            switchyard.close()
-        shutil.rmtree(ready_dir, ignore_errors=True)
+        try:
+            if condition is not None:
+                condition.snapshot_stats()
+        finally:
+            if switchyard is not None:
+                switchyard.close()
+            shutil.rmtree(ready_dir, ignore_errors=True)
     if not ready:
         print(
             f"switchyard-model: startup failed: the workers did not all start "

@@ -194,3 +194,23 @@ def test_a_write_by_another_process_is_seen_through_the_journal(tmp_path):
         assert reader._index.full_revalidations == 1  # the one at start
     finally:
         reader.close()
+
+
+def test_the_runs_condition_files_are_written_once_by_the_supervisor(tmp_path, mock_upstream):
+    """Not once per worker, each overwriting the last and calling the Switchyard they share `attached`."""
+    condition = tmp_path / "condition"
+    proc, url = start_workers(tmp_path, mock_upstream, condition_dir=str(condition))
+    try:
+        manifest = orjson.loads((condition / "switchyard-condition.json").read_bytes())
+        assert manifest["mode"] == "hosted" and manifest["server_mode"] == "launch-hosted"
+        assert manifest["route"] == "demo" and manifest["deployment_path"].endswith("demo.toml")
+        assert manifest["nemo_switchyard_version"] is not None and manifest["deployment_toml"]
+        reply = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 200
+    finally:
+        proc.stop(timeout=60)
+    output = proc.output()
+    assert output.count("condition manifest written to") == 1, output[-3000:]
+    assert output.count("Switchyard stats written to") == 1, output[-3000:]
+    stats = orjson.loads((condition / "switchyard-stats.json").read_bytes())
+    assert stats["mode"] == "hosted" and stats["stats"]["models"]["mock-model"]["calls"] == 1
