@@ -253,6 +253,9 @@ def _interpolate_gym_env(value: Any) -> Any:
     return value
 
 
+interpolate_gym_env = _interpolate_gym_env  # the Gym entrypoint reads its block's values the same way
+
+
 def _settings_block(doc: Any, path: Path) -> dict[str, Any]:
     """Accept a flat mapping or Gym's `policy_model: responses_api_models: switchyard_model: {...}`."""
     if doc is None:

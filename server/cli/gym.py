@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from server.config import _interpolate_gym_env as interpolate_gym_env  # Gym's `${oc.env:VAR,default}`
+from server.config import interpolate_gym_env
 
 _GLOBAL_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -117,6 +117,13 @@ def main() -> int:
         )
         return 2
     block = instance_block(config_yaml, instance)
+    from server.cli.gym_console import gym_console
+
+    with gym_console(block[instance]["responses_api_models"]["switchyard_model"]["gym"]["server_name"]):
+        return _serve(block, instance)
+
+
+def _serve(block: dict[str, Any], instance: str) -> int:
     problem = correlation_problem(block[instance]["responses_api_models"]["switchyard_model"])
     if problem is not None:
         message, fatal = problem

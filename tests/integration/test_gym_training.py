@@ -73,7 +73,12 @@ def shipped_gym_block() -> dict:
 
 
 def start_as_gym(
-    mock_upstream: str, tmp_path: Path, global_settings: dict, wait: bool = True, **block_overrides
+    mock_upstream: str,
+    tmp_path: Path,
+    global_settings: dict,
+    wait: bool = True,
+    env: dict | None = None,
+    **block_overrides,
 ) -> tuple[Proc, str]:
     """Gym's launcher: `python app.py` in the server directory with the merged config in the environment."""
     port = free_port()
@@ -93,6 +98,7 @@ def start_as_gym(
             "MOCK_UPSTREAM_URL": mock_upstream + "/v1",
             "SWITCHYARD_MODEL_CAPTURE_DIR": str(tmp_path / "captures"),
             "PYTHONPATH": str(REPO),
+            **(env or {}),
         },
     )
     url = f"http://127.0.0.1:{port}"
@@ -301,7 +307,7 @@ def test_forward_session_id_without_capture_warns_when_defaulted_and_refuses_whe
         explicit.stop()
     defaulted, url = start_as_gym(mock_upstream, tmp_path, {})  # Gym's shipped block leaves it unset
     try:
-        assert "forward_session_id is on" in defaulted.output()
+        assert defaulted.output().count("forward_session_id is on") == 1  # told once
         assert post(url, "/v1/responses", {"model": "m", "input": "hi"}).status_code == 200
     finally:
         defaulted.stop()
@@ -514,3 +520,27 @@ def test_a_cut_messages_stream_masks_the_rollout_in_gyms_eyes(gym, gym_server):
         assert reply.status_code == 200 and "event: error" in reply.read().decode()
     built = gym_rollout(gym, tokens, "cut-m")
     assert built["mask_sample"] is True and built["metrics"].get("capture_incomplete") is True
+
+
+def test_under_gym_switchyard_says_only_what_went_wrong_and_every_line_names_the_server(gym, mock_upstream, tmp_path):
+    """The hosted Switchyard's per-call INFO lines would flood Gym's console; its errors stay."""
+    capture = {"observability_enabled": True, "model_call_capture_dir": str(tmp_path / "mc")}
+
+    def console(env: dict | None) -> str:
+        proc, url = start_as_gym(mock_upstream, tmp_path, capture, env=env)
+        try:
+            assert post(url, "/ng-rollout/quiet-0/v1/responses", {"model": "m", "input": "hi"}).status_code == 200
+            failed = post(url, "/ng-rollout/quiet-1/v1/responses", {"model": "m", "input": "[[mock:error 400]]"})
+            assert failed.status_code == 400
+        finally:
+            proc.stop()
+        return proc.output()
+
+    quiet = console(None)
+    lines = [line for line in quiet.splitlines() if line.strip()]
+    assert lines and all(line.startswith("(policy_model) ") for line in lines), quiet[-3000:]
+    assert "LLM request handled" not in quiet  # Switchyard's INFO line for each call
+    assert any("LLM request failed" in line for line in lines), quiet[-3000:]  # its error kept
+    assert "listening on http://127.0.0.1" in quiet  # this server's own lines too
+    # The control: the INFO lines are there to silence (a RUST_LOG the user sets wins).
+    assert "LLM request handled" in console({"RUST_LOG": "info"})
