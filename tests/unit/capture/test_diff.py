@@ -106,7 +106,13 @@ def conversation(session_id: str, turns: int = 8, seed: int = 7) -> list[dict]:
             calls[-1]["chat_response"] = broken
         else:
             add(
-                messages, prompt, generation, reply, tools=tools, injection={"transport": "vllm"} if turn == 2 else None
+                messages,
+                prompt,
+                generation,
+                reply,
+                tools=tools,
+                injection={"transport": "vllm"} if turn == 2 else None,
+                developer_messages=[0] if turn == 6 else None,  # a Responses client's developer message
             )
         # The client echoes the reply back (its own key order: a changed echo is a new message).
         echo = dict(reversed(list(reply.items()))) if turn == 1 else dict(reply)
@@ -154,6 +160,7 @@ def test_records_and_rollouts_are_byte_for_byte_those_of_full_records(both):
     assert full_skipped == delta_skipped == 0
     assert len(full_records) == 10
     assert orjson.dumps(delta_records) == orjson.dumps(full_records)
+    assert [r["developer_messages"] for r in delta_records if "developer_messages" in r] == [[0]]
     # The full store's files are the records as written; the delta store serves the same bytes.
     full_dir = full.sessions_dir / session_dir_name("agent")
     for record in delta_records:
