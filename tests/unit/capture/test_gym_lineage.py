@@ -190,8 +190,8 @@ def test_a_rollout_that_only_grows_keeps_its_read_offset(tmp_path):
     finally:
         type(capture.lineage)._fetch_new_entries = fetch
         asyncio.run(capture.close())
-    # Second calls resolve; the first from the start, the later one from its offset (one new entry
-    # since: the first dispatch's second call... and the second dispatch's first call).
+    # Only second calls resolve. The first reads the file from its start (one entry); the next goes on
+    # from where that stopped, reading just the two entries appended since, not the file again.
     assert reads == [(True, 1), (False, 2)], reads
 
 
