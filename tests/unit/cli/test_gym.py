@@ -42,10 +42,11 @@ def test_the_capture_folder_follows_gyms_settings(capture_dir, gym, expected):
 
 
 def test_the_written_config_turns_observability_on_with_gyms_results(monkeypatch):
-    from server.cli.gym_dir import DROP_IN
+    from tests.support.procs import REPO
 
+    drop_in = REPO / "profiles" / "gym" / "responses_api_models" / "switchyard_model"
     monkeypatch.delenv("SWITCHYARD_MODEL_CAPTURE_DIR", raising=False)
-    shipped = yaml.safe_load((DROP_IN / "configs" / "switchyard_model.yaml").read_text())
+    shipped = yaml.safe_load((drop_in / "configs" / "switchyard_model.yaml").read_text())
     block = block_of({**shipped, "results_dir": "/runs/r2", "policy_model_name": "policy"})
     assert block["gym"]["observability_enabled"] is True
     assert block["capture_dir"] == "/runs/r2/model-calls/switchyard-captures"
