@@ -61,8 +61,13 @@ async def admit_writes(owners: Owners, store: CaptureStore | None, corr: Correla
         return
     tag = owners.tag(scope)
     pending = [session_id for session_id in sessions_written(corr) if store.known_standing(session_id) != tag]
-    if pending:
-        await asyncio.to_thread(_check_and_claim, store, pending, tag, owners.is_admin(scope))
+    if not pending:
+        return
+    admin = owners.is_admin(scope)
+    if all(store.known_standing(s) is not None or s.startswith(UNCORRELATED_PREFIX) for s in pending):
+        _check_and_claim(store, pending, tag, admin)  # all known in memory: nothing to read or claim
+    else:
+        await asyncio.to_thread(_check_and_claim, store, pending, tag, admin)
 
 
 def _check_and_claim(store: CaptureStore, session_ids: list[str], tag: str, admin: bool) -> None:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.integration.test_isolation import ADMIN, KEY_A, KEY_B, A, B, chat, get, session_texts
-from tests.support.procs import start_server, wait_for
+from tests.support.procs import Proc, start_server, wait_for
 
 ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN}"}
 TRAINING = "training-token-capture"
@@ -74,7 +74,7 @@ def _config(root: Path, mock_upstream: str, **settings) -> str:
     return str(path)
 
 
-def _keyed_server(mock_upstream: str, root: Path, **keys) -> tuple[object, Server]:
+def _keyed_server(mock_upstream: str, root: Path, **keys) -> tuple[Proc, Server]:
     """First a server with no keys writes the sessions that will be unowned; then the keyed one starts."""
     pytest.importorskip("nemo_gym.token_id_capture", reason="NeMo Gym 0.7.0 is installed by `make venv`")
     keyless, url = start_server("--config", _config(root, mock_upstream))
@@ -94,7 +94,7 @@ def _keyed_server(mock_upstream: str, root: Path, **keys) -> tuple[object, Serve
 def tenants(mock_upstream, tmp_path_factory):
     proc, server = _keyed_server(mock_upstream, tmp_path_factory.mktemp("tenants"), api_keys=[KEY_A, KEY_B])
     yield server
-    proc.stop()  # type: ignore[attr-defined]
+    proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def admins(mock_upstream, tmp_path_factory):
         mock_upstream, tmp_path_factory.mktemp("admins"), api_keys=[KEY_A, KEY_B, ADMIN], session_api_keys=[ADMIN]
     )
     yield server
-    proc.stop()  # type: ignore[attr-defined]
+    proc.stop()
 
 
 _fresh = itertools.count()
