@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.integration.test_isolation import ADMIN, KEY_A, KEY_B, A, B, chat, get, session_texts
-from tests.support.procs import Proc, start_server, wait_for
+from tests.support.procs import REPO, Proc, start_server, wait_for
 
 ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN}"}
 TRAINING = "training-token-capture"
@@ -192,6 +192,30 @@ def expected(actor: str, action: str, state: str) -> int:
     return (ADMIN_WRITE if actor == "admin" else ORDINARY_WRITE)[state]
 
 
+# The table's rows in docs/operations.md, by the start of their action column.
+DOC_ACTIONS = {
+    "write as its session": "session",
+    "write as the parent": "parent",
+    "write as the session of a sub-agent": "agent",
+    "write as a Gym rollout": "gym",
+    "read": "read",
+}
+
+
+def test_the_table_in_the_docs_is_the_one_tested():
+    text = (REPO / "docs" / "operations.md").read_text()
+    section = text[text.index("#### Who may write into a session") :]
+    rows = [line for line in section.splitlines() if line.startswith(("| a key |", "| an admin key |"))]
+    documented = {}
+    for row in rows:
+        actor_text, action_text, *cells = [cell.strip() for cell in row.strip("|").split("|")]
+        action = next(key for start, key in DOC_ACTIONS.items() if action_text.startswith(start))
+        actor = "admin" if actor_text == "an admin key" else "key"
+        for state, cell in zip(STATES, cells, strict=True):
+            documented[(actor, action, state)] = int(cell.split()[0].rstrip(","))
+    assert documented == {cell: expected(*cell) for cell in CELLS}
+
+
 def token_entries(server: Server, rollout_id: str) -> int:
     from nemo_gym.token_id_capture.store import TokenCaptureStore
 
@@ -249,6 +273,24 @@ def test_an_unowned_session_is_never_claimed_by_a_call_even_a_refused_one(tenant
     ]
     assert write_as_session(admins.url, ADMIN_HEADERS, unowned).status_code == 200
     assert len(session_texts(admins.url, unowned, ADMIN_HEADERS)) == 2
+
+
+def test_no_key_can_take_the_session_of_another_keys_uncorrelated_call(tenants):
+    """An uncorrelated call is recorded as `uncorrelated-<request id>`, and the request id may be the
+    client's: a key that could claim that id beforehand would read the other key's call."""
+    url, request_id = tenants.url, fresh("req")
+    target = f"uncorrelated-{request_id}"
+    assert write_as_session(url, B, target).status_code == 403
+    assert write_as_parent(url, B, target).status_code == 403
+    reply = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "x", "messages": [{"role": "user", "content": "A's secret, no session"}]},
+        headers={**A, "x-request-id": request_id},
+        timeout=30,
+    )
+    assert reply.status_code == 200
+    assert wait_for(lambda: any(tenants.folder(target).glob("*.json")))
+    assert read(url, B, target).status_code == 404
 
 
 def test_a_key_cannot_attach_a_child_to_another_keys_future_session(tenants):
