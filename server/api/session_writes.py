@@ -92,7 +92,7 @@ def _check_and_claim(store: CaptureStore, session_ids: list[str], tag: str, admi
                     "only an admin key writes there",
                 )
         elif standing != tag:
-            raise _forbidden(session_id, "was written with another API key")
+            raise _forbidden(session_id, "belongs to another API key")
     made: list[str] = []
     for session_id in new:
         claim = store.claim_session(session_id, tag)
@@ -101,7 +101,7 @@ def _check_and_claim(store: CaptureStore, session_ids: list[str], tag: str, admi
         elif claim is Claim.REFUSED:
             for undo in made:
                 store.release_session(undo, tag)
-            raise _forbidden(session_id, "was written with another API key")
+            raise _forbidden(session_id, "belongs to another API key")
 
 
 def _forbidden(session_id: str, why: str) -> OpenAIError:

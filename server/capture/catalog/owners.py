@@ -122,25 +122,10 @@ class SessionOwners:
                 return Claim.HELD if standing == tag else Claim.REFUSED
             folder = self.sessions_dir / dir_name
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            # Written whole under a private name, then linked into place: a reader never sees a
-            # half-written tag, and of two racing claims the link of exactly one succeeds.
-            draft = folder / f"{OWNER_FILE}-{os.getpid()}-{secrets.token_hex(4)}"
             try:
-                fd = os.open(draft, _CREATE, 0o600)
-            except FileNotFoundError:
-                continue
-            try:
-                os.write(fd, tag.encode("ascii"))
-            finally:
-                os.close(fd)
-            try:
-                os.link(draft, folder / OWNER_FILE)
-            except FileExistsError:
-                continue  # another claim won the race: its tag decides, on the next look
-            except FileNotFoundError:
-                continue
-            finally:
-                _unlink_quietly(draft)
+                _link_owner_file(folder, tag)
+            except (FileExistsError, FileNotFoundError):
+                continue  # another claim won the race (its tag decides, on the next look), or a delete
             self._remember(dir_name, tag)
             return Claim.MADE
         return Claim.HELD if self.owner(dir_name) == tag else Claim.REFUSED
@@ -153,9 +138,31 @@ class SessionOwners:
         self.forget(dir_name)
         try:
             os.unlink(folder / OWNER_FILE)
-            folder.rmdir()
         except OSError:
-            pass  # written into meanwhile: the claim stays, as after any admitted call
+            return
+        try:
+            folder.rmdir()
+        except OSError:  # written into meanwhile (a call of the same key): the claim stays after all
+            try:
+                _link_owner_file(folder, tag)
+            except OSError:
+                return
+            self._remember(dir_name, tag)
+
+
+def _link_owner_file(folder: Path, tag: str) -> None:
+    """Write the owner file whole under a private name, then link it into place: a reader never sees a
+    half-written tag, and of two racing claims exactly one link succeeds (FileExistsError for the other)."""
+    draft = folder / f"{OWNER_FILE}-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(draft, _CREATE, 0o600)
+    try:
+        os.write(fd, tag.encode("ascii"))
+    finally:
+        os.close(fd)
+    try:
+        os.link(draft, folder / OWNER_FILE)
+    finally:
+        _unlink_quietly(draft)
 
 
 def _unlink_quietly(path: Path) -> None:
