@@ -192,6 +192,7 @@ class ModelEndpoint:
         then Gym's training capture begins (`server.api.gym_hooks`). Every API calls it once, after
         every check of the request and just before dispatch, so a refused call leaves nothing behind."""
         await admit_writes(self.state.owners, self.state.capture_store, call.correlation, scope)
+        gym_hooks.admitted()
         await gym_hooks.begin_training_capture(self.state)
 
     # ---- token injection (docs/injection.md) ---------------------------------------------------

@@ -2,7 +2,7 @@
 
 A call Gym tied to a rollout (`/ng-rollout/<id>/...`) while Gym's evaluation or training capture is
 on gets a `GymCall` for as long as it is handled (a context variable, so the handlers need not pass
-it): `open_gym_call` when its body is read, `begin_training_capture` just before dispatch,
+it): `open_gym_call` when its body is read, `admitted` and `begin_training_capture` just before dispatch,
 `answered` once its whole answer is known (before the last byte goes out), `close_gym_call` at the end.
 """
 
@@ -72,6 +72,13 @@ def on_training_path() -> bool:
     return gym_call is not None and gym_call.items is not None
 
 
+def admitted() -> None:
+    """The current call passed the session write rule: from now on Gym's exchange log may hold it."""
+    gym_call = _current.get()
+    if gym_call is not None:
+        gym_call.admitted = True
+
+
 async def begin_training_capture(state: AppState) -> None:
     """On Gym's training path, just before dispatch: Gym's capture context, parent and intent.
 
@@ -81,8 +88,6 @@ async def begin_training_capture(state: AppState) -> None:
     generated yet.
     """
     gym_call = _current.get()
-    if gym_call is not None:
-        gym_call.admitted = True
     gym = state.gym_tokens
     if gym_call is None or gym_call.items is None or gym_call.token is not None or gym is None:
         return

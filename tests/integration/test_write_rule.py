@@ -390,6 +390,7 @@ def test_a_refused_call_leaves_no_folder_file_or_index_entry(tenants):
         refused("/v1/messages", {"model": "x", "max_tokens": 9, "messages": "no"}, A, 400)
         refused("/v1/chat/completions", b" " * (300 * 1024), A, 413)
         refused("/v1/chat/completions", chat_body, {"authorization": "Bearer wrong"}, 401)
+        refused("/v1/chat/completions", chat_body, A, 415, **{"content-type": "text/plain"})
         refused("/v1/chat/completions", chat_body, B, 403, **{"x-parent-session-id": own})  # a new child of A's
         refused("/v1/responses", {"model": "x", "input": "again", "background": True}, A, 429)
         # On Gym's paths: neither Gym's token store nor its exchange log gets anything.
