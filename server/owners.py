@@ -28,7 +28,8 @@ def owner_tag(key: bytes) -> str:
 class Owners:
     """Maps a request to its owner tag ("" when no `api_keys` are set: then nothing is scoped).
 
-    Admin keys are the `session_api_keys` when they are set: they may read and delete every session.
+    Admin keys are the `session_api_keys` when they are set: they may read and delete every session, and
+    (when they are model keys too) write into the sessions no key owns (`server.api.session_writes`).
     Only keys that passed the Bearer check reach here, so the cache holds at most one tag per key.
     """
 

@@ -7,7 +7,6 @@ data events, because both APIs translate from it.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
@@ -22,13 +21,14 @@ from starlette.types import Message, Receive, Scope, Send
 
 from middleware.correlation import Correlation, current_correlation, id_rule
 from server.api import gym_hooks
+from server.api.session_writes import admit_writes
 from server.capture.gym.tokens import request_items
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.capture.write.record import RecordInput
 from server.errors import OpenAIError, send_error
 from server.http import sse
 from server.http.asgi import ClientGone, parse_json_object, read_body, run_until_disconnect
-from server.ids import is_valid_session_id, uncorrelated_session_id
+from server.ids import uncorrelated_session_id
 from server.state import AppState
 from server.translate.accumulate import ChatStreamAccumulator, chunks_from_completion
 from server.translate.checks import check_counts
@@ -118,22 +118,6 @@ class ModelEndpoint:
             raise refused_id_error(corr.refused[0])
         return body, corr
 
-    async def check_session_owner(self, corr: Correlation, scope: Scope) -> None:
-        """With keys set, a call may write only into a session its own key started (a new id claims it),
-        and name as parent only a session no other key wrote; else a 403 before anything goes upstream."""
-        owners, store = self.state.owners, self.state.capture_store
-        if not owners.scoped or store is None:
-            return
-        tag = owners.tag(scope)
-        session_id, parent = corr.session_id, corr.parent_session_id
-        if session_id is not None and is_valid_session_id(session_id) and store.known_claim(session_id) != tag:
-            if not await asyncio.to_thread(store.claim_session, session_id, tag):
-                raise _foreign_session(session_id)
-        if parent is not None and parent != session_id and is_valid_session_id(parent):
-            owner = store.known_claim(parent) or await asyncio.to_thread(store.session_owner, parent)
-            if owner is not None and owner != tag:
-                raise _foreign_session(parent)
-
     def wants_token_ids(self, body: dict[str, Any]) -> bool:
         """The client asked for the token triple in its answer (the field is ours: always removed)."""
         return bool(body.pop("return_token_id_information", False)) or self.state.settings.return_token_id_information
@@ -203,15 +187,19 @@ class ModelEndpoint:
         """The items of a request as received that Gym's lineage reads on its training path."""
         return request_items(body)
 
-    async def begin_training_capture(self) -> None:
-        """On Gym's training path, just before dispatch: Gym's capture begins (see server.api.gym_hooks)."""
+    async def admit(self, call: Call, scope: Scope) -> None:
+        """The one gate between a valid call and everything it creates or sends: may its key write into
+        the sessions it names (a 403 if not; new ones are claimed for it, `server.api.session_writes`),
+        then Gym's training capture begins (`server.api.gym_hooks`). Every API calls it once, after
+        every check of the request and just before dispatch, so a refused call leaves nothing behind."""
+        await admit_writes(self.state.owners, self.state.capture_store, call.correlation, scope)
+        gym_hooks.admitted()
         await gym_hooks.begin_training_capture(self.state)
 
     # ---- token injection (docs/injection.md) ---------------------------------------------------
     async def inject(self, call: Call) -> None:
-        """With token_injection on, attach the session's token history to a correlated call. (Called by
-        both APIs just before dispatch, which is where Gym's training capture begins too.)"""
-        await self.begin_training_capture()
+        """With token_injection on, attach the session's token history to a correlated call (called by
+        every API just after `admit`)."""
         injector = self.state.injector
         session = call.correlation.session_id
         if injector is None or not call.capture or session is None:
@@ -359,7 +347,6 @@ class ModelEndpoint:
         failure: tuple[int | None, str | None] = (None, None)  # for Gym's evaluation exchange
         try:
             body, corr = await self._read_request(receive)
-            await self.check_session_owner(corr, scope)
             gym_token = gym_hooks.open_gym_call(self.state, body, corr, self.gym_items)
             await run_until_disconnect(
                 receive, lambda: self.handle(body, corr, tracking_send, scope), answered=lambda: progress["answered"]
@@ -449,14 +436,6 @@ async def chat_event_batches(
 # connection, a truncated chunk): "upstream transport error: error decoding response body". Said as
 # it is, that reads as malformed data; what happened is that the engine's stream ended early.
 _SWITCHYARD_TRANSPORT_ERROR = "upstream transport error"
-
-
-def _foreign_session(session_id: str) -> OpenAIError:
-    return OpenAIError(
-        403,
-        f"session {session_id[:200]!r} was written with another API key; send this call under a session id of its own",
-        code="session_forbidden",
-    )
 
 
 def _in_band_error(chunk: dict[str, Any]) -> OpenAIError:

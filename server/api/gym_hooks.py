@@ -2,7 +2,7 @@
 
 A call Gym tied to a rollout (`/ng-rollout/<id>/...`) while Gym's evaluation or training capture is
 on gets a `GymCall` for as long as it is handled (a context variable, so the handlers need not pass
-it): `open_gym_call` when its body is read, `begin_training_capture` just before dispatch,
+it): `open_gym_call` when its body is read, `admitted` and `begin_training_capture` just before dispatch,
 `answered` once its whole answer is known (before the last byte goes out), `close_gym_call` at the end.
 """
 
@@ -37,6 +37,7 @@ class GymCall:
     request: dict[str, Any] | None = None  # evaluation: the request as received
     token: Token[Any] | None = None  # training: Gym's capture context, set once the call is about to go out
     logged: bool = False  # evaluation: its exchange is written
+    admitted: bool = False  # it passed the session write rule (`ModelEndpoint.admit`)
 
 
 _current: ContextVar[GymCall | None] = ContextVar("switchyard_model_gym_call", default=None)
@@ -71,11 +72,20 @@ def on_training_path() -> bool:
     return gym_call is not None and gym_call.items is not None
 
 
+def admitted() -> None:
+    """The current call passed the session write rule: from now on Gym's exchange log may hold it."""
+    gym_call = _current.get()
+    if gym_call is not None:
+        gym_call.admitted = True
+
+
 async def begin_training_capture(state: AppState) -> None:
     """On Gym's training path, just before dispatch: Gym's capture context, parent and intent.
 
-    After the body's checks, so a refused request leaves no intent behind (Gym reads a dangling
-    intent as a lost call). A failed intent is a 503: nothing has been generated yet.
+    After the body's checks and the session write rule (the rollout id is one of the sessions the call
+    writes: Gym's token store is keyed by the same ownership), so a refused request leaves no intent
+    behind (Gym reads a dangling intent as a lost call). A failed intent is a 503: nothing has been
+    generated yet.
     """
     gym_call = _current.get()
     gym = state.gym_tokens
@@ -130,7 +140,10 @@ async def close_gym_call(
         return
     if gym_call.token is not None:
         GymTokenCapture.end(gym_call.token)
-    if not gym_call.logged:
+    # With keys, a call refused before it was admitted writes no exchange either: it may name a
+    # rollout that is not its key's, and a refused call leaves nothing behind. (Without keys there is
+    # one tenant, and Gym's own servers log refusals too.)
+    if not gym_call.logged and (gym_call.admitted or not state.owners.scoped):
         status, category = failure
         if status is None and category is None and started:  # ended in-band, after a 200
             status, category = 200, "upstream_error"

@@ -71,7 +71,6 @@ class Responses(ModelEndpoint):
         expanded = await expand(body, stateful, owner, has_session=corr.session_id is not None)
         if expanded.session_id is not None:  # the previous response's, or the conversation's
             corr = replace(corr, session_id=expanded.session_id, source="stored:" + expanded.session_source)
-            await self.check_session_owner(corr, scope)
         body = expanded.body
         translated = responses_to_chat(body)
         for kind in translated.dropped_tool_types:
@@ -87,23 +86,29 @@ class Responses(ModelEndpoint):
             extra_body=self._extra_for_translated_chat,
         )
         call.developer_messages = translated.developer_messages or None
+        if expanded.background:  # its place first (the 429 beyond the bounds): a refused run leaves nothing
+            assert stateful is not None  # expand() refuses background without the store
+            stateful.runs.reserve(expanded.owner)
+            try:
+                await self.admit(call, scope)
+                await self.inject(call)
+                span = self._start_span(call, corr, stream, scope, sent)
+                turn = Turn(stateful, expanded, new_id("resp"), corr.session_id)
+            except BaseException:
+                stateful.runs.release(expanded.owner)
+                raise
+            call.response_id = turn.response_id
+            headers = self.upstream_headers(call, scope)
+            # From here start_background gives the place back.
+            await start_background(self, call, body, translated.tool_map, headers, span, turn, int(time.time()), send)
+            return
+        await self.admit(call, scope)
         await self.inject(call)
-        span = self.state.telemetry.start_call(
-            api="responses",
-            route=call.route,
-            request=call.request,
-            correlation=corr,
-            stream=stream,
-            scope=scope,
-            client_request=sent,
-        )
+        span = self._start_span(call, corr, stream, scope, sent)
         headers = self.upstream_headers(call, scope)
         response_id = call.response_id = new_id("resp")
         created_at = int(time.time())
         turn = Turn(stateful, expanded, response_id, corr.session_id)
-        if turn.background:
-            await start_background(self, call, body, translated.tool_map, headers, span, turn, created_at, send)
-            return
         try:
             async with self.limit():
                 span.upstream_headers(headers)
@@ -114,6 +119,17 @@ class Responses(ModelEndpoint):
         except BaseException as exc:
             span.finish(None, exc)
             raise
+
+    def _start_span(self, call: Call, corr: Correlation, stream: bool, scope: Scope, sent: dict[str, Any]) -> CallSpan:
+        return self.state.telemetry.start_call(
+            api="responses",
+            route=call.route,
+            request=call.request,
+            correlation=corr,
+            stream=stream,
+            scope=scope,
+            client_request=sent,
+        )
 
     async def _answer(
         self,
@@ -261,7 +277,7 @@ class Responses(ModelEndpoint):
         route = self.state.route_for(body.get("model"))
         request["model"] = route
         call = self.new_call(corr, route, request, stream)
-        await self.begin_training_capture()
+        await self.admit(call, scope)
         headers = self.upstream_headers(call, scope)
         span = self.state.telemetry.start_call(
             api="responses",

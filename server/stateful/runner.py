@@ -44,18 +44,17 @@ async def start_background(
     created_at: int,
     send: Send,
 ) -> None:
-    """`endpoints` is the Responses endpoint: its `limit()` and `stream()` run the call."""
+    """`endpoints` is the Responses endpoint: its `limit()` and `stream()` run the call. The run's place
+    is reserved already (`stateful.runs.reserve`, the 429 beyond the bounds, taken before the call was
+    admitted so that a refused run leaves nothing); from here on this gives it back."""
     stateful = turn.stateful
     assert stateful is not None  # expand() refuses background without the store
-    queued = response_base(body, response_id=turn.response_id, created_at=created_at, model=call.route, echo=turn.echo)
-    queued["status"] = "queued"
     owner = turn.expanded.owner
     try:
-        stateful.runs.reserve(owner)  # the 429 beyond the bounds, before anything is stored
-    except OpenAIError as exc:
-        span.finish(None, exc)
-        raise
-    try:
+        queued = response_base(
+            body, response_id=turn.response_id, created_at=created_at, model=call.route, echo=turn.echo
+        )
+        queued["status"] = "queued"
         kept = await turn.keep(queued)
     except BaseException:
         stateful.runs.release(owner)

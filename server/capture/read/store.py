@@ -20,7 +20,7 @@ from typing import Any
 
 from server.capture.catalog.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, SessionIndex
 from server.capture.catalog.index_view import IndexView
-from server.capture.catalog.owners import SessionOwners
+from server.capture.catalog.owners import Claim, SessionOwners
 from server.capture.catalog.runs import LEGACY
 from server.capture.read.record_files import InvalidSessionId as InvalidSessionId
 from server.capture.read.record_files import UnknownSession as UnknownSession
@@ -398,15 +398,27 @@ class CaptureStore:
         """The owner tag of the key that wrote the session (None: unowned or absent)."""
         return self.owners.owner(session_dir_name(check_session_id(session_id)))
 
-    def claim_session(self, session_id: str, tag: str) -> bool:
-        """Record `tag` as the session's writer unless another key wrote it first (blocks: a thread)."""
+    def session_standing(self, session_id: str) -> str | None:
+        """Its owner tag; "" when it holds records but no owner; None when new (blocks: a thread)."""
+        return self.owners.standing(session_dir_name(check_session_id(session_id)))
+
+    def claim_session(self, session_id: str, tag: str) -> Claim:
+        """Make `tag` the owner of a new session (blocks: a thread); see `SessionOwners.claim`."""
         if self._read_only:
             raise RuntimeError("capture store is read-only")
         return self.owners.claim(session_dir_name(check_session_id(session_id)), tag)
 
+    def release_session(self, session_id: str, tag: str) -> None:
+        """Undo a claim that `claim_session` MADE for a call that was then refused (blocks: a thread)."""
+        self.owners.release(session_dir_name(check_session_id(session_id)), tag)
+
     def known_claim(self, session_id: str) -> str | None:
         """The owner remembered in memory, if any (never touches the disk: safe on the event loop)."""
         return self.owners.known(session_dir_name(session_id))
+
+    def known_standing(self, session_id: str) -> str | None:
+        """`session_standing` as remembered in memory, or None when not remembered (never touches the disk)."""
+        return self.owners.known_standing(session_dir_name(session_id))
 
     # ---- counters ----------------------------------------------------------------------------
 
