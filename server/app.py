@@ -25,7 +25,7 @@ from server.api.responses import Responses
 from server.api.stored_responses import stored_response_routes
 from server.config import Settings
 from server.errors import OpenAIError, error_response, send_error
-from server.http.budget import BodyBudget
+from server.http import BodyBudget
 from server.lifespan import lifespan
 from server.owners import Owners
 from server.state import AppState
