@@ -4,7 +4,8 @@ Usage: python bench/bodies.py [--quick] [--counts 1,4,8] [--json PATH]
 
 The stack: the mock upstream, and `serve --deployment demo` (Switchyard hosted in the server's
 process, capture on). For each N, N clients at once each send one chat body of 19,999 messages just
-under `max_body_bytes` (32 MiB), on one session each (so each call is captured). The server's RSS
+under `max_body_bytes` (32 MiB), on one session each (so each call is captured); `--api responses`
+sends the same as 19,999 Responses input items. The server's RSS
 (its process and its children) is sampled every 10 ms from before the first byte until every call
 has answered; "held" is its RSS once they all answered and the server went idle for a moment.
 
@@ -65,11 +66,15 @@ def log(message: str) -> None:
     print(f"[bodies] {message}", file=sys.stderr, flush=True)
 
 
-def max_body(limit: int = MAX_BODY_BYTES, messages: int = MESSAGES) -> bytes:
-    """A chat body of `messages` messages, as close under `limit` bytes as one word per message allows."""
-    shell = orjson.dumps({"model": "demo", "messages": [{"role": "user", "content": ""}] * messages})
+# The path of each API, and the field its list of messages (or input items) goes in.
+APIS = {"chat": ("/v1/chat/completions", "messages"), "responses": ("/v1/responses", "input")}
+
+
+def max_body(limit: int = MAX_BODY_BYTES, messages: int = MESSAGES, field: str = "messages") -> bytes:
+    """A body of `messages` messages (or input items), as close under `limit` bytes as one word each allows."""
+    shell = orjson.dumps({"model": "demo", field: [{"role": "user", "content": ""}] * messages})
     word = (limit - len(shell) - 64) // messages
-    body = orjson.dumps({"model": "demo", "messages": [{"role": "user", "content": "w" * word}] * messages})
+    body = orjson.dumps({"model": "demo", field: [{"role": "user", "content": "w" * word}] * messages})
     assert len(body) <= limit, len(body)
     return body
 
@@ -141,7 +146,7 @@ class Stack:
             time.sleep(0.1)
 
 
-def round_of(stack: Stack, body: bytes, n: int, sy: Switchyard | None) -> dict[str, Any]:
+def round_of(stack: Stack, body: bytes, n: int, sy: Switchyard | None, path: str) -> dict[str, Any]:
     process = psutil.Process(stack.proc.pid)
     sy_process = psutil.Process(sy.proc.pid) if sy is not None else None
     # One small call first: what the first call loads (lazy imports, pools) is not the bodies' cost.
@@ -163,7 +168,7 @@ def round_of(stack: Stack, body: bytes, n: int, sy: Switchyard | None) -> dict[s
         with httpx.Client(trust_env=False, timeout=300) as client:
             barrier.wait()
             reply = client.post(
-                stack.url + "/v1/chat/completions",
+                stack.url + path,
                 content=body,
                 headers={"content-type": "application/json", "x-session-id": f"bodies-{n}-{i}"},
             )
@@ -214,14 +219,16 @@ def main() -> int:
         action="store_true",
         help="Switchyard in a process of its own: the server's figure without Switchyard's share",
     )
+    parser.add_argument("--api", choices=sorted(APIS), default="chat", help="the endpoint the bodies go to")
     parser.add_argument("--json", help="write the rounds here as JSON")
     parser.add_argument("--setting", action="append", default=[], help="KEY=JSON, a server setting (repeatable)")
     args = parser.parse_args()
     counts = [1, 4] if args.quick else [int(c) for c in args.counts.split(",")]
     settings = {key: orjson.loads(value) for key, _, value in (s.partition("=") for s in args.setting)}
     log_dir = make_log_dir()
-    body = max_body()
-    log(f"body: {MESSAGES} messages, {len(body):,} bytes; logs in {log_dir}")
+    path, field = APIS[args.api]
+    body = max_body(field=field)
+    log(f"{path} body: {MESSAGES} {field}, {len(body):,} bytes; logs in {log_dir}")
     mock = BigMock(log_dir)
     rounds = []
     try:
@@ -230,7 +237,7 @@ def main() -> int:
             sy = Switchyard(mock, log_dir) if args.attached else None
             stack = Stack(f"server-{n}", mock, log_dir, settings, sy)
             try:
-                rounds.append(round_of(stack, body, n, sy))
+                rounds.append(round_of(stack, body, n, sy, path))
             finally:
                 stack.proc.stop()
                 if sy is not None:
@@ -238,7 +245,7 @@ def main() -> int:
     finally:
         mock.proc.stop()
     mode = "attached (server process only)" if args.attached else "hosted (server and Switchyard, one process)"
-    print(f"server memory under {len(body):,}-byte chat bodies, {mode}")
+    print(f"server memory under {len(body):,}-byte {path} bodies, {mode}")
     print(
         f"{'N':>3} {'taken':>5} {'503':>4} {'in flight':>10} {'idle':>9} {'peak':>9} {'held':>9}  peak/in flight  held/in flight"
     )

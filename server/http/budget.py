@@ -76,6 +76,7 @@ class BodyBudget:
         self._malloc_trim: Callable[[int], int] | None = libc.malloc_trim if libc is not None else None
         self.trims = 0  # heap trims done, since start
         self._trim_timer: asyncio.TimerHandle | None = None
+        self._trim_task: asyncio.Task[None] | None = None
         self._trimming = False
         self._trim_again = False
 
@@ -117,7 +118,7 @@ class BodyBudget:
             self._trim_again = True
             return
         self._trimming = True
-        asyncio.get_running_loop().create_task(self._trim())
+        self._trim_task = asyncio.get_running_loop().create_task(self._trim())  # kept: a bare task may be collected
 
     async def _trim(self) -> None:
         trim = self._malloc_trim
