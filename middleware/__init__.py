@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from middleware.auth import AuthMiddleware, BearerKeys, presented_key, reject
+from middleware.auth import AuthMiddleware, BearerKeys, presented_key, reject, speaks_anthropic
 from middleware.correlation import Correlation, RefusedIds, correlate, current_correlation, id_rule, publish, unpublish
 from middleware.hosts import HostAllowList, HostCheckMiddleware, is_json_request, refuse_content_type, refuse_host
 
@@ -22,5 +22,6 @@ __all__ = [
     "refuse_host",
     "RefusedIds",
     "reject",
+    "speaks_anthropic",
     "unpublish",
 ]

@@ -8,8 +8,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import OpenAIError, send_error
 
-# Always open: liveness probes and scrapers must not need a model key.
-_OPEN_PATHS = frozenset({"/health", "/metrics"})
+# Always open: liveness probes must not need a model key. `/metrics` takes one unless `metrics_open`.
+_OPEN_PATHS = frozenset({"/health"})
+_METRICS = "/metrics"
 # The viewer's static files hold no data (the page asks for a key and sends it with each API call);
 # a browser navigation cannot carry a Bearer header, so they must load without one.
 _OPEN_PREFIX = "/ui/"
@@ -43,14 +44,19 @@ class BearerKeys:
     configured at all everything is open, which is why the server binds 127.0.0.1 by default.
     """
 
-    def __init__(self, *, api_keys: list[str], session_api_keys: list[str]) -> None:
+    def __init__(self, *, api_keys: list[str], session_api_keys: list[str], metrics_open: bool = False) -> None:
         self.model_keys = tuple(k.encode() for k in api_keys)
         self.session_keys = tuple(k.encode() for k in session_api_keys) or self.model_keys
+        # Scrapers on a trusted network read /metrics without a key; else it takes a model key, as
+        # /v1/models does.
+        self.metrics_open = metrics_open
 
     def allows(self, scope: Scope) -> bool:
         """An open path, no keys configured, or a matching key (`presented_key`)."""
         path = scope["path"]
         if path in _OPEN_PATHS or path == "/ui" or path.startswith(_OPEN_PREFIX):
+            return True
+        if path == _METRICS and self.metrics_open:
             return True
         keys = self.session_keys if path.startswith("/v1/sessions") else self.model_keys
         if not keys:
@@ -62,9 +68,11 @@ class BearerKeys:
 class AuthMiddleware:
     """Pure ASGI: a 401 in the OpenAI shape for an HTTP request `BearerKeys` does not allow."""
 
-    def __init__(self, app: ASGIApp, *, api_keys: list[str], session_api_keys: list[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, *, api_keys: list[str], session_api_keys: list[str], metrics_open: bool = False
+    ) -> None:
         self.app = app
-        self.keys = BearerKeys(api_keys=api_keys, session_api_keys=session_api_keys)
+        self.keys = BearerKeys(api_keys=api_keys, session_api_keys=session_api_keys, metrics_open=metrics_open)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.keys.allows(scope):

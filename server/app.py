@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from middleware.auth import AuthMiddleware, BearerKeys, reject
+from middleware.auth import AuthMiddleware, BearerKeys, reject, speaks_anthropic
 from middleware.correlation import RefusedIds, correlate, publish, unpublish
 from middleware.hosts import HostAllowList, is_json_request, refuse_content_type, refuse_host
 from server.api.chat import ChatCompletions
@@ -24,7 +24,8 @@ from server.api.models import model_routes
 from server.api.responses import Responses
 from server.api.stored_responses import stored_response_routes
 from server.config import Settings
-from server.errors import OpenAIError, error_response
+from server.errors import OpenAIError, error_response, send_error
+from server.http import BodyBudget
 from server.lifespan import lifespan
 from server.owners import Owners
 from server.state import AppState
@@ -96,6 +97,7 @@ class ServerApp(Starlette):
         refused_ids: RefusedIds,
         auth: BearerKeys,
         hosts: HostAllowList,
+        bodies: BodyBudget,
         **starlette: Any,
     ) -> None:
         super().__init__(**starlette)
@@ -103,6 +105,7 @@ class ServerApp(Starlette):
         self.refused_ids = refused_ids
         self.auth = auth
         self.hosts = hosts
+        self.bodies = bodies
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -113,11 +116,21 @@ class ServerApp(Starlette):
             return
         # Outermost: the Gym prefix is stripped before auth and dispatch look at the path.
         scope, send, corr = correlate(scope, send, self.refused_ids)
+        # The request's body bytes count against the process's budget until its answer is over.
+        hold = self.bodies.hold(scope)
+        if hold is None:
+            await send_error(send, self.bodies.busy_error(), anthropic=speaks_anthropic(scope))
+            return
         token = publish(corr)
         try:
-            handler = self.model_handlers.get(scope["path"]) if scope["method"] == "POST" else None
+            receive = hold.receive(receive)
+            post = scope["method"] == "POST"
+            handler = self.model_handlers.get(scope["path"]) if post else None
             if handler is None:
-                await super().__call__(scope, receive, send)
+                if post and not is_json_request(scope):  # every POST route takes JSON, and only JSON
+                    await refuse_content_type(send)
+                else:
+                    await super().__call__(scope, receive, send)
             elif not self.auth.allows(scope):
                 await reject(send, scope)
             elif not is_json_request(scope):  # a cross-site form or text/plain POST
@@ -125,6 +138,7 @@ class ServerApp(Starlette):
             else:
                 await handler(scope, receive, send)
         finally:
+            hold.release()
             unpublish(token)
 
 
@@ -172,12 +186,17 @@ def create_app(
         OpenAIError: _openai_error,
         Exception: _unhandled,
     }
-    keys = {"api_keys": settings.api_keys, "session_api_keys": settings.session_api_keys}
+    keys: dict[str, Any] = {
+        "api_keys": settings.api_keys,
+        "session_api_keys": settings.session_api_keys,
+        "metrics_open": settings.metrics_open,
+    }
     app = ServerApp(
         model_handlers=model_handlers,
         refused_ids=state.refused_ids,
         auth=BearerKeys(**keys),
         hosts=HostAllowList(settings.host, settings.allowed_hosts),
+        bodies=BodyBudget(settings.max_body_bytes_in_flight, settings.max_body_bytes),
         routes=routes,
         middleware=[Middleware(AuthMiddleware, **keys)],
         lifespan=lambda app: lifespan(state),

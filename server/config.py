@@ -148,6 +148,9 @@ class Settings(BaseModel):
     # (a response header, a log line and /health say so); `reject` answers 400 naming the header and the rule.
     refused_session_ids: Literal["serve", "reject"] = "serve"
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Request-body bytes one process holds at once, over every call in flight (a 503 beyond; one
+    # request always fits on an idle process). Memory follows it: docs/operations.md.
+    max_body_bytes_in_flight: int = Field(default=128 * 1024 * 1024, ge=1024)
     # The stateful Responses API (stored responses, previous_response_id, conversations, background
     # runs), kept in <capture_dir>/state.sqlite3. Off: `store` is reported false and those fields get a 400.
     response_store: bool = True
@@ -174,6 +177,8 @@ class Settings(BaseModel):
     api_keys: list[str] = Field(default_factory=list)
     # The session endpoints expose every prompt: their own keys; empty = the api_keys rule applies.
     session_api_keys: list[str] = Field(default_factory=list)
+    # `/metrics` answers without a key (scrapers on a trusted network); by default it takes an api_keys key.
+    metrics_open: bool = False
     # Forward the caller's Authorization to Switchyard instead of `Bearer switchyard_api_key`.
     forward_client_authorization: bool = False
     # OpenTelemetry (exporters are configured by the standard OTEL_* variables; see docs/observability.md).

@@ -49,7 +49,7 @@ class Call:
     request_id: str
     route: str
     request: dict[str, Any]  # the chat body sent upstream
-    payload: bytes  # ... serialised once: sent upstream, and handed to capture as is
+    payload: bytes  # ... serialised once and sent upstream; emptied once sent (`_SENT`)
     stream: bool
     capture: bool
     added_fields: frozenset[str]  # token-id fields the client did not ask for
@@ -59,6 +59,9 @@ class Call:
     response_id: str | None = None  # a Responses call's id, which its record carries too
     developer_messages: list[int] | None = None  # `request` messages the client sent as `developer`
 
+
+# What a Call's payload becomes once it went upstream (a large body is not kept for the whole call).
+_SENT = b""
 
 # Ids unique across processes (a random prefix per process) without a uuid4 per call.
 _ID_PREFIX = uuid.uuid4().hex[:16]
@@ -226,11 +229,13 @@ class ModelEndpoint:
     async def post_chat(self, call: Call, headers: dict[str, str]) -> UpstreamReply:
         """POST the chat call upstream (once more, plainly, if the engine refused injected ids)."""
         try:
-            return await self.state.require_upstream().post("/chat/completions", call.payload, headers)
+            reply = await self.state.require_upstream().post("/chat/completions", call.payload, headers)
         except OpenAIError as error:
             if not self._reissue_plain(call, error):
                 raise
-        return await self.state.require_upstream().post("/chat/completions", call.payload, headers)
+            reply = await self.state.require_upstream().post("/chat/completions", call.payload, headers)
+        call.payload = _SENT  # nothing sends it again: not kept alive beside the record being built
+        return reply
 
     def injection_done(self, call: Call, chat: dict[str, Any] | None, span: CallSpan, completed: bool = True) -> None:
         """Verify the echo and commit the chain: before the client sees the answer's end. Never raises."""
@@ -384,11 +389,13 @@ class ModelEndpoint:
                 )
             return BufferedStream(reply, chunks_from_completion(parse_reply(reply.body)))
         try:
-            return await self.state.require_upstream().open_stream("/chat/completions", call.payload, headers)
+            stream = await self.state.require_upstream().open_stream("/chat/completions", call.payload, headers)
         except OpenAIError as error:
             if not self._reissue_plain(call, error):
                 raise
-        return await self.state.require_upstream().open_stream("/chat/completions", call.payload, headers)
+            stream = await self.state.require_upstream().open_stream("/chat/completions", call.payload, headers)
+        call.payload = _SENT  # as in post_chat: sent, and not needed while the stream runs
+        return stream
 
 
 async def chat_event_batches(

@@ -92,6 +92,11 @@ def add_sessions_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=4.0,
         help="a list page shows a session with more MB of records than this as pending, summarised in the background",
     )
+    view.add_argument(
+        "--all-tenants",
+        action="store_true",
+        help="on a folder written with API keys, serve every key's sessions with no key (default: each key sees its own)",
+    )
 
     parser.set_defaults(func=run_sessions)
 
@@ -99,7 +104,7 @@ def add_sessions_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run_sessions(args: argparse.Namespace) -> int:
     """Run one `sessions` subcommand; 0 ok, 1 not found or failed, 2 usage."""
     if args.sessions_command == "view":
-        return _view(args.capture_dir, args.port, args.summary_read_limit_mb)
+        return _view(args.capture_dir, args.port, args.summary_read_limit_mb, args.all_tenants)
     if sum(bool(x) for x in (args.url, args.capture_dir, args.config)) > 1:
         print("error: give at most one of --url, --capture-dir or --config", file=sys.stderr)
         return EXIT_USAGE
@@ -170,7 +175,7 @@ def run_sessions(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _view(capture_dir: str, port: int, summary_read_limit_mb: float = 4.0) -> int:
+def _view(capture_dir: str, port: int, summary_read_limit_mb: float = 4.0, all_tenants: bool = False) -> int:
     if not 0 <= port <= 65535:
         print("error: --port must be from 0 to 65535", file=sys.stderr)
         return EXIT_USAGE
@@ -183,7 +188,12 @@ def _view(capture_dir: str, port: int, summary_read_limit_mb: float = 4.0) -> in
     from server.viewer.offline import serve  # the web stack loads only for this command
 
     try:
-        serve(capture_dir, port=port, summary_full_read_bytes=int(summary_read_limit_mb * 1_000_000))
+        serve(
+            capture_dir,
+            port=port,
+            summary_full_read_bytes=int(summary_read_limit_mb * 1_000_000),
+            all_tenants=all_tenants,
+        )
     except OSError as exc:
         print(f"error: cannot serve on 127.0.0.1:{port}: {exc}", file=sys.stderr)
         return EXIT_FAILED

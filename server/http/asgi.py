@@ -15,8 +15,11 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    parts: list[bytes] = []
+async def read_body(receive: Receive, limit: int) -> bytes | bytearray:
+    """The whole request body, 413 past `limit` bytes. A body in one piece comes back as it arrived;
+    one in many grows one bytearray, never a list of pieces joined into a second copy."""
+    first = b""
+    grown: bytearray | None = None
     size = 0
     while True:
         message = await receive()
@@ -27,12 +30,19 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             size += len(chunk)
             if size > limit:
                 raise OpenAIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
-            parts.append(chunk)
+            if grown is not None:
+                grown += chunk
+            elif first:
+                grown = bytearray(first)
+                grown += chunk
+                first = b""
+            else:
+                first = chunk
         if not message.get("more_body", False):
-            return b"".join(parts) if len(parts) != 1 else parts[0]
+            return grown if grown is not None else first
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
+def parse_json_object(raw: bytes | bytearray) -> dict[str, Any]:
     if not raw:
         raise OpenAIError(400, "request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -42,16 +52,29 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise OpenAIError(400, "request body must be a JSON object", code="invalid_json")
     # orjson reads 1024 levels of nesting but writes only 254, and the body is written again on its
-    # way upstream. Only a body with that many brackets can be that deep, so most skip the check.
-    if raw.count(b"[") + raw.count(b"{") > _MAX_WRITABLE_DEPTH:
-        try:
-            orjson.dumps(doc)
-        except orjson.JSONEncodeError as exc:
-            raise OpenAIError(400, f"request body is nested too deeply ({exc})", code="invalid_json") from exc
+    # way upstream. Only a body with that many brackets can be that deep, so most skip the check,
+    # which walks the containers rather than writing the body once more (a copy as large as it).
+    if raw.count(b"[") + raw.count(b"{") > _MAX_WRITABLE_DEPTH and _deeper_than(doc, _MAX_WRITABLE_DEPTH):
+        raise OpenAIError(
+            400, f"request body is nested too deeply (at most {_MAX_WRITABLE_DEPTH} levels)", code="invalid_json"
+        )
     return doc
 
 
 _MAX_WRITABLE_DEPTH = 254
+
+
+def _deeper_than(doc: dict[str, Any], limit: int) -> bool:
+    """Whether objects and arrays nest more than `limit` levels deep in `doc` (itself level 1)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in value.values() if isinstance(value, dict) else value:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return False
 
 
 async def send_json(

@@ -92,11 +92,12 @@ class HostedProxy(SwitchyardProxy):
 
     mode = "launch-hosted"
 
-    def __init__(self, deployment: Path, port: int | None, threads: int | None = None) -> None:
+    def __init__(self, deployment: Path, port: int | None, threads: int | None = None, keyed: bool = False) -> None:
         super().__init__()
         self.deployment_path = deployment
         self.port = port or 0
         self.threads = threads
+        self.keyed = keyed  # this server takes API keys, which the Switchyard it hosts cannot
         self._server: Any = None  # switchyard_rust.server.Server, imported only when hosting
 
     async def start(self) -> None:
@@ -123,6 +124,14 @@ class HostedProxy(SwitchyardProxy):
             raise RuntimeError(f"Switchyard rejected the deployment {self.deployment_path}: {message}") from exc
         self.root_url = self._server.base_url
         log.info("hosted Switchyard on %s (deployment %s)", self.root_url, self.deployment_path)
+        if self.keyed:
+            # Switchyard 0.3.0 has no inbound auth (no deployment key, no Server() argument) and
+            # always binds 127.0.0.1: all that guards it is that loopback, and that no answer of
+            # this server names its port while keys are set (/health, /metrics).
+            log.warning(
+                "the hosted Switchyard takes no API key (Switchyard 0.3.0 cannot): its loopback port "
+                "answers chat calls from any process on this host, unrecorded; see docs/operations.md"
+            )
 
     async def close(self) -> None:
         server, self._server = self._server, None
@@ -331,7 +340,8 @@ def build_proxy(settings: Settings) -> SwitchyardProxy:
             tuple(settings.proxy_restart_backoff_s),
             switchyard_threads(settings.switchyard_threads, hosted=False),
         )
-    return HostedProxy(deployment, settings.proxy_port, switchyard_threads(settings.switchyard_threads, hosted=True))
+    threads = switchyard_threads(settings.switchyard_threads, hosted=True)
+    return HostedProxy(deployment, settings.proxy_port, threads, keyed=bool(settings.api_keys))
 
 
 __all__ = ["AttachedProxy", "HostedProxy", "LaunchedProxy", "SwitchyardProxy", "build_proxy"]

@@ -215,7 +215,9 @@ class Telemetry:
                 ("gen_ai.provider.name", PROVIDER_NAME),
                 ("gen_ai.request.model", route),
                 ("openai.api.type", api_type(api)),
-                *self._server_attrs.items(),
+                # The address, not the port: a hosted Switchyard's port changes with every start (a
+                # new series each time) and is one that takes calls with no key (docs/operations.md).
+                *((k, v) for k, v in self._server_attrs.items() if k != "server.port"),
             )
             self._metric_attrs_cache[key] = attrs
         return attrs

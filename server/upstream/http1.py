@@ -23,6 +23,12 @@ import httptools
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
+# A request as sent: one piece (one write), or its head and a large body (a write of each, no copy).
+Payload = bytes | tuple[bytes, bytes]
+# Bodies from this size on are written after the head rather than copied behind it.
+_SEPARATE_BODY_BYTES = 256 * 1024
+
+
 class HTTPError(Exception):
     """The base of this module's failures."""
 
@@ -136,7 +142,7 @@ class _Connection(asyncio.Protocol):
             self._head_done.set_exception(error)
         self._wake()
 
-    def start(self, payload: bytes, *, ack_each_read: bool = False) -> None:
+    def start(self, payload: Payload, *, ack_each_read: bool = False) -> None:
         """Send a request. `ack_each_read` for a stream: an answer in many writes (see `_ack_now`)."""
         self._ack_each_read = ack_each_read
         self._parser = httptools.HttpResponseParser(self)
@@ -147,11 +153,16 @@ class _Connection(asyncio.Protocol):
         self._complete = False
         self._error = None
         self._bytes_seen = 0
-        self.transport.write(payload)
+        if isinstance(payload, bytes):
+            self.transport.write(payload)
+        else:
+            self.transport.writelines(payload)
         if ack_each_read:
             self._ack_now()  # out of "interactive" mode before the answer's first segment comes in
 
-    async def whole_answer(self, payload: bytes, deadline: float, timeout: float) -> tuple[int, dict[str, str], bytes]:
+    async def whole_answer(
+        self, payload: Payload, deadline: float, timeout: float
+    ) -> tuple[int, dict[str, str], bytes]:
         """Send `payload` and wait for the whole answer, by `deadline` (the loop's clock; `timeout` names it)."""
         loop = asyncio.get_running_loop()
         self.start(payload)
@@ -334,20 +345,21 @@ class Pool:
             return answer
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _payload(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    def _payload(self, path: str, body: bytes, headers: dict[str, str]) -> Payload:
+        """The request as one piece; a large body stays a piece of its own, not copied behind the head."""
         fixed = self._fixed_head
         if not self._fixed_lines.keys().isdisjoint(headers):
             # A per-call header (lower-case name) overrides a fixed one, e.g. a forwarded authorization.
             fixed = b"".join(line for name, line in self._fixed_lines.items() if name not in headers)
-        return (
+        head = (
             f"POST {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1")
             + fixed
             + _header_lines(headers)
             + b"content-length: "
             + str(len(body)).encode()
             + b"\r\n\r\n"
-            + body
         )
+        return head + body if len(body) < _SEPARATE_BODY_BYTES else (head, body)
 
     async def request(self, path: str, body: bytes, headers: dict[str, str], *, stream: bool = False) -> Response:
         """POST `body` on an idle connection (or a new one); returns once the answer's head is in.

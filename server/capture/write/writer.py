@@ -238,7 +238,11 @@ class RecordWriter:
                 self._probe()
                 continue
             batch = take_batch(self._queue, first, _MAX_BATCH)
-            if not self._handle_batch(batch):
+            running = self._handle_batch(batch)
+            # Let go of the batch before waiting for the next: its last record (a call's whole
+            # request and answer) would otherwise stay alive for as long as the writer idles.
+            del first, batch
+            if not running:
                 return
 
     def _drain_inline(self) -> None:

@@ -68,11 +68,18 @@ def test_one_of_several_keys_is_enough():
     assert call(app, "/v1/responses", b"Bearer c-key")[0] == 401
 
 
-def test_health_and_metrics_stay_open_and_non_http_scopes_pass():
+def test_health_stays_open_and_non_http_scopes_pass():
     app = guarded()
     assert call(app, "/health")[0] == 200
-    assert call(app, "/metrics")[0] == 200
     assert call(app, "/v1/chat/completions", scope_type="lifespan-like")[0] == 200
+
+
+def test_metrics_take_a_model_key_unless_metrics_open():
+    assert call(guarded(), "/metrics")[0] == 401
+    assert call(guarded(), "/metrics", b"Bearer model-key")[0] == 200
+    open_metrics = AuthMiddleware(inner_app, api_keys=["model-key"], session_api_keys=[], metrics_open=True)
+    assert call(open_metrics, "/metrics")[0] == 200
+    assert call(open_metrics, "/v1/models")[0] == 401  # only /metrics is opened
 
 
 def test_session_endpoints_take_the_session_keys_when_set():
