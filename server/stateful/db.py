@@ -94,6 +94,19 @@ CREATE TRIGGER IF NOT EXISTS responses_changed_by_owner AFTER UPDATE OF owner, s
     INSERT INTO totals VALUES ('owner ' || NEW.owner, 1, NEW.size)
         ON CONFLICT (name) DO UPDATE SET count = count + 1, bytes = bytes + NEW.size;
 END;
+-- Where a stored item is found by its id, for `item_reference` input items: for each key, the newest
+-- stored response that carries the item (in its input or its output). A response's rows go with it.
+CREATE TABLE IF NOT EXISTS response_items (
+    owner TEXT NOT NULL,
+    id TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    PRIMARY KEY (owner, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS response_items_by_response ON response_items(response_id);
+CREATE TRIGGER IF NOT EXISTS response_items_removed AFTER DELETE ON responses BEGIN
+    DELETE FROM response_items WHERE response_id = OLD.id;
+END;
+CREATE INDEX IF NOT EXISTS conversation_items_by_id ON conversation_items(id);
 CREATE TRIGGER IF NOT EXISTS conversations_added AFTER INSERT ON conversations BEGIN
     UPDATE totals SET count = count + 1 WHERE name = 'conversations';
 END;
