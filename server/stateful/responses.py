@@ -101,9 +101,7 @@ def item_ids(response: dict[str, Any], input_items: list[dict[str, Any]]) -> tup
     """The ids of a response's input and output items (what an `item_reference` may name)."""
     output = response.get("output")
     items = input_items + output if isinstance(output, list) else input_items
-    return tuple(
-        {item["id"]: None for item in items if isinstance(item, dict) and isinstance(item.get("id"), str)}
-    )
+    return tuple({item["id"]: None for item in items if isinstance(item, dict) and isinstance(item.get("id"), str)})
 
 
 # An item id points at the newest response that carries it: a response evicted (oldest first) leaves
@@ -304,9 +302,7 @@ class ResponseStore:
             )
         found: dict[str, dict[str, Any]] = {}
         for response_id in carriers:  # each body parsed once, however many of its items are named
-            row = conn.execute(
-                "SELECT body FROM responses WHERE id = ? AND owner = ?", (response_id, owner)
-            ).fetchone()
+            row = conn.execute("SELECT body FROM responses WHERE id = ? AND owner = ?", (response_id, owner)).fetchone()
             if row is None:  # deleted since
                 continue
             body = orjson.loads(row[0])

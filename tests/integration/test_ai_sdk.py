@@ -4,7 +4,9 @@ turns back as `item_reference` items naming the `msg_...` ids this server return
 
 from __future__ import annotations
 
+import re
 import shutil
+from pathlib import Path
 
 import orjson
 import pytest
@@ -80,5 +82,61 @@ def test_the_other_node_providers_run_the_same_conversation_captured_whole(chain
     requests, turns = run_ai_sdk(chain, tmp_path, chain.v1, provider, stream, session_id)
     assert turns == [f"Done. The tool said: sunny in {city}" for city in CITIES]
     assert len(requests) == 6 and all("messages" in body for body in requests)
-    assert {record["api"] for record in chain.records(session_id)} == {"messages" if provider == "anthropic" else "chat"}
+    assert {record["api"] for record in chain.records(session_id)} == {
+        "messages" if provider == "anthropic" else "chat"
+    }
     assert_captured_whole(chain, session_id, calls=6)
+
+
+# ---- the recipe of docs/harnesses.md, run as written ------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "harnesses.md"
+DOC_URL = "http://127.0.0.1:8080"
+_RECIPE = re.compile(r"<!-- recipe: ai-sdk -->\n```js\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_MODEL = re.compile(r"<!-- recipe-model: ([\w-]+) -->\n```js\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_TASK_LINE = re.compile(r'^const TASK = ".*";$', re.MULTILINE)
+
+
+def recipe(model: str | None) -> str:
+    """The doc's AI SDK recipe, with its first import and `model` line replaced by another provider's."""
+    text = DOC.read_text()
+    found = _RECIPE.search(text)
+    assert found is not None, "docs/harnesses.md has no `ai-sdk` recipe"
+    source = found.group(1)
+    if model is None:
+        return source
+    import_line, model_line = dict(_MODEL.findall(text))[model].strip().splitlines()
+    lines = source.splitlines()
+    assert lines[0].startswith("import ") and sum(line.startswith("const model = ") for line in lines) == 1
+    lines[0] = import_line
+    lines = [model_line if line.startswith("const model = ") else line for line in lines]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_doc_names_each_provider_once():
+    assert sorted(dict(_MODEL.findall(DOC.read_text()))) == [
+        "ai-sdk-anthropic",
+        "ai-sdk-chat",
+        "ai-sdk-openai-compatible",
+    ]
+
+
+@pytest.mark.parametrize("model", [None, "ai-sdk-chat", "ai-sdk-openai-compatible", "ai-sdk-anthropic"])
+def test_the_docs_recipe_is_one_whole_session_per_conversation(chain, tmp_path, model):
+    source = recipe(model)
+    assert DOC_URL + "/v1" in source and _TASK_LINE.search(source), "the recipe has no /v1 base URL or TASK line"
+    task = 'Weather in Oslo? [[mock:tool weather {"city": "Oslo"}]]'
+    source = _TASK_LINE.sub(
+        lambda _: f"const TASK = {orjson.dumps(task).decode()};", source.replace(DOC_URL, chain.url)
+    )
+    script = tmp_path / "recipe.mjs"
+    script.write_text(source)
+    (tmp_path / "node_modules").symlink_to(CLIENTS_DIR / "node_modules")  # what the recipe imports
+    node = shutil.which("node")
+    assert node is not None
+    run = run_client([node, str(script)], cwd=tmp_path, env=client_env(tmp_path / "home"))
+    assert run.returncode == 0, run.describe(chain.proc.output())
+    session_id, answer = run.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert answer.startswith("OK. You said:"), answer  # the follow-up's answer, after the tool turn
+    # Tool call, its answer, the follow-up: three calls in one session, one whole chain.
+    assert_captured_whole(chain, session_id, calls=3)
