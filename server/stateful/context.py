@@ -1,4 +1,4 @@
-"""A Responses request made whole: `previous_response_id` or `conversation` expanded, sealed reasoning opened.
+"""A Responses request made whole: `previous_response_id` or `conversation` expanded, item references resolved, sealed reasoning opened.
 
 `expand()` validates the stateful fields (`store`, `background`, `previous_response_id`,
 `conversation`, `include`), reads what they name from the stores (in a worker thread) and returns
@@ -6,6 +6,8 @@ the body the translator sees, with the full input the model runs on, in the orde
 Responses spec fixes: previous input, previous output, new input (or: the conversation's items,
 then the new input). The previous `instructions` are not carried over. The session id to use comes
 back too: the previous response's, or the conversation id, when the call carries none of its own.
+An `item_reference` in the new input becomes the stored item it names (the key's own responses and
+conversations), so what is stored and listed as the response's input is what the model ran on.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from server.errors import OpenAIError
 from server.stateful.items import normalize_input, stored_output
+from server.stateful.responses import MAX_RESPONSES_READ
 from server.stateful.service import Stateful
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
@@ -126,10 +131,28 @@ async def resolve_references(items: list[Any], stateful: Stateful | None, owner:
             code="response_store_disabled",
         )
     ids = list(references.values())
-    found = await asyncio.to_thread(stateful.responses.find_items, ids, owner)
+    found = await asyncio.to_thread(stateful.responses.find_items, ids, owner, MAX_RESPONSES_READ)
+    if found is None:
+        raise OpenAIError(
+            400,
+            f"`{param}` refers to items of more than {MAX_RESPONSES_READ} stored responses: send the items "
+            "themselves, or fewer references per request",
+            param=param,
+            code="invalid_value",
+        )
     missing = [item_id for item_id in ids if item_id not in found]
     if missing:
         found.update(await asyncio.to_thread(stateful.conversations.find_items, missing, owner))
+    # What the references became counts against the body limit, as if the client had sent it.
+    resolved_bytes = sum(len(orjson.dumps(found[item_id])) for item_id in ids if item_id in found)
+    limit = stateful.settings.max_body_bytes
+    if resolved_bytes > limit:
+        raise OpenAIError(
+            413,
+            f"the items `{param}` refers to come to {resolved_bytes} bytes, more than max_body_bytes ({limit})",
+            param=param,
+            code="request_too_large",
+        )
     for index, item_id in references.items():
         if item_id not in found:
             raise OpenAIError(

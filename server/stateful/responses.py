@@ -107,6 +107,10 @@ def item_ids(response: dict[str, Any], input_items: list[dict[str, Any]]) -> tup
 # An item id points at the newest response that carries it: a response evicted (oldest first) leaves
 # its items findable in the later turns that carried them on.
 _INDEX_ITEMS = "INSERT OR REPLACE INTO response_items (owner, id, response_id) VALUES (?, ?, ?)"
+# How many stored responses one request's item references may make the server read. An item is
+# found in the newest response that carried it, so a client sending its conversation back by
+# reference (the AI SDK does) names one or two.
+MAX_RESPONSES_READ = 64
 # Bound to one statement's host parameters (SQLite allows at least 999).
 _IDS_PER_QUERY = 500
 
@@ -285,8 +289,12 @@ class ResponseStore:
             input=body["input"],
         )
 
-    def find_items(self, item_ids: list[str], owner: str) -> dict[str, dict[str, Any]]:
-        """The stored items of `owner`'s responses with these ids (output first, then input), by id; missing ids left out."""
+    def find_items(
+        self, item_ids: list[str], owner: str, max_responses: int = MAX_RESPONSES_READ
+    ) -> dict[str, dict[str, Any]] | None:
+        """The stored items of `owner`'s responses with these ids (output first, then input), by id;
+        missing ids left out. None if they lie in more than `max_responses` stored responses (each
+        one read is a whole body parsed: a request may not make the server read a key's whole store)."""
         wanted = set(item_ids)
         carriers: set[str] = set()
         conn = self.db.connection()
@@ -300,6 +308,8 @@ class ResponseStore:
                     (owner, *chunk),
                 )
             )
+        if len(carriers) > max_responses:
+            return None
         found: dict[str, dict[str, Any]] = {}
         for response_id in carriers:  # each body parsed once, however many of its items are named
             row = conn.execute("SELECT body FROM responses WHERE id = ? AND owner = ?", (response_id, owner)).fetchone()

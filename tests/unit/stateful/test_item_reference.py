@@ -132,3 +132,30 @@ def test_a_state_file_from_before_the_item_index_gets_it(tmp_path):
         assert run(expand({"input": refs("msg_a1")}, service, "alice", has_session=True)).body["input"] == [ANSWER]
     finally:
         service.close()
+
+
+def test_references_may_not_make_the_server_read_too_many_stored_responses(stateful, monkeypatch):
+    from server.stateful import context
+
+    for n in range(3):
+        store(stateful, f"resp_{n}", output=({**ANSWER, "id": f"msg_{n}"},), input_items=())
+    monkeypatch.setattr(context, "MAX_RESPONSES_READ", 2)
+    with pytest.raises(OpenAIError) as caught:
+        run(expand({"input": refs("msg_0", "msg_1", "msg_2")}, stateful, "alice", has_session=True))
+    assert (caught.value.status, caught.value.param) == (400, "input") and "more than 2" in caught.value.message
+    # Two responses' items are fine.
+    assert len(run(expand({"input": refs("msg_0", "msg_1")}, stateful, "alice", has_session=True)).body["input"]) == 2
+
+
+def test_what_references_become_counts_against_the_body_limit(tmp_path):
+    service = Stateful(stateful_settings(tmp_path, max_body_bytes=4096))
+    service.open()
+    try:
+        big = {**ANSWER, "content": [{"type": "output_text", "text": "x" * 1000, "annotations": []}]}
+        store(service, output=(big,), input_items=())
+        assert len(run(expand({"input": refs("msg_a1")}, service, "alice", has_session=True)).body["input"]) == 1
+        with pytest.raises(OpenAIError) as caught:  # five copies of a 1 KB item: over 4 KiB
+            run(expand({"input": refs(*["msg_a1"] * 5)}, service, "alice", has_session=True))
+        assert (caught.value.status, caught.value.code) == (413, "request_too_large")
+    finally:
+        service.close()
