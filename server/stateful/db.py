@@ -108,6 +108,20 @@ CREATE INDEX IF NOT EXISTS response_items_by_response ON response_items(response
 CREATE TRIGGER IF NOT EXISTS response_items_removed AFTER DELETE ON responses BEGIN
     DELETE FROM response_items WHERE response_id = OLD.id;
 END;
+-- A state file from before the item index gets its responses' items indexed, once (newest carrier first).
+INSERT OR IGNORE INTO response_items (owner, id, response_id)
+    SELECT r.owner, json_extract(item.value, '$.id'), r.id
+    FROM responses r, json_each(CAST(r.body AS TEXT), '$.response.output') item
+    WHERE NOT EXISTS (SELECT 1 FROM facts WHERE name = 'response_items_indexed')
+        AND json_type(item.value, '$.id') = 'text'
+    ORDER BY r.stored_at DESC;
+INSERT OR IGNORE INTO response_items (owner, id, response_id)
+    SELECT r.owner, json_extract(item.value, '$.id'), r.id
+    FROM responses r, json_each(CAST(r.body AS TEXT), '$.input') item
+    WHERE NOT EXISTS (SELECT 1 FROM facts WHERE name = 'response_items_indexed')
+        AND json_type(item.value, '$.id') = 'text'
+    ORDER BY r.stored_at DESC;
+INSERT OR IGNORE INTO facts (name, value) VALUES ('response_items_indexed', '1');
 CREATE INDEX IF NOT EXISTS conversation_items_by_id ON conversation_items(id);
 CREATE TRIGGER IF NOT EXISTS conversations_added AFTER INSERT ON conversations BEGIN
     UPDATE totals SET count = count + 1 WHERE name = 'conversations';

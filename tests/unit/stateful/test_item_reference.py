@@ -119,17 +119,23 @@ def test_a_reference_without_an_id_is_400(stateful):
 
 
 def test_a_state_file_from_before_the_item_index_gets_it(tmp_path):
-    """An old state file (no `response_items` table) opens: the schema adds the table and trigger."""
+    """An old state file (no `response_items`): the schema adds it, and indexes the responses already stored."""
     service = Stateful(stateful_settings(tmp_path))
     service.open()
-    conn = service.db.connection()
-    conn.executescript("DROP TRIGGER response_items_removed; DROP TABLE response_items;")
+    store(service, "resp_old", output=(ANSWER,), input_items=(USER,))
+    service.db.connection().executescript(
+        "DROP TRIGGER response_items_removed; DROP TABLE response_items;"
+        " DELETE FROM facts WHERE name = 'response_items_indexed';"
+    )
     service.close()
     service = Stateful(stateful_settings(tmp_path))
     service.open()
     try:
-        store(service)
-        assert run(expand({"input": refs("msg_a1")}, service, "alice", has_session=True)).body["input"] == [ANSWER]
+        body = run(expand({"input": refs("msg_a1", "msg_u1")}, service, "alice", has_session=True)).body
+        assert body["input"] == [ANSWER, USER]
+        store(service, "resp_new")  # and new responses are indexed as they are stored
+        assert service.responses.delete("resp_old", "alice")
+        assert run(expand({"input": refs("fc_1")}, service, "alice", has_session=True)).body["input"][0]["id"] == "fc_1"
     finally:
         service.close()
 
