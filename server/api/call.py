@@ -32,7 +32,7 @@ from server.ids import uncorrelated_session_id
 from server.state import AppState
 from server.translate.accumulate import ChatStreamAccumulator, chunks_from_completion
 from server.translate.checks import check_counts
-from server.upstream.client import BufferedStream, UpstreamReply, UpstreamStream
+from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamReply, UpstreamStream
 
 if TYPE_CHECKING:
     from server.injection.injector import Plan
@@ -226,7 +226,7 @@ class ModelEndpoint:
         call.payload = orjson.dumps(call.request)
         return True
 
-    async def post_chat(self, call: Call, headers: dict[str, str]) -> UpstreamReply:
+    async def post_chat(self, call: Call, headers: dict[str, str], span: CallSpan) -> UpstreamReply:
         """POST the chat call upstream (once more, plainly, if the engine refused injected ids)."""
         try:
             reply = await self.state.require_upstream().post("/chat/completions", call.payload, headers)
@@ -235,6 +235,7 @@ class ModelEndpoint:
                 raise
             reply = await self.state.require_upstream().post("/chat/completions", call.payload, headers)
         call.payload = _SENT  # nothing sends it again: not kept alive beside the record being built
+        span.answered_by(reply.headers.get(SELECTED_MODEL))
         return reply
 
     def injection_done(self, call: Call, chat: dict[str, Any] | None, span: CallSpan, completed: bool = True) -> None:
@@ -374,8 +375,15 @@ class ModelEndpoint:
             if gym_token is not None:
                 await gym_hooks.close_gym_call(self.state, gym_token, self.api, failure, progress["started"])
 
-    async def open_chat_stream(self, call: Call, headers: dict[str, str]) -> UpstreamStream | BufferedStream:
+    async def open_chat_stream(
+        self, call: Call, headers: dict[str, str], span: CallSpan
+    ) -> UpstreamStream | BufferedStream:
         """The upstream's chat stream; or, with `buffer_upstream_streams`, a non-stream call replayed as one."""
+        stream = await self._open_chat_stream(call, headers)
+        span.answered_by(stream.headers.get(SELECTED_MODEL))
+        return stream
+
+    async def _open_chat_stream(self, call: Call, headers: dict[str, str]) -> UpstreamStream | BufferedStream:
         if self.state.settings.buffer_upstream_streams and call.capture:
             try:
                 reply = await self.state.require_upstream().post(

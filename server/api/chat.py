@@ -56,7 +56,7 @@ class ChatCompletions(ModelEndpoint):
                 if call.stream:
                     await self._stream(call, headers, send, span, drop_usage_chunk)
                 else:
-                    reply = await self.post_chat(call, headers)
+                    reply = await self.post_chat(call, headers, span)
                     chat = parse_reply(reply.body)
                     self.injection_done(call, chat, span)
                     await self.save_record(call, chat)  # the record in its file before the answer goes out
@@ -74,7 +74,7 @@ class ChatCompletions(ModelEndpoint):
     async def _stream(
         self, call: Call, headers: dict[str, str], send: Send, span: CallSpan, drop_usage_chunk: bool
     ) -> None:
-        stream = await self.open_chat_stream(call, headers)
+        stream = await self.open_chat_stream(call, headers, span)
         # Telemetry wants the finish reason and usage even of calls that are not recorded.
         accumulator = ChatStreamAccumulator() if call.capture or self.state.telemetry.enabled else None
         parse = accumulator is not None or bool(call.added_fields)

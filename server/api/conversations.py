@@ -14,7 +14,7 @@ from server.api.cursor import list_params, not_found, object_id
 from server.api.models import json_response
 from server.errors import OpenAIError
 from server.http.asgi import parse_json_object, read_body
-from server.stateful.context import check_items, open_sealed_reasoning
+from server.stateful.context import check_items, open_sealed_reasoning, resolve_references
 from server.stateful.items import cursor_page, list_object, normalize_input
 from server.stateful.service import Stateful
 from server.translate.checks import check_metadata
@@ -40,7 +40,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
             return {}
         return parse_json_object(raw)
 
-    def new_items(stateful: Stateful, owner: str, value: Any, *, required: bool) -> list[dict[str, Any]]:
+    async def new_items(stateful: Stateful, owner: str, value: Any, *, required: bool) -> list[dict[str, Any]]:
         if value is None and not required:
             return []
         if not isinstance(value, list):
@@ -51,6 +51,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
             )
         items: list[dict[str, Any]] = normalize_input(value)
         open_sealed_reasoning(items, stateful, owner, param="items")
+        await resolve_references(items, stateful, owner, param="items")
         check_items(items, param="items")
         return items
 
@@ -63,7 +64,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
         body = await body_of(request, required=False)
         metadata = check_metadata(body.get("metadata"))
         owner = stateful.owner(request.scope)
-        items = new_items(stateful, owner, body.get("items"), required=False)
+        items = await new_items(stateful, owner, body.get("items"), required=False)
         return json_response(200, await asyncio.to_thread(stateful.conversations.create, owner, metadata, items))
 
     async def retrieve(request: Request) -> Response:
@@ -106,7 +107,7 @@ def conversation_routes(get_stateful: Callable[[], Stateful | None], max_body_by
     async def add_items(request: Request) -> Response:
         stateful, owner, conversation_id = target(request)
         body = await body_of(request, required=True)
-        items = new_items(stateful, owner, body.get("items"), required=True)
+        items = await new_items(stateful, owner, body.get("items"), required=True)
         added = await asyncio.to_thread(stateful.conversations.add_items, conversation_id, owner, items)
         if added is None:
             raise not_found("conversation", conversation_id)

@@ -23,7 +23,7 @@ from server.stateful.sealing import ReasoningSeal, SealError, load_key
 from server.translate.messages_request import MESSAGES_FIELDS, MessagesChatRequest, messages_to_chat
 from server.translate.messages_response import chat_to_message
 from server.translate.messages_stream import MessagesStreamTranslator, encode_events
-from server.upstream.client import relayed_headers
+from server.upstream.client import SELECTED_MODEL, relayed_headers
 
 if TYPE_CHECKING:
     from server.telemetry.spans import CallSpan
@@ -174,7 +174,7 @@ class Messages(_AnthropicErrors):
         seal: Callable[[str], str],
     ) -> None:
         created_at = int(time.time())
-        reply = await self.post_chat(call, headers)
+        reply = await self.post_chat(call, headers, span)
         chat = parse_reply(reply.body)
         self.injection_done(call, chat, span)
         message = chat_to_message(
@@ -208,10 +208,10 @@ class Messages(_AnthropicErrors):
         seal: Callable[[str], str],
     ) -> None:
         created_at = int(time.time())
-        stream = await self.open_chat_stream(call, headers)
+        stream = await self.open_chat_stream(call, headers, span)
         writer = MessagesStreamTranslator(
             message_id=call.response_id or "",
-            model=stream.headers.get("x-model-router-selected-model") or call.route,
+            model=stream.headers.get(SELECTED_MODEL) or call.route,
             seal=seal,
             show_thinking=translated.show_thinking,
             stop_sequences=translated.stop_sequences,

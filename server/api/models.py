@@ -19,17 +19,28 @@ def json_response(status: int, payload: Any, headers: dict[str, str] | None = No
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
 
 
+def _anthropic_model(entry: dict[str, Any]) -> dict[str, Any]:
+    """One route as Anthropic's model object: every field its SDK's `ModelInfo` declares, `null` where a
+    route has nothing to say (a route is never deprecated; its capabilities and line are unknown)."""
+    return {
+        "type": "model",
+        "id": entry["id"],
+        "display_name": entry["id"],
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["created"] or 0)),
+        "lifecycle": "active",
+        "deprecated_at": None,
+        "retires_at": None,
+        "line": None,
+        "capabilities": None,
+        "max_input_tokens": entry["max_model_len"],
+        # The engine takes any output up to the context left by the prompt: no fixed cap to name.
+        "max_tokens": None,
+    }
+
+
 def _anthropic_list(data: list[dict[str, Any]]) -> dict[str, Any]:
     """The model list as Anthropic's `GET /v1/models` shapes it (one page: every route)."""
-    models = [
-        {
-            "type": "model",
-            "id": entry["id"],
-            "display_name": entry["id"],
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["created"] or 0)),
-        }
-        for entry in data
-    ]
+    models = [_anthropic_model(entry) for entry in data]
     return {
         "data": models,
         "has_more": False,

@@ -26,7 +26,7 @@ from server.translate.request import RESPONSES_FIELDS, responses_to_chat
 from server.translate.response import chat_to_response, response_to_chat
 from server.translate.stream import ResponsesStreamTranslator
 from server.translate.tools import ToolMap
-from server.upstream.client import relayed_headers
+from server.upstream.client import SELECTED_MODEL, relayed_headers
 
 if TYPE_CHECKING:
     from server.telemetry.spans import CallSpan
@@ -142,7 +142,7 @@ class Responses(ModelEndpoint):
         turn: Turn,
         created_at: int,
     ) -> None:
-        reply = await self.post_chat(call, headers)
+        reply = await self.post_chat(call, headers, span)
         chat = parse_reply(reply.body)
         self.injection_done(call, chat, span)
         response = chat_to_response(
@@ -193,13 +193,13 @@ class Responses(ModelEndpoint):
         created_at: int,
     ) -> None:
         """The streamed answer (also a background run's, with a `send` that keeps the events)."""
-        stream = await self.open_chat_stream(call, headers)
+        stream = await self.open_chat_stream(call, headers, span)
         writer = ResponsesStreamTranslator(
             body,
             tool_map,
             response_id=turn.response_id,
             created_at=created_at,
-            model=stream.headers.get("x-model-router-selected-model") or call.route,
+            model=stream.headers.get(SELECTED_MODEL) or call.route,
             token_ids=call.wants_token_ids,
             echo=turn.echo,
             seal=turn.seal,

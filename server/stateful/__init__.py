@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.stateful.context import check_items, expand, open_sealed_reasoning
+from server.stateful.context import check_items, expand, open_sealed_reasoning, resolve_references
 from server.stateful.items import cursor_page, list_object, normalize_input
 from server.stateful.replay import follow
 from server.stateful.responses import StoredResponse
@@ -21,6 +21,7 @@ __all__ = [
     "normalize_input",
     "open_sealed_reasoning",
     "ReasoningSeal",
+    "resolve_references",
     "SealError",
     "start_background",
     "Stateful",

@@ -1,4 +1,4 @@
-"""A Responses request made whole: `previous_response_id` or `conversation` expanded, sealed reasoning opened.
+"""A Responses request made whole: `previous_response_id` or `conversation` expanded, item references resolved, sealed reasoning opened.
 
 `expand()` validates the stateful fields (`store`, `background`, `previous_response_id`,
 `conversation`, `include`), reads what they name from the stores (in a worker thread) and returns
@@ -6,6 +6,8 @@ the body the translator sees, with the full input the model runs on, in the orde
 Responses spec fixes: previous input, previous output, new input (or: the conversation's items,
 then the new input). The previous `instructions` are not carried over. The session id to use comes
 back too: the previous response's, or the conversation id, when the call carries none of its own.
+An `item_reference` in the new input becomes the stored item it names (the key's own responses and
+conversations), so what is stored and listed as the response's input is what the model ran on.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from server.errors import OpenAIError
 from server.stateful.items import normalize_input, stored_output
+from server.stateful.responses import MAX_RESPONSES_READ
 from server.stateful.service import Stateful
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
@@ -94,6 +99,72 @@ def check_items(items: list[dict[str, Any]], param: str) -> None:
         raise
 
 
+def _is_reference(item: Any) -> bool:
+    """An `item_reference` input item (its `type` may be left out: then the item is its `id` alone)."""
+    if not isinstance(item, dict):
+        return False
+    kind = item.get("type")
+    return kind == "item_reference" or (kind is None and set(item) == {"id"})
+
+
+async def resolve_references(items: list[Any], stateful: Stateful | None, owner: str, param: str = "input") -> None:
+    """Replace each `item_reference` by the stored item it names (in place): an item of one of this key's
+    stored responses (input or output) or conversations; 404 naming the id when the key holds none by that id."""
+    references: dict[int, str] = {}
+    for index, item in enumerate(items):
+        if not _is_reference(item):
+            continue
+        item_id = item.get("id")
+        if not isinstance(item_id, str) or not item_id:
+            where = f"{param}[{index}].id"
+            raise OpenAIError(400, f"`{where}` must be the id of a stored item", param=where, code="invalid_type")
+        references[index] = item_id
+    if not references:
+        return
+    if stateful is None:
+        where = f"{param}[{next(iter(references))}]"
+        raise OpenAIError(
+            400,
+            f"`{where}` is an item_reference, which needs the response store, and it is turned off on this "
+            "server (response_store: false): send the item itself",
+            param=where,
+            code="response_store_disabled",
+        )
+    ids = list(references.values())
+    found = await asyncio.to_thread(stateful.responses.find_items, ids, owner, MAX_RESPONSES_READ)
+    if found is None:
+        raise OpenAIError(
+            400,
+            f"`{param}` refers to items of more than {MAX_RESPONSES_READ} stored responses: send the items "
+            "themselves, or fewer references per request",
+            param=param,
+            code="invalid_value",
+        )
+    missing = [item_id for item_id in ids if item_id not in found]
+    if missing:
+        found.update(await asyncio.to_thread(stateful.conversations.find_items, missing, owner))
+    # What the references became counts against the body limit, as if the client had sent it.
+    resolved_bytes = sum(len(orjson.dumps(found[item_id])) for item_id in ids if item_id in found)
+    limit = stateful.settings.max_body_bytes
+    if resolved_bytes > limit:
+        raise OpenAIError(
+            413,
+            f"the items `{param}` refers to come to {resolved_bytes} bytes, more than max_body_bytes ({limit})",
+            param=param,
+            code="request_too_large",
+        )
+    for index, item_id in references.items():
+        if item_id not in found:
+            raise OpenAIError(
+                404,
+                f"Item with id {item_id!r} not found: `{param}[{index}]` refers to it, and no stored response or "
+                "conversation of this key holds it (it may have expired or been deleted)",
+                param=f"{param}[{index}]",
+                code="item_not_found",
+            )
+        items[index] = found[item_id]
+
+
 async def expand(body: dict[str, Any], stateful: Stateful | None, owner: str, has_session: bool) -> Expanded:
     """The request with its stored context; OpenAIError (400/404) for what cannot be honoured."""
     store = _flag(body, "store", True)
@@ -133,6 +204,8 @@ async def expand(body: dict[str, Any], stateful: Stateful | None, owner: str, ha
 
     new_items = normalize_input(body.get("input"))
     open_sealed_reasoning(new_items, stateful, owner)
+    if isinstance(new_items, list):  # referenced items are stored ones, their reasoning already open
+        await resolve_references(new_items, stateful, owner)
     expanded = Expanded(
         body={k: v for k, v in body.items() if k not in STATEFUL_FIELDS},
         store=store,

@@ -108,6 +108,21 @@ class ConversationStore:
         ).fetchone()
         return True, orjson.loads(row[0]) if row else None
 
+    def find_items(self, item_ids: list[str], owner: str) -> dict[str, dict[str, Any]]:
+        """Items of `owner`'s conversations with these ids, by id (the most recently added where several
+        conversations hold one id); missing ids left out."""
+        conn = self.db.connection()
+        found: dict[str, dict[str, Any]] = {}
+        for item_id in dict.fromkeys(item_ids):
+            row = conn.execute(
+                "SELECT ci.data FROM conversation_items ci JOIN conversations c ON c.id = ci.conversation_id"
+                " WHERE ci.id = ? AND c.owner = ? ORDER BY c.updated_at DESC LIMIT 1",
+                (item_id, owner),
+            ).fetchone()
+            if row is not None:
+                found[item_id] = orjson.loads(row[0])
+        return found
+
     def delete_item(self, conversation_id: str, owner: str, item_id: str) -> tuple[bool, bool]:
         """(conversation exists, the item was there and is gone)."""
         with self.db.transaction() as conn:

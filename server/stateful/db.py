@@ -10,9 +10,11 @@ Connections are per thread (handlers call in from `asyncio.to_thread`), each ope
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
+import shutil
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -94,6 +96,33 @@ CREATE TRIGGER IF NOT EXISTS responses_changed_by_owner AFTER UPDATE OF owner, s
     INSERT INTO totals VALUES ('owner ' || NEW.owner, 1, NEW.size)
         ON CONFLICT (name) DO UPDATE SET count = count + 1, bytes = bytes + NEW.size;
 END;
+-- Where a stored item is found by its id, for `item_reference` input items: for each key, the newest
+-- stored response that carries the item (in its input or its output). A response's rows go with it.
+CREATE TABLE IF NOT EXISTS response_items (
+    owner TEXT NOT NULL,
+    id TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    PRIMARY KEY (owner, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS response_items_by_response ON response_items(response_id);
+CREATE TRIGGER IF NOT EXISTS response_items_removed AFTER DELETE ON responses BEGIN
+    DELETE FROM response_items WHERE response_id = OLD.id;
+END;
+-- A state file from before the item index gets its responses' items indexed, once (newest carrier first).
+INSERT OR IGNORE INTO response_items (owner, id, response_id)
+    SELECT r.owner, json_extract(item.value, '$.id'), r.id
+    FROM responses r, json_each(CAST(r.body AS TEXT), '$.response.output') item
+    WHERE NOT EXISTS (SELECT 1 FROM facts WHERE name = 'response_items_indexed')
+        AND json_type(item.value, '$.id') = 'text'
+    ORDER BY r.stored_at DESC;
+INSERT OR IGNORE INTO response_items (owner, id, response_id)
+    SELECT r.owner, json_extract(item.value, '$.id'), r.id
+    FROM responses r, json_each(CAST(r.body AS TEXT), '$.input') item
+    WHERE NOT EXISTS (SELECT 1 FROM facts WHERE name = 'response_items_indexed')
+        AND json_type(item.value, '$.id') = 'text'
+    ORDER BY r.stored_at DESC;
+INSERT OR IGNORE INTO facts (name, value) VALUES ('response_items_indexed', '1');
+CREATE INDEX IF NOT EXISTS conversation_items_by_id ON conversation_items(id);
 CREATE TRIGGER IF NOT EXISTS conversations_added AFTER INSERT ON conversations BEGIN
     UPDATE totals SET count = count + 1 WHERE name = 'conversations';
 END;
@@ -116,6 +145,33 @@ _BUSY_TIMEOUT_S = 10.0
 log = logging.getLogger("switchyard_model.stateful")
 
 
+# What setting a new state file up writes (measured: the file, its write-ahead log and its
+# shared-memory index, about 122 KiB), rounded up: what a startup on a full disk is told it needed.
+SETUP_BYTES = 128 << 10
+_SQLITE_FULL = 13
+
+
+def setup_failure(path: Path, exc: BaseException) -> str:
+    """Why the state file could not be set up, naming it; on a full disk, the space free and the space needed."""
+    full = (
+        getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL
+        or getattr(exc, "errno", None) == errno.ENOSPC
+        or "disk is full" in str(exc)  # SQLite's words for SQLITE_FULL, whoever raised it
+    )
+    message = f"cannot set up the response store's state file {path}: {exc}"
+    if not full:
+        return message
+    try:
+        free = f"{shutil.disk_usage(path.parent).free // 1024} KiB free"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"{message} ({free} on the filesystem of {path.parent}; setting the file up writes about "
+        f"{SETUP_BYTES // 1024} KiB, and every stored response more): free space there, set capture_dir to "
+        "another disk, or turn response_store off"
+    )
+
+
 class StateDB:
     """The SQLite file `<capture_dir>/state.sqlite3` (mode 0600), opened once per thread."""
 
@@ -132,7 +188,17 @@ class StateDB:
         self._closed = False
 
     def open(self) -> None:
-        """Create the directory, the file (0600) and the schema. Blocking: call from a thread."""
+        """Create the directory, the file (0600) and the schema. Blocking: call from a thread.
+
+        RuntimeError naming the file (and, on a full disk, the space it needed) when it cannot.
+        """
+        try:
+            self._open()
+        except (sqlite3.Error, OSError) as exc:
+            self.close()  # its connections, so nothing keeps the file (or its filesystem) open
+            raise RuntimeError(setup_failure(self.path, exc)) from exc
+
+    def _open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Created here with 0600 before SQLite sees it: SQLite gives its -wal/-shm files the same mode.
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)

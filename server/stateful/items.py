@@ -62,6 +62,8 @@ def _normalize(item: dict[str, Any]) -> dict[str, Any]:
         if part == "output_text":
             text_part["annotations"] = []
         item["content"] = [text_part]
+    if kind == "item_reference":  # its id names a stored item: never made up here
+        return item
     if not isinstance(item.get("id"), str) or not item["id"]:
         item["id"] = new_item_id(
             _ID_PREFIX.get(kind, "item") if isinstance(kind, str) else "item"

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from server.stateful.db import StateDB
+from server.stateful.items import stored_output
 
 RUNNING = ("queued", "in_progress")
 _NOT_RUNNING = "status NOT IN ('queued', 'in_progress')"
@@ -77,6 +78,7 @@ class Put:
     status: str
     background: bool
     body: bytes  # the response object and the input it ran on
+    item_ids: tuple[str, ...] = ()  # its input and output items' ids, for `item_reference`
 
     @classmethod
     def of(
@@ -91,7 +93,26 @@ class Put:
     ) -> Put:
         """`encoded`: the response already serialised (for its answer), so it is not serialised twice."""
         status = response.get("status") or "completed"
-        return cls(response["id"], owner, session_id, status, background, _body(response, input_items, encoded))
+        body = _body(response, input_items, encoded)
+        return cls(response["id"], owner, session_id, status, background, body, item_ids(response, input_items))
+
+
+def item_ids(response: dict[str, Any], input_items: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The ids of a response's input and output items (what an `item_reference` may name)."""
+    output = response.get("output")
+    items = input_items + output if isinstance(output, list) else input_items
+    return tuple({item["id"]: None for item in items if isinstance(item, dict) and isinstance(item.get("id"), str)})
+
+
+# An item id points at the newest response that carries it: a response evicted (oldest first) leaves
+# its items findable in the later turns that carried them on.
+_INDEX_ITEMS = "INSERT OR REPLACE INTO response_items (owner, id, response_id) VALUES (?, ?, ?)"
+# How many stored responses one request's item references may make the server read. An item is
+# found in the newest response that carried it, so a client sending its conversation back by
+# reference (the AI SDK does) names one or two.
+MAX_RESPONSES_READ = 64
+# Bound to one statement's host parameters (SQLite allows at least 999).
+_IDS_PER_QUERY = 500
 
 
 def _body(response: dict[str, Any], input_items: list[dict[str, Any]], encoded: bytes | None = None) -> bytes:
@@ -137,10 +158,12 @@ class ResponseStore:
         now = self.clock()
         rows = []
         oversized = []
+        by_owner_items: dict[str, list[tuple[str, str, str]]] = {}
         for put in puts:
             if len(put.body) > self.bounds.max_bytes:
                 oversized.append((put.id,))
                 continue
+            by_owner_items.setdefault(put.owner, []).extend((put.owner, item_id, put.id) for item_id in put.item_ids)
             rows.append(
                 (put.id, put.owner, put.session_id, put.status, int(put.background), now, now, len(put.body), put.body)
             )
@@ -156,6 +179,7 @@ class ResponseStore:
                 # New ids (nearly all) are one INSERT; replacing keeps the row's age and its events,
                 # whose bytes stay counted in its size (a delete would drop them with it).
                 conn.executemany(_UPSERT, owned)
+                conn.executemany(_INDEX_ITEMS, by_owner_items.get(owner, ()))
                 dropped |= self._make_room(conn, owner)
         dropped.update(row[0] for row in oversized)
         return [put.id not in dropped for put in puts]
@@ -173,6 +197,9 @@ class ResponseStore:
             conn.execute(
                 "UPDATE responses SET status = ?, heartbeat = ?, size = ?, body = ? WHERE id = ?",
                 (response.get("status") or "completed", now, row[0] + len(body), body, response["id"]),
+            )
+            conn.executemany(
+                _INDEX_ITEMS, [(row[1], item_id, response["id"]) for item_id in item_ids(response, input_items)]
             )
             if response.get("status") not in RUNNING:
                 self._expire(conn, now)
@@ -261,6 +288,39 @@ class ResponseStore:
             response=body["response"],
             input=body["input"],
         )
+
+    def find_items(
+        self, item_ids: list[str], owner: str, max_responses: int = MAX_RESPONSES_READ
+    ) -> dict[str, dict[str, Any]] | None:
+        """The stored items of `owner`'s responses with these ids (output first, then input), by id;
+        missing ids left out. None if they lie in more than `max_responses` stored responses (each
+        one read is a whole body parsed: a request may not make the server read a key's whole store)."""
+        wanted = set(item_ids)
+        carriers: set[str] = set()
+        conn = self.db.connection()
+        ordered = list(wanted)
+        for start in range(0, len(ordered), _IDS_PER_QUERY):
+            chunk = ordered[start : start + _IDS_PER_QUERY]
+            carriers.update(
+                row[0]
+                for row in conn.execute(
+                    f"SELECT response_id FROM response_items WHERE owner = ? AND id IN ({','.join('?' * len(chunk))})",
+                    (owner, *chunk),
+                )
+            )
+        if len(carriers) > max_responses:
+            return None
+        found: dict[str, dict[str, Any]] = {}
+        for response_id in carriers:  # each body parsed once, however many of its items are named
+            row = conn.execute("SELECT body FROM responses WHERE id = ? AND owner = ?", (response_id, owner)).fetchone()
+            if row is None:  # deleted since
+                continue
+            body = orjson.loads(row[0])
+            output = body["response"].get("output")
+            for item in stored_output(output if isinstance(output, list) else []) + body["input"]:
+                if isinstance(item, dict) and item.get("id") in wanted and item["id"] not in found:
+                    found[item["id"]] = item
+        return found
 
     def cancel_requested(self, response_id: str) -> bool:
         """Whether a running response should stop: flagged, or deleted (on any worker)."""

@@ -6,6 +6,7 @@ Responses handler reach it through `AppState.response_store`. Also: whose stored
 
 from __future__ import annotations
 
+import sqlite3
 from typing import TYPE_CHECKING
 
 from starlette.types import Scope
@@ -14,7 +15,7 @@ from server.config import ConfigError
 from server.owners import Owners
 from server.stateful.background import BackgroundRuns
 from server.stateful.conversations import ConversationStore
-from server.stateful.db import StateDB
+from server.stateful.db import StateDB, setup_failure
 from server.stateful.responses import Bounds, ResponseStore
 from server.stateful.sealing import KEY_FILE, ReasoningSeal, fingerprint, load_key
 from server.stateful.writer import StoreWriter
@@ -60,8 +61,17 @@ class Stateful:
         self.owners = Owners(settings.api_keys, settings.session_api_keys)
 
     def open(self) -> None:
+        """RuntimeError naming the state file (and on a full disk, the space it needed) when it cannot be set up."""
         self.db.open()
-        self.seal = ReasoningSeal(self._seal_key(), self.server_run)
+        try:
+            key = self._seal_key()
+        except (sqlite3.Error, OSError) as exc:  # the key file, or its fingerprint in the state file
+            self.db.close()
+            raise RuntimeError(setup_failure(self.db.path, exc)) from exc
+        except BaseException:
+            self.db.close()
+            raise
+        self.seal = ReasoningSeal(key, self.server_run)
         self.writer.start()
 
     def _seal_key(self) -> bytes:

@@ -48,6 +48,7 @@ class SwitchyardProxy:
         self._rendered_path: Path | None = None  # the private, interpolated copy Switchyard reads
         self.rendered: profiles.RenderedDeployment | None = None
         self.threads: int | None = None  # the worker threads asked of a Switchyard we run (None: its default)
+        self.environment: dict[str, str] = {}  # added to the environment of a Switchyard we run
 
     def _render_deployment(self) -> Path:
         """Interpolate `${VAR}` in the deployment and write it privately (0600) for Switchyard."""
@@ -63,6 +64,12 @@ class SwitchyardProxy:
 
     async def start(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    async def _settle_environment(self) -> None:
+        """What the Switchyard we run gets added to its environment (its OpenTelemetry exporters')."""
+        from server.telemetry.otlp_export import switchyard_environment
+
+        self.environment = await asyncio.to_thread(switchyard_environment)
 
     async def close(self) -> None:
         """Idempotent."""
@@ -109,11 +116,16 @@ class HostedProxy(SwitchyardProxy):
                 "(pip install nemo-switchyard==0.3.0) or set switchyard_base_url to attach"
             ) from exc
         ensure_no_proxy_for_loopback()
+        await self._settle_environment()
         config_path = self._render_deployment()
         try:
             threads = None if self.threads is None else str(self.threads)
-            with _keep_python_signal_handlers(), environment_set(TOKIO_THREADS_ENV, threads):
-                self._server = Server(str(config_path), port=self.port)
+            # Switchyard reads its environment at its first Server() in a process: set only around it.
+            with contextlib.ExitStack() as environment:
+                for name, value in {**self.environment, TOKIO_THREADS_ENV: threads}.items():
+                    environment.enter_context(environment_set(name, value))
+                with _keep_python_signal_handlers():
+                    self._server = Server(str(config_path), port=self.port)
         except RuntimeError as exc:  # ServerConfigError is a RuntimeError too
             # Switchyard quotes TOML lines (which may hold secrets) and names the private copy.
             assert self.rendered is not None
@@ -213,6 +225,7 @@ class LaunchedProxy(SwitchyardProxy):
 
     async def start(self) -> None:
         ensure_no_proxy_for_loopback()
+        await self._settle_environment()
         rendered = self._render_deployment()
         # Beside the private deployment copy: removed with it, or by the next server if this one is killed.
         self._stderr_file = open(rendered.parent / "switchyard-stderr.log", "w+b")  # noqa: SIM115 - closed in close()
@@ -228,7 +241,9 @@ class LaunchedProxy(SwitchyardProxy):
         assert self._rendered_path is not None, "start() renders the deployment first"
         argv = self._argv(self._rendered_path)
         try:
-            env = None if self.threads is None else {**os.environ, TOKIO_THREADS_ENV: str(self.threads)}
+            env = {**os.environ, **self.environment}
+            if self.threads is not None:
+                env[TOKIO_THREADS_ENV] = str(self.threads)
             self.process = subprocess.Popen(
                 argv,
                 env=env,

@@ -4,4 +4,4 @@ Its public surface is its modules (`__all__`): `spans` imports `otel_metrics` th
 so re-exporting `spans`' names here would be an import cycle.
 """
 
-__all__ = ["prometheus", "service", "spans"]
+__all__ = ["otlp_export", "prometheus", "service", "spans"]

@@ -1,9 +1,10 @@
-"""The OTLP/HTTP exporters the environment asks for; metric export turns itself off where the endpoint takes only traces.
+"""The OTLP/HTTP exporters the environment asks for; metric export (ours, and a Switchyard's we run) off where the endpoint takes only traces.
 
 Phoenix and Langfuse take spans only: their `/v1/metrics` answers 404 or 405, and an exporter posting
 there would log an error every export interval. Before its first export, the metric exporter asks
 the endpoint once with an empty (valid) request; 404, 405 or 501 turns metric export off for good,
-with one INFO line. `GET /metrics` is not affected.
+with one INFO line. `GET /metrics` is not affected. A Switchyard this server hosts or launches is
+asked about the same way before it starts, and told to export no metrics there.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 from opentelemetry.util.re import parse_env_headers
 
-from server.telemetry.environment import exporter_names, otlp_endpoint, warn_if_not_http_protobuf
+from server.telemetry.environment import env_true, exporter_names, otlp_endpoint, warn_if_not_http_protobuf
 
 log = logging.getLogger("switchyard_model.telemetry")
 
@@ -71,6 +72,24 @@ def takes_metrics(url: str) -> bool | None:
     except (httpx.HTTPError, OSError, ValueError):  # unreachable, or a bad certificate file
         return None
     return reply.status_code not in _NO_METRICS_HERE
+
+
+def switchyard_environment() -> dict[str, str]:
+    """What to add to the environment of a Switchyard this server runs: `OTEL_METRICS_EXPORTER=none`
+    where the OTLP endpoint takes no metrics (asked here, once, before Switchyard starts).
+
+    Switchyard 0.3.0 exports metrics to the same OTLP endpoint as its spans, and against a
+    traces-only one logs "failed to flush OpenTelemetry metrics" every export interval; it honours
+    `OTEL_METRICS_EXPORTER=none` (spans still go). Blocking (at most the probe's timeout): call
+    from a thread. Nothing is added when the environment already chooses, or exports nothing.
+    """
+    if env_true("OTEL_SDK_DISABLED") or os.environ.get("OTEL_METRICS_EXPORTER") or not otlp_endpoint("METRICS"):
+        return {}
+    url = metrics_url()
+    if takes_metrics(url) is not False:  # it does, or cannot be reached now: Switchyard keeps its default
+        return {}
+    log.info("OpenTelemetry: %s takes no metrics (a traces-only endpoint): Switchyard's metric export is off", url)
+    return {"OTEL_METRICS_EXPORTER": "none"}
 
 
 class _MetricExporterThatAsksFirst(OTLPMetricExporter):

@@ -57,6 +57,13 @@ class CallSpan:
     def first_chunk(self) -> None:
         """The upstream's first streamed chunk arrived."""
 
+    def answered_by(self, model: str | None) -> None:
+        """The model Switchyard says answered (its `x-model-router-selected-model` header), if it said.
+
+        It outranks the answer's own `model`, which names the route where Switchyard answers so
+        (a `noop` route, a router, an engine serving under the route's name).
+        """
+
     def finish(self, response: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
         """The call ended (a chat.completion dict, or the error that ended it)."""
 
@@ -70,7 +77,7 @@ NOOP_SPAN = CallSpan()
 class MeteredCall(CallSpan):
     """A call without spans: metrics only, and the caller's trace context passed on to Switchyard."""
 
-    __slots__ = ("_metrics", "_attrs", "_incoming", "_started", "_ttfc", "_done")
+    __slots__ = ("_metrics", "_attrs", "_incoming", "_started", "_ttfc", "_done", "_answered_by")
 
     def __init__(self, metrics: CallMetrics, metric_attrs: Attrs, incoming: dict[str, str]) -> None:
         self._metrics = metrics
@@ -79,12 +86,17 @@ class MeteredCall(CallSpan):
         self._started = _clock()
         self._ttfc: float | None = None
         self._done = False
+        self._answered_by: str | None = None
         self._metrics.call_started(metric_attrs)
 
     def upstream_headers(self, headers: dict[str, str]) -> None:
         # No span of ours to parent Switchyard's: forward the caller's, so its trace still joins up.
         if self._incoming:
             headers.update(self._incoming)
+
+    def answered_by(self, model: str | None) -> None:
+        if isinstance(model, str) and model:
+            self._answered_by = model
 
     def first_chunk(self) -> None:
         if self._ttfc is None and not self._done:
@@ -102,6 +114,9 @@ class MeteredCall(CallSpan):
         try:
             duration = _clock() - self._started
             response = response if isinstance(response, dict) else None
+            answered_by = self._answered_by
+            if response is not None and answered_by is not None and response.get("model") != answered_by:
+                response = {**response, "model": answered_by}  # a shallow copy: the caller's answer is its own
             self._metrics.call_finished(self._attrs, duration, response, error)
             self._on_finish(response, error)
         except Exception:

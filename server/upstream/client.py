@@ -18,8 +18,10 @@ from server.upstream.errors import error_from_exception, error_from_httpx, error
 
 log = logging.getLogger("switchyard_model.upstream")
 
+# Switchyard's word on which target answered (on every successful answer, stream or not).
+SELECTED_MODEL = "x-model-router-selected-model"
 # Headers of Switchyard's (or the model server's) answer worth relaying to the client.
-_RELAYED_RESPONSE_HEADERS = ("x-model-router-selected-model", "x-request-id", "openai-processing-ms")
+_RELAYED_RESPONSE_HEADERS = (SELECTED_MODEL, "x-request-id", "openai-processing-ms")
 
 
 @dataclass(slots=True)
