@@ -205,9 +205,7 @@ def test_summary_cache_rebuilds_when_a_session_gains_records(tree_store):
 
 def test_a_partial_subagent_masks_its_ancestors_in_the_summary(tree_store):
     # The grandchild's second call breaks its chain: it, and everything above it, is masked.
-    tree_store.submit(
-        record("s-sub-sub", BROKEN_ON, {"content": "z"}, [99], [2], at=5, parent="s-sub")
-    )
+    tree_store.submit(record("s-sub-sub", BROKEN_ON, {"content": "z"}, [99], [2], at=5, parent="s-sub"))
     tree_store.flush()
     cache = SummaryCache()
     assert cache.summary(tree_store, tree_store.index_view(), "s-sub-sub")["rollout"] == "partial"
@@ -250,9 +248,7 @@ def test_a_large_session_is_listed_from_record_heads_and_filled_in_later(tree_st
 def test_the_status_filter_never_sees_pending(tree_store):
     from server.capture.catalog.summary import ListQuery, list_page
 
-    tree_store.submit(
-        record("s-sub-sub", BROKEN_ON, {"content": "z"}, [99], [2], at=5, parent="s-sub")
-    )
+    tree_store.submit(record("s-sub-sub", BROKEN_ON, {"content": "z"}, [99], [2], at=5, parent="s-sub"))
     tree_store.flush()
     cache = SummaryCache(full_read_bytes=0)
     query = ListQuery(status="partial", summary=True)
