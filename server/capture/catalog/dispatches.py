@@ -183,4 +183,5 @@ def _is_side_call(records: Sequence[CaptureRecord], index: int, current: _Dispat
 def split(records: list[CaptureRecord], fresh_starts: Sequence[int] = ()) -> list[list[CaptureRecord]]:
     """`records` as their dispatches, in order (each a slice; [] for no records)."""
     starts = dispatch_starts(records, fresh_starts)
-    return [records[start:end] for start, end in zip(starts, [*starts[1:], len(records)], strict=True)]
+    ends = [*starts[1:], len(records)] if starts else []
+    return [records[start:end] for start, end in zip(starts, ends, strict=True)]

@@ -237,6 +237,8 @@ def narrow(records: list[CaptureRecord], choice: RunChoice | None) -> Narrowed:
     for None, every record unsplit."""
     if choice is None:
         return Narrowed(records, None, len(dispatches_of(records)), None)
+    if not records:  # nothing to split (the caller says what a session without records is)
+        return Narrowed(records, None, 0, None)
     if choice.of_run:
         picked = [record for record in records if run_of(record) == choice.run]
         parts = split(picked)
