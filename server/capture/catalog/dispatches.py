@@ -56,15 +56,24 @@ def request_messages(record: object) -> list[Any] | None:
     return messages[:-1] if isinstance(messages, list) and messages else None
 
 
+def _assistant_in_request(record: object) -> bool | None:
+    """Whether the call's request holds an assistant turn (None when its messages are unreadable);
+    looks no further than the first one, without copying the messages."""
+    messages = record.get("messages") if isinstance(record, dict) else None
+    if not isinstance(messages, list) or not messages:
+        return None
+    return any(
+        isinstance(messages[k], dict) and messages[k].get("role") == "assistant" for k in range(len(messages) - 1)
+    )
+
+
 def carries_assistant_turn(record: object) -> bool:
-    messages = request_messages(record)
-    return messages is not None and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+    return _assistant_in_request(record) is True
 
 
 def is_opening(record: object) -> bool:
     """A conversation's first call: readable request messages with no assistant turn among them."""
-    messages = request_messages(record)
-    return messages is not None and not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+    return _assistant_in_request(record) is False
 
 
 def leading_prompt(record: object) -> str | None:
