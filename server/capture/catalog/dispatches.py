@@ -9,8 +9,8 @@ An *opening* is a call whose request holds no assistant turn: a conversation's f
 opening after the first record is judged against the dispatch it would join:
 
 1. A compaction stays: an opening that quotes, in a non-system message, what the dispatch's calls
-   generated (an answer's text or a tool call's arguments, 5 characters or more) carries the
-   conversation on as its summary. (An opening that repeats one of the dispatch's first calls word
+   generated (an answer's text or a tool call's arguments, 5 characters or more, or a line of 32 or
+   more of a longer answer) carries the conversation on as its summary. (An opening that repeats one of the dispatch's first calls word
    for word is never taken for one: a model may echo its task.)
 2. Once the dispatch's conversation went on (it holds a call that carries an assistant turn), the
    opening begins a new dispatch unless it is a side call beside that conversation (opencode's
@@ -46,8 +46,8 @@ from server.capture.write.record import CaptureRecord
 # How many later calls the side-call test looks at (only openings after a conversation went on, and
 # only those that differ from the dispatch's first calls, are tested at all).
 LOOKAHEAD = 8
-# How many of a dispatch's latest generated texts a compaction's summary is looked for in.
-ANSWERS_KEPT = 32
+# How many of a dispatch's latest generated texts (answers, their long lines) a compaction is looked for in.
+ANSWERS_KEPT = 256
 
 
 def request_messages(record: object) -> list[Any] | None:

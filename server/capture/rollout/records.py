@@ -86,10 +86,13 @@ def injection_break(record: CaptureRecord) -> str | None:
 
 # A piece of generated text shorter than this is too common ("ok", "4") to say a prompt quotes it.
 QUOTED_MIN_CHARS = 5
+# A line of a longer answer this long is quoted on its own (a client may rework a summary around it).
+QUOTED_LINE_CHARS = 32
 
 
 def generated_texts(messages: list[Any]) -> list[str]:
-    """What the model wrote in `messages`: each assistant turn's text and tool-call arguments."""
+    """What the model wrote in `messages`: each assistant turn's text (whole, and each of its long
+    lines) and tool-call arguments."""
     out = []
     for message in messages:
         if not isinstance(message, dict) or message.get("role") != "assistant":
@@ -99,6 +102,8 @@ def generated_texts(messages: list[Any]) -> list[str]:
             content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
         if isinstance(content, str) and len(content.strip()) >= QUOTED_MIN_CHARS:
             out.append(content.strip())
+            if "\n" in content.strip():
+                out += [line.strip() for line in content.splitlines() if len(line.strip()) >= QUOTED_LINE_CHARS]
         for call in message.get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
             arguments = function.get("arguments") if isinstance(function, dict) else None

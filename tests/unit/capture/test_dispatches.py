@@ -166,6 +166,23 @@ def test_a_side_call_mid_conversation_and_a_compaction_stay_in_the_dispatch():
     assert rollout["mask_sample"] is True and rollout["partial_break"]["kind"] == "compacted"
 
 
+def test_a_compaction_whose_summary_the_client_reworked_stays_when_it_quotes_a_line_of_it():
+    session = ScriptedSession(SESSION)
+    session.call()
+    summary = "<analysis>checked</analysis>\nThe agent listed the files in the repository root.\nNext: read a.txt"
+    session._record(session.history, {"role": "assistant", "content": summary})  # the client's summary call
+    reworked = "This session is being continued.\n- The agent listed the files in the repository root.\n"
+    session.history = [session.history[0], {"role": "user", "content": reworked}]
+    session.call()
+    session.call()
+    records = _in_order(session.records)
+    assert _split(records) == [_uuids(records)]
+    # The control: the same summary with that line reworded is a new task.
+    session.records[2]["messages"][1]["content"] = "This session is being continued.\n- Files were listed.\n"
+    records = _in_order(session.records)
+    assert _split(records) == [_uuids(records[:2]), _uuids(records[2:])]
+
+
 def test_a_server_run_that_began_afresh_is_a_boundary_even_where_the_rule_sees_none():
     first = _dispatch("Task alpha", calls=1).records
     later = _dispatch("Task beta", calls=1, system="Be brief.").records
