@@ -255,7 +255,7 @@ _unknown = unknown_session
 def run_param(request: Request, *, default: str) -> str:
     """The `run` query parameter (`latest`, `all`, `legacy` or a run id) with the `dispatch` one
     (`latest` or a number from 1), as one value for the views (`runs.with_dispatch`); a 400 naming
-    the parameter otherwise. A dispatch cannot be asked of `run=all`, which is every record unsplit."""
+    the parameter otherwise. `run=all` is every record unsplit, unless a dispatch is named."""
     value = request.query_params.get("run")
     try:
         run = parse_run(value) if value else default
@@ -265,15 +265,6 @@ def run_param(request: Request, *, default: str) -> str:
         dispatch = parse_dispatch(request.query_params.get("dispatch"))
     except ValueError as exc:
         raise OpenAIError(400, str(exc), param="dispatch", code="invalid_request") from None
-    if dispatch is not None and not value:
-        run = LATEST  # a dispatch of the session (the tree's default, `all`, has none)
-    if dispatch is not None and run == ALL:
-        raise OpenAIError(
-            400,
-            "dispatch cannot be combined with run=all (every record, unsplit)",
-            param="dispatch",
-            code="invalid_request",
-        )
     return with_dispatch(run, dispatch)
 
 

@@ -53,10 +53,9 @@ def export_rollouts(
             session_id = entry["session_id"]
             try:
                 if run == ALL or dispatch != EVERY_DISPATCH:
+                    one = None if dispatch == EVERY_DISPATCH else dispatch  # `--run all`: every record, unsplit
                     bodies = [
-                        source.rollout(
-                            session_id, allow_partial=allow_partial, run=with_dispatch(run, dispatch), view=view
-                        )
+                        source.rollout(session_id, allow_partial=allow_partial, run=with_dispatch(run, one), view=view)
                     ]
                 else:
                     latest = source.rollout(session_id, allow_partial=allow_partial, run=run, view=view)

@@ -138,9 +138,6 @@ def run_sessions(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: --dispatch: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if dispatch_arg and run == ALL:
-        print("error: --dispatch cannot be combined with --run all (every record, unsplit)", file=sys.stderr)
-        return EXIT_USAGE
 
     try:
         source: SessionSource = ServerSource(url, args.timeout) if url else DirectorySource(args.capture_dir)
@@ -156,7 +153,7 @@ def run_sessions(args: argparse.Namespace) -> int:
             else:
                 print(session_table(sessions))
         elif command == "tree":
-            node = source.tree(args.session_id, run=with_dispatch(run or (LATEST if dispatch_arg else ALL), dispatch))
+            node = source.tree(args.session_id, run=with_dispatch(run or ALL, dispatch))
             if args.json:
                 emit_json(node)
             else:

@@ -32,6 +32,8 @@ LEGACY = "legacy"  # the records without a run id (written before records carrie
 
 # What a run id may look like in the `run` parameter: ours are `<UTC start time>-<8 hex>`.
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}")
+# A dispatch's number in the `dispatch` parameter: from 1, no leading zero.
+_DISPATCH = re.compile(r"[1-9][0-9]{0,8}")
 
 
 class UnknownRun(LookupError):
@@ -73,16 +75,17 @@ class RunChoice:
 
 def choose(runs: Sequence[str | None], wanted: str) -> RunChoice | None:
     """What `wanted` (`parse_run`'s value, with `with_dispatch`'s `#<n>` when a dispatch is named)
-    picks among a session's `runs` (in order of first record); None means every record, unsplit.
+    picks among a session's `runs` (in order of first record); None means every record, unsplit
+    (`all`; `all` with a dispatch picks among every run's dispatches, as `latest` does).
 
     Raises UnknownRun when a named run (or `legacy`) is not among them. Whether a named dispatch
     exists is known only from the records (`narrow` raises UnknownDispatch).
     """
     wanted, _, number = wanted.partition("#")
     dispatch = int(number) if number else None
-    if wanted == ALL:
+    if wanted == ALL and dispatch is None:
         return None
-    if wanted == LATEST:
+    if wanted in (LATEST, ALL):
         return RunChoice(dispatch=dispatch)
     run = None if wanted == LEGACY else wanted
     if run not in runs:
@@ -102,7 +105,7 @@ def parse_dispatch(value: str | None) -> int | None:
     """
     if value is None or value in ("", LATEST):
         return None
-    if value.isascii() and value.isdigit() and len(value) <= 9 and int(value) >= 1:
+    if _DISPATCH.fullmatch(value):
         return int(value)
     raise ValueError("dispatch must be latest or a dispatch number from 1 (the session summary's `dispatches`)")
 

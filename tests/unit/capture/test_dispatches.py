@@ -277,7 +277,11 @@ def test_http_dispatch_parameter_and_summary(client, reader):
         assert assert_openai_error(client.get(path, params={"dispatch": bad}), 400)["param"] == "dispatch"
     error = assert_openai_error(client.get(path, params={"dispatch": "3"}), 404)
     assert error["param"] == "dispatch" and error["code"] == "dispatch_not_found"
-    assert_openai_error(client.get(path, params={"dispatch": "1", "run": "all"}), 400)
+    for bad in ("01", "1e3", "latest ", "9999999999"):
+        assert assert_openai_error(client.get(path, params={"dispatch": bad}), 400)["param"] == "dispatch"
+    # `run=all` is every record unsplit; with a dispatch, that dispatch of every run's records.
+    assert client.get(path, params={"run": "all"}).json()["dispatch"] is None
+    assert client.get(path, params={"dispatch": "1", "run": "all"}).json()["record_uuids"] == _uuids(records[:3])
     tree = client.get(f"/v1/sessions/{SESSION}/tree", params={"dispatch": "1"}).json()
     assert [c["session_id"] for c in tree["children"]] == [f"{SESSION}/sub"]
     row = client.get("/v1/sessions", params={"summary": "true", "kind": "root"}).json()["sessions"][0]
@@ -300,4 +304,4 @@ def test_export_writes_each_dispatch_as_its_own_whole_rollout(capture_dir, tmp_p
     assert orjson.loads(capsys.readouterr().out)["record_uuids"] == lines[0]["record_uuids"]
     assert sessions_main(["sessions", "rollout", SESSION, *source, "--dispatch", "9"]) == 1
     assert sessions_main(["sessions", "rollout", SESSION, *source, "--dispatch", "x"]) == 2
-    assert sessions_main(["sessions", "rollout", SESSION, *source, "--dispatch", "1", "--run", "all"]) == 2
+    assert sessions_main(["sessions", "rollout", SESSION, *source, "--dispatch", "01"]) == 2
