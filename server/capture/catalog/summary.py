@@ -86,17 +86,25 @@ class SessionFacts:
     scope: Scope | None = None
 
 
-def dispatch_list(records: list[CaptureRecord]) -> list[dict[str, Any]]:
-    """The session's dispatches (`runs.dispatches_of`), each with its number, calls and times."""
-    return [
+# A summary lists at most this many dispatches (the latest): an RL loop may reuse an id thousands of times.
+DISPATCHES_LISTED = 100
+
+
+def dispatch_list(records: list[CaptureRecord]) -> tuple[list[dict[str, Any]], int]:
+    """The session's latest dispatches (`runs.dispatches_of`, at most DISPATCHES_LISTED), each with
+    its number, calls and times, and how many there are in all."""
+    parts = dispatches_of(records)
+    first = max(0, len(parts) - DISPATCHES_LISTED)
+    listed = [
         {
             "dispatch": number,
             "calls": len(part),
             "first_captured_at": part[0].get("captured_at"),
             "last_captured_at": part[-1].get("captured_at"),
         }
-        for number, part in enumerate(dispatches_of(records), start=1)
+        for number, part in enumerate(parts[first:], start=first + 1)
     ]
+    return listed, len(parts)
 
 
 def session_facts(
@@ -119,7 +127,7 @@ def session_facts(
             rollout_fraction=chains["rollout_fraction"],
         )
     summary.update(rollout=status, partial_reason=reason, mask_sample=status != "whole")
-    summary["dispatches"] = dispatch_list(records)
+    summary["dispatches"], summary["dispatch_count"] = dispatch_list(records)
     calls: list[tuple[str | None, str | None, str | None, bool]] = [
         (record.get("captured_at"), started_at(record), record.get("uuid"), reply_has_tool_calls(record))
         for record in records
@@ -188,9 +196,10 @@ def summary_columns(records: Sequence[RecordHead]) -> dict[str, Any]:
         "chains": None,
         "trainable_fraction": None,
         "rollout_fraction": None,
-        # The session's dispatches (a reused session id: docs/capture.md#dispatches), each with its
-        # number, calls and times; None while pending.
+        # The session's dispatches (a reused session id: docs/capture.md#dispatches): the latest
+        # DISPATCHES_LISTED, each with its number, calls and times, and how many in all; None while pending.
         "dispatches": None,
+        "dispatch_count": None,
     }
     return summary
 

@@ -202,6 +202,16 @@ def test_a_new_conversation_is_never_called_a_compaction():
     assert message_break_kind(history, fresh) == "new_conversation"
 
 
+def test_a_summary_lists_the_latest_dispatches_and_counts_them_all(monkeypatch):
+    from server.capture.catalog import summary
+
+    monkeypatch.setattr(summary, "DISPATCHES_LISTED", 2)
+    records = _in_order(*(_dispatch(f"Task {k}", calls=1).records for k in range(5)))
+    listed, count = summary.dispatch_list(records)
+    assert count == 5 and [d["dispatch"] for d in listed] == [4, 5]
+    assert listed[-1]["first_captured_at"] == records[-1]["captured_at"]
+
+
 def test_the_rule_reads_each_record_once_and_looks_ahead_only_after_a_conversation_went_on(monkeypatch):
     looked = []
     real = dispatches._is_side_call
@@ -287,6 +297,7 @@ def test_http_dispatch_parameter_and_summary(client, reader):
     row = client.get("/v1/sessions", params={"summary": "true", "kind": "root"}).json()["sessions"][0]
     assert row["summary"]["rollout"] == "whole" and row["summary"]["mask_sample"] is False
     assert [(d["dispatch"], d["calls"]) for d in row["summary"]["dispatches"]] == [(1, 3), (2, 3)]
+    assert row["summary"]["dispatch_count"] == 2
 
 
 def test_export_writes_each_dispatch_as_its_own_whole_rollout(capture_dir, tmp_path, capsys):
@@ -305,3 +316,15 @@ def test_export_writes_each_dispatch_as_its_own_whole_rollout(capture_dir, tmp_p
     assert sessions_main(["sessions", "rollout", SESSION, *source, "--dispatch", "9"]) == 1
     assert sessions_main(["sessions", "rollout", SESSION, *source, "--dispatch", "x"]) == 2
     assert sessions_main(["sessions", "rollout", SESSION, *source, "--dispatch", "01"]) == 2
+
+
+def test_without_the_split_the_same_captures_mix(reader, monkeypatch):
+    """The negative control of the views above: segmentation off, the rollout is dispatch one's, masked."""
+    from server.capture.catalog import runs
+
+    monkeypatch.setattr(runs, "split", lambda records, fresh_starts=(): [records] if records else [])
+    records, _ = reader.read_completions(SESSION)
+    mixed = build_rollout(reader, SESSION)
+    assert mixed["dispatches"] == 1 and mixed["mask_sample"] is True
+    assert mixed["record_uuids"] == _uuids(records[:3])  # the second dispatch is in no rollout
+    assert {s["session_id"] for s in mixed["subagents"]} == {f"{SESSION}/sub"}
