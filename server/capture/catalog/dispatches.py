@@ -43,8 +43,8 @@ from server.capture.read.contiguity import first_difference
 from server.capture.rollout.records import generated_texts, is_title_call, quotes_any, signature
 from server.capture.write.record import CaptureRecord
 
-# How many later calls the side-call test looks at (only openings after a conversation went on, and
-# only those that differ from the dispatch's first calls, are tested at all).
+# How many later calls (first calls aside) the side-call test looks at; only an opening after the
+# conversation went on is tested at all.
 LOOKAHEAD = 8
 # How many of a dispatch's latest generated texts (answers, their long lines) a compaction is looked for in.
 ANSWERS_KEPT = 256
