@@ -15,9 +15,19 @@ from starlette.routing import Route
 from server.api.cursor import limit_param
 from server.api.session_access import SessionAccess, unknown_session
 from server.capture.catalog.index_view import IndexView
-from server.capture.catalog.runs import ALL, LATEST, UnknownRun, parse_run
+from server.capture.catalog.runs import (
+    ALL,
+    LATEST,
+    UnknownDispatch,
+    UnknownRun,
+    format_time,
+    parse_dispatch,
+    parse_run,
+    parse_time,
+    with_dispatch,
+)
 from server.capture.catalog.sessions import build_tree, lost_session_envelope, lost_session_node
-from server.capture.catalog.summary import KINDS, STATUSES, ListQuery, SummaryCache, format_time, list_page, parse_time
+from server.capture.catalog.summary import KINDS, STATUSES, ListQuery, SummaryCache, list_page
 from server.capture.read.rebuilds import CHAINS, RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
 from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError, lost_session_rollout
@@ -125,6 +135,8 @@ def session_routes(
                 tree: dict[str, Any] | None = build_tree(store, session_id, run=run)
             except UnknownSession:
                 tree = None
+            except UnknownDispatch:
+                raise _unknown_dispatch(session_id, request) from None
             except UnknownRun:
                 raise _unknown_run(session_id, run) from None
             if tree is None or not tree["record_count"]:  # no records: known only from a capture-failure mark
@@ -136,7 +148,7 @@ def session_routes(
 
         return json_bytes(await run_in_threadpool(build))
 
-    async def rebuilt(store: CaptureStore, session_id: str, run: str, **options: Any) -> SessionBody:
+    async def rebuilt(request: Request, store: CaptureStore, session_id: str, run: str, **options: Any) -> SessionBody:
         """The session's rollout (or `view=CHAINS`, its chains) as rebuilt off the serving process;
         `UnknownSession` is left to the caller, which knows what a session without records means."""
 
@@ -149,6 +161,8 @@ def session_routes(
             return await rollouts_for(store).rollout(
                 index, session_id, lost_records=store.lost_records, run=run, **options
             )
+        except UnknownDispatch:
+            raise _unknown_dispatch(session_id, request) from None
         except UnknownRun:
             raise _unknown_run(session_id, run) from None
         except RolloutError as exc:
@@ -162,7 +176,7 @@ def session_routes(
         allow_partial = _bool_param(request.query_params.get("allow_partial"), "allow_partial", default=True)
         run = run_param(request, default=LATEST)
         try:
-            body = await rebuilt(store, session_id, run, allow_partial=allow_partial)
+            body = await rebuilt(request, store, session_id, run, allow_partial=allow_partial)
         except UnknownSession:
             lost = await run_in_threadpool(store.lost_records, session_id)
             if not lost:
@@ -178,7 +192,7 @@ def session_routes(
         store = store_or_error()
         session_id = await scope.session_id(request, store)
         try:
-            body = await rebuilt(store, session_id, run_param(request, default=LATEST), view=CHAINS)
+            body = await rebuilt(request, store, session_id, run_param(request, default=LATEST), view=CHAINS)
         except UnknownSession:
             lost = await run_in_threadpool(store.lost_records, session_id)
             if not lost:
@@ -239,17 +253,37 @@ _unknown = unknown_session
 
 
 def run_param(request: Request, *, default: str) -> str:
-    """The `run` query parameter: `latest`, `all`, `legacy` or a run id (a 400 naming it otherwise)."""
+    """The `run` query parameter (`latest`, `all`, `legacy` or a run id) with the `dispatch` one
+    (`latest` or a number from 1), as one value for the views (`runs.with_dispatch`); a 400 naming
+    the parameter otherwise. `run=all` is every record unsplit, unless a dispatch is named."""
     value = request.query_params.get("run")
     try:
-        return parse_run(value) if value else default
+        run = parse_run(value) if value else default
     except ValueError as exc:
         raise OpenAIError(400, str(exc), param="run", code="invalid_request") from None
+    try:
+        dispatch = parse_dispatch(request.query_params.get("dispatch"))
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), param="dispatch", code="invalid_request") from None
+    return with_dispatch(run, dispatch)
+
+
+def _unknown_dispatch(session_id: str, request: Request) -> OpenAIError:
+    return OpenAIError(
+        404,
+        f"session {session_id[:200]!r} has no dispatch {request.query_params.get('dispatch', '')[:20]!r}"
+        " (its summary lists its `dispatches`)",
+        param="dispatch",
+        code="dispatch_not_found",
+    )
 
 
 def _unknown_run(session_id: str, run: str) -> OpenAIError:
     return OpenAIError(
-        404, f"session {session_id[:200]!r} has no records from server run {run!r}", param="run", code="run_not_found"
+        404,
+        f"session {session_id[:200]!r} has no records from server run {run.partition('#')[0]!r}",
+        param="run",
+        code="run_not_found",
     )
 
 

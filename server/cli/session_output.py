@@ -7,10 +7,13 @@ from typing import IO, Any
 
 import orjson
 
-from server.capture.catalog.runs import ALL, LATEST, LEGACY
+from server.capture.catalog.runs import ALL, LATEST, LEGACY, with_dispatch
 from server.cli.exits import EXIT_FAILED, EXIT_OK
 from server.cli.session_sources import Failed, NotFound, SessionSource
 from server.files import atomic_writer
+
+# `export_rollouts`' default: every dispatch of each root, each its own line (not a dispatch number).
+EVERY_DISPATCH = 0
 
 
 def export_rollouts(
@@ -20,9 +23,14 @@ def export_rollouts(
     allow_partial: bool,
     run: str = LATEST,
     chains: bool = False,
+    dispatch: int | None = EVERY_DISPATCH,
 ) -> int:
     """One JSON line per root session's rollout (`chains`: per chain of the root and its sub-agents,
-    with its session, root, run and position), and an account of what could not be exported.
+    with its session, root, run, dispatch and position), and an account of what could not be exported.
+
+    A session id reused for new tasks (an RL loop's rollout ids) holds several dispatches
+    (docs/capture.md#dispatches): each is exported as a rollout of its own, in order, its `dispatch`
+    field saying which (`dispatches`: of how many). `dispatch` picks one instead (None: the latest).
 
     A root is a session without a parent, or whose parent has no records (`parent_missing`). A root
     whose rollout cannot be rebuilt is reported and left out; so is a session no root reaches (only
@@ -40,23 +48,35 @@ def export_rollouts(
 
     def write_all(handle: IO[bytes]) -> None:
         nonlocal failures
+        view = "chains" if chains else "rollout"
         for entry in roots:
             session_id = entry["session_id"]
             try:
-                rollout = source.rollout(
-                    session_id, allow_partial=allow_partial, run=run, view="chains" if chains else "rollout"
-                )
+                if run == ALL or dispatch != EVERY_DISPATCH:
+                    one = None if dispatch == EVERY_DISPATCH else dispatch  # `--run all`: every record, unsplit
+                    bodies = [
+                        source.rollout(session_id, allow_partial=allow_partial, run=with_dispatch(run, one), view=view)
+                    ]
+                else:
+                    latest = source.rollout(session_id, allow_partial=allow_partial, run=run, view=view)
+                    count = latest.get("dispatches")
+                    count = count if isinstance(count, int) else 1
+                    bodies = [
+                        source.rollout(session_id, allow_partial=allow_partial, run=with_dispatch(run, n), view=view)
+                        for n in range(1, count)
+                    ] + [latest]
             except (NotFound, Failed) as exc:
                 failures += 1
                 print(f"session {session_id}: {exc}", file=sys.stderr)
                 continue
-            if chains:
-                for line in _chain_lines(rollout, session_id):
-                    handle.write(orjson.dumps(line) + b"\n")
-                continue
-            if isinstance(rollout, dict) and "session_id" not in rollout:
-                rollout = {"session_id": session_id, **rollout}
-            handle.write(orjson.dumps(rollout) + b"\n")
+            for rollout in bodies:
+                if chains:
+                    for line in _chain_lines(rollout, session_id):
+                        handle.write(orjson.dumps(line) + b"\n")
+                    continue
+                if isinstance(rollout, dict) and "session_id" not in rollout:
+                    rollout = {"session_id": session_id, **rollout}
+                handle.write(orjson.dumps(rollout) + b"\n")
 
     if out is None:
         write_all(sys.stdout.buffer)
@@ -86,7 +106,12 @@ def _chain_lines(body: dict[str, Any], root: str) -> list[dict[str, Any]]:
     lines = []
     for session in [body, *body.get("subagents", [])]:
         for chain in session.get("chains", []):
-            where = {"session_id": session["session_id"], "root_session_id": root, "run": chain.get("server_run")}
+            where = {
+                "session_id": session["session_id"],
+                "root_session_id": root,
+                "run": chain.get("server_run"),
+                "dispatch": body.get("dispatch"),
+            }
             lines.append({**where, "position": chain["chain_index"], **chain})
     return lines
 

@@ -14,7 +14,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 import orjson
 
-from server.capture.catalog.runs import ALL, LATEST, UnknownRun
+from server.capture.catalog.runs import ALL, LATEST, UnknownDispatch, UnknownRun
 from server.capture.catalog.sessions import build_rollout, build_tree, lost_session_envelope, lost_session_node
 from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError, lost_session_rollout
@@ -98,7 +98,7 @@ class ServerSource:
         return sessions if limit is None else sessions[:limit]
 
     def tree(self, session_id: str, *, run: str = ALL) -> dict[str, Any]:
-        return self._get(f"/v1/sessions/{_segment(session_id)}/tree", {"run": run})
+        return self._get(f"/v1/sessions/{_segment(session_id)}/tree", _run_params(run))
 
     def completions(self, session_id: str) -> dict[str, Any]:
         return self._get(f"/v1/sessions/{_segment(session_id)}/completions")
@@ -108,8 +108,14 @@ class ServerSource:
     ) -> dict[str, Any]:
         return self._get(
             f"/v1/sessions/{_segment(session_id)}/{view}",
-            {"allow_partial": "true" if allow_partial else "false", "run": run},
+            {"allow_partial": "true" if allow_partial else "false", **_run_params(run)},
         )
+
+
+def _run_params(run: str) -> dict[str, str]:
+    """The `run` and `dispatch` query parameters for a views' value (`runs.with_dispatch`)."""
+    run, _, dispatch = run.partition("#")
+    return {"run": run, "dispatch": dispatch} if dispatch else {"run": run}
 
 
 def _segment(session_id: str) -> str:
@@ -140,8 +146,10 @@ class DirectorySource:
             if lost := self._store.lost_records(session_id):  # every record lost: it ran
                 return lost_session_node(session_id, lost)
             raise NotFound(f"unknown session: {session_id!r}") from None
+        except UnknownDispatch:
+            raise NotFound(f"session {session_id!r} has no dispatch {run.partition('#')[2] or 'latest'}") from None
         except UnknownRun:
-            raise NotFound(f"session {session_id!r} has no records from server run {run!r}") from None
+            raise NotFound(f"session {session_id!r} has no records from server run {run.partition('#')[0]!r}") from None
 
     def completions(self, session_id: str) -> dict[str, Any]:
         try:
@@ -176,8 +184,10 @@ class DirectorySource:
                 return cast(dict[str, Any], lost_session_rollout(session_id, lost, allow_partial))
             except RolloutError as exc:
                 raise Failed(f"session {session_id}: {exc}") from None
+        except UnknownDispatch:
+            raise NotFound(f"session {session_id!r} has no dispatch {run.partition('#')[2] or 'latest'}") from None
         except UnknownRun:
-            raise NotFound(f"session {session_id!r} has no records from server run {run!r}") from None
+            raise NotFound(f"session {session_id!r} has no records from server run {run.partition('#')[0]!r}") from None
         except RolloutError as exc:
             raise Failed(f"session {session_id}: {exc}") from None
 

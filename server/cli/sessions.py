@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from server.capture.catalog.runs import ALL, LATEST, parse_run
+from server.capture.catalog.runs import ALL, LATEST, parse_dispatch, parse_run, with_dispatch
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from server.cli.session_output import emit_json, export_rollouts, session_table, tree_lines
+from server.cli.session_output import EVERY_DISPATCH, emit_json, export_rollouts, session_table, tree_lines
 from server.cli.session_sources import DirectorySource, Failed, NotFound, ServerSource, SessionSource
 from server.config import ConfigError, server_url
 from server.ids import is_valid_session_id
@@ -36,6 +36,11 @@ def add_sessions_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="which server runs' records, for a session id used again by a later run: latest (its latest "
         "conversation; the default for rollouts), a run id from the listing's `runs`, legacy (records without "
         "a run id) or all",
+    )
+    which_run.add_argument(
+        "--dispatch",
+        help="which dispatch, for a session id reused for a new task (an RL loop's rollout ids): latest (the "
+        "default) or its number from 1 (the summary's `dispatches`); export writes every dispatch unless given",
     )
 
     parser = subparsers.add_parser(
@@ -132,6 +137,12 @@ def run_sessions(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: --run: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    dispatch_arg = getattr(args, "dispatch", None)
+    try:
+        dispatch = parse_dispatch(dispatch_arg)
+    except ValueError as exc:
+        print(f"error: --dispatch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
     try:
         source: SessionSource = ServerSource(url, args.timeout) if url else DirectorySource(args.capture_dir)
@@ -147,7 +158,7 @@ def run_sessions(args: argparse.Namespace) -> int:
             else:
                 print(session_table(sessions))
         elif command == "tree":
-            node = source.tree(args.session_id, run=run or ALL)
+            node = source.tree(args.session_id, run=with_dispatch(run or ALL, dispatch))
             if args.json:
                 emit_json(node)
             else:
@@ -156,10 +167,19 @@ def run_sessions(args: argparse.Namespace) -> int:
             emit_json(source.completions(args.session_id))
         elif command in ("rollout", "chains"):
             strict = getattr(args, "strict", False)
-            emit_json(source.rollout(args.session_id, allow_partial=not strict, run=run or LATEST, view=command))
+            emit_json(
+                source.rollout(
+                    args.session_id, allow_partial=not strict, run=with_dispatch(run or LATEST, dispatch), view=command
+                )
+            )
         elif command == "export":
             return export_rollouts(
-                source, args.out, allow_partial=not args.strict, run=run or LATEST, chains=args.chains
+                source,
+                args.out,
+                allow_partial=not args.strict,
+                run=run or LATEST,
+                chains=args.chains,
+                dispatch=dispatch if dispatch_arg else EVERY_DISPATCH,
             )
         else:
             print(f"error: unknown sessions command {command!r}", file=sys.stderr)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, Literal, overload
 
 from server.capture.catalog.index_view import IndexView
-from server.capture.catalog.runs import ALL, LATEST, RunChoice, children_in, choose, narrow, run_of, runs_of
+from server.capture.catalog.runs import ALL, LATEST, Narrowed, RunChoice, Scope, children_in, choose, narrow
 from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import reconstruct_tree
 from server.capture.rollout.chains import ChainsEnvelope, chains_tree
@@ -25,16 +25,16 @@ def pick(index: IndexView, session_id: str, wanted: str) -> RunChoice | None:
 
 def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict[str, Any]:
     """The session and its descendants as nested `{session_id, parent_session_id, parent_missing, record_count,
-    runs, children}`; with a `run` other than `all`, only the sub-agents with records in the runs it
-    covers (raises UnknownSession, UnknownRun)."""
+    runs, children}`; with a `run` other than `all`, only the sub-agents with records in the runs and
+    the dispatch it covers (raises UnknownSession, UnknownRun, UnknownDispatch)."""
     index = store.index_view()  # one snapshot of the disk for the whole tree
     info = index.session_info(session_id)
     choice = pick(index, session_id, run)
     assert info is not None  # pick raised otherwise
-    runs: frozenset[str | None] | None = None
+    scope: Scope | None = None
     if choice is not None:
-        # Which runs the latest conversation spans is known only from the root's records.
-        runs = tree_records(store.read_completions, session_id, choice)[1]
+        # Which dispatch's time (and runs) the sub-agents must share is known only from the root's records.
+        scope = tree_records(store.read_completions, session_id, choice)[1].scope
 
     def node(entry: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -52,7 +52,7 @@ def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict[
     # Iterative, with a visited set: crafted parent ids could otherwise form a cycle or a deep chain.
     while pending:
         current = pending.pop()
-        for child_id in children_in(index, current["session_id"], runs):
+        for child_id in children_in(index, current["session_id"], scope):
             child_info = index.session_info(child_id)
             if child_id in seen or child_info is None:
                 continue
@@ -65,30 +65,42 @@ def build_tree(store: CaptureStore, session_id: str, *, run: str = ALL) -> dict[
 
 def tree_records(
     read: Callable[[str], tuple[list[CaptureRecord], int]], session_id: str, choice: RunChoice | None = None
-) -> tuple[Callable[[str], list[CaptureRecord]], frozenset[str | None] | None]:
+) -> tuple[Callable[[str], list[CaptureRecord]], Narrowed]:
     """A record loader for a session's tree from `read(session_id) -> (records, skipped)`, and the
-    server runs it covers (None: all of them).
+    root's records as the choice narrowed them (`runs.narrow`: its dispatch, and the scope of the
+    sub-agents' records that go with it).
 
-    The root's records are narrowed to the choice (its latest conversation, or one run); the
-    sub-agents' to the runs the root's narrowed records came from. The root must have records
+    The root's records are narrowed to the choice (its latest dispatch, or one run's); the
+    sub-agents' to the scope (the runs, and the time of the dispatch). The root must have records
     (UnknownSession otherwise, read now); a sub-agent without any loads as empty, which
-    reconstruction reports.
+    reconstruction reports. Each session is read once.
     """
-    root_records = narrow(read(session_id)[0], choice)
-    if not root_records:
+    narrowed = narrow(read(session_id)[0], choice)
+    if not narrowed.records:
         raise UnknownSession(session_id)
-    runs = runs_of(root_records) if choice is not None else None
+    scope = narrowed.scope
+    loaded: dict[str, list[CaptureRecord]] = {session_id: narrowed.records}
 
     def load_records(sid: str) -> list[CaptureRecord]:
-        if sid == session_id:
-            return root_records
-        try:
-            records = read(sid)[0]
-        except UnknownSession:
-            return []
-        return records if runs is None else [record for record in records if run_of(record) in runs]
+        if sid not in loaded:
+            try:
+                records = read(sid)[0]
+            except UnknownSession:
+                records = []
+            loaded[sid] = records if scope is None else [record for record in records if scope.holds(record)]
+        return loaded[sid]
 
-    return load_records, runs
+    return load_records, narrowed
+
+
+def in_scope(
+    children: Callable[[str], list[str]], load_records: Callable[[str], list[CaptureRecord]], narrowed: Narrowed
+) -> Callable[[str], list[str]]:
+    """`children` less the sub-agents with no records in the narrowed scope: the index's first and last
+    times only bound a reused sub-agent id, its records say whether it ran in this dispatch."""
+    if narrowed.scope is None:
+        return children
+    return lambda sid: [child for child in children(sid) if load_records(child)]
 
 
 @overload
@@ -111,25 +123,28 @@ def build_rollout(
 def build_rollout(
     store: CaptureStore, session_id: str, *, allow_partial: bool = True, run: str = LATEST, view: str = "rollout"
 ) -> Rollout | ChainsEnvelope:
-    """Reconstruct the session's rollout with its sub-agent sessions, from the records of one server
-    run (`latest`, a run id, `legacy`) or of `all` (raises RolloutError, UnknownSession, UnknownRun).
-    `view="chains"`: every session's chains instead (`chains_tree`)."""
+    """Reconstruct the session's rollout with its sub-agent sessions, from the records `run` picks
+    (`latest`, a run id, `legacy`, each with `#<n>` for dispatch n, else its latest dispatch; or `all`)
+    (raises RolloutError, UnknownSession, UnknownRun, UnknownDispatch). `view="chains"`: every
+    session's chains instead (`chains_tree`). Either says which dispatch it is (`dispatch_fields`)."""
     index = store.index_view()
     choice = pick(index, session_id, run)
-    load_records, runs = tree_records(store.read_completions, session_id, choice)
+    load_records, narrowed = tree_records(store.read_completions, session_id, choice)
+    children = in_scope(lambda sid: children_in(index, sid, narrowed.scope), load_records, narrowed)
     if view == "chains":
-        body = chains_tree(
-            session_id, load_records, lambda sid: children_in(index, sid, runs), lost_records=store.lost_records
-        )
-        envelope: ChainsEnvelope = {"schema_version": 1, **body}
+        body = chains_tree(session_id, load_records, children, lost_records=store.lost_records)
+        envelope: ChainsEnvelope = {
+            "schema_version": 1,
+            **body,
+            "dispatch": narrowed.dispatch,
+            "dispatches": narrowed.dispatches,
+        }
         return envelope
-    return reconstruct_tree(
-        session_id,
-        load_records,
-        lambda sid: children_in(index, sid, runs),
-        allow_partial=allow_partial,
-        lost_records=store.lost_records,
+    rollout = reconstruct_tree(
+        session_id, load_records, children, allow_partial=allow_partial, lost_records=store.lost_records
     )
+    rollout["dispatch"], rollout["dispatches"] = narrowed.dispatch, narrowed.dispatches
+    return rollout
 
 
 def lost_session_envelope(session_id: str, lost: int, *, skipped: int = 0) -> dict[str, Any]:

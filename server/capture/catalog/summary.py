@@ -8,11 +8,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from server.capture.catalog.index_view import IndexView, SessionEntry
-from server.capture.catalog.runs import children_in, latest_conversation, runs_of
+from server.capture.catalog.runs import (
+    Narrowed,
+    RunChoice,
+    Scope,
+    children_in,
+    dispatches_of,
+    narrow,
+    parse_time,
+    started_at,
+)
 from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError
 from server.capture.rollout.chains import SessionChains, session_chains
@@ -26,35 +34,6 @@ STATUSES = ("whole", "partial", "masked")
 KINDS = ("root", "child")
 
 log = logging.getLogger("switchyard_model.capture")
-
-
-def started_at(record: RecordHead) -> str | None:
-    """When the call began: `captured_at` (its end) minus its latency, in the same ISO format."""
-    end = parse_time(record.get("captured_at"))
-    if end is None:
-        return None
-    latency = record.get("latency_ms")
-    if isinstance(latency, (int, float)) and latency > 0:
-        end -= timedelta(milliseconds=latency)
-    return format_time(end)
-
-
-def parse_time(value: object) -> datetime | None:
-    """An ISO 8601 time as an aware UTC datetime (a naive one is taken as UTC); None if unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
-
-
-def format_time(moment: datetime) -> str:
-    """The capture record's own format (fixed-width microseconds, +00:00), so strings sort as times."""
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def _token_total(record: RecordHead, count_key: str, ids_key: str) -> int:
@@ -83,12 +62,15 @@ def reply_has_tool_calls(record: CaptureRecord) -> bool:
     return bool(messages[-1].get("tool_calls"))
 
 
-def chain_outcome(session_id: str, records: list[CaptureRecord]) -> tuple[SessionChains | None, str | None]:
+def chain_outcome(
+    session_id: str, records: list[CaptureRecord], narrowed: Narrowed | None = None
+) -> tuple[SessionChains | None, str | None]:
     """The session's chains and per-call decisions (`session_chains`, no flat token lists) over its
-    latest conversation (its records from the last server run that began it anew, as GET /rollout
-    covers by default; see `runs.latest_conversation`); None and why when nothing can be read."""
+    latest dispatch (as GET /rollout covers by default; see `runs.narrow`; `narrowed` when the caller
+    has it already); None and why when nothing can be read."""
     try:
-        return session_chains(session_id, latest_conversation(records), flat_tokens=False), None
+        latest = narrowed if narrowed is not None else narrow(records, RunChoice())
+        return session_chains(session_id, latest.records, flat_tokens=False), None
     except RolloutError as exc:
         return None, str(exc)
 
@@ -100,8 +82,29 @@ class SessionFacts:
     summary: dict[str, Any]
     # (captured_at, started_at, uuid, reply has tool calls) per call, in record order: links children to calls.
     calls: list[tuple[str | None, str | None, str | None, bool]]
-    # The server runs its latest conversation spans, when more than one run wrote it (else None: all).
-    runs: frozenset[str | None] | None = None
+    # The sub-agents' records its latest dispatch covers (None: all).
+    scope: Scope | None = None
+
+
+# A summary lists at most this many dispatches (the latest): an RL loop may reuse an id thousands of times.
+DISPATCHES_LISTED = 100
+
+
+def dispatch_list(records: list[CaptureRecord]) -> tuple[list[dict[str, Any]], int]:
+    """The session's latest dispatches (`runs.dispatches_of`, at most DISPATCHES_LISTED), each with
+    its number, calls and times, and how many there are in all."""
+    parts = dispatches_of(records)
+    first = max(0, len(parts) - DISPATCHES_LISTED)
+    listed = [
+        {
+            "dispatch": number,
+            "calls": len(part),
+            "first_captured_at": part[0].get("captured_at"),
+            "last_captured_at": part[-1].get("captured_at"),
+        }
+        for number, part in enumerate(parts[first:], start=first + 1)
+    ]
+    return listed, len(parts)
 
 
 def session_facts(
@@ -112,7 +115,8 @@ def session_facts(
     """Summarise one session's records (already in `(captured_at, uuid)` order); `outcome` is
     `chain_outcome(session_id, records)` if the caller has it already."""
     summary = summary_columns(records)
-    chains, error = outcome if outcome is not None else chain_outcome(session_id, records)
+    latest = narrow(records, RunChoice())
+    chains, error = outcome if outcome is not None else chain_outcome(session_id, records, latest)
     if chains is None:
         status, reason = "failed", error
     else:
@@ -123,12 +127,12 @@ def session_facts(
             rollout_fraction=chains["rollout_fraction"],
         )
     summary.update(rollout=status, partial_reason=reason, mask_sample=status != "whole")
+    summary["dispatches"], summary["dispatch_count"] = dispatch_list(records)
     calls: list[tuple[str | None, str | None, str | None, bool]] = [
         (record.get("captured_at"), started_at(record), record.get("uuid"), reply_has_tool_calls(record))
         for record in records
     ]
-    runs = runs_of(records)
-    return SessionFacts(summary, calls, runs_of(latest_conversation(records)) if len(runs) > 1 else None)
+    return SessionFacts(summary, calls, latest.scope)
 
 
 def lost_session_facts() -> SessionFacts:
@@ -192,6 +196,10 @@ def summary_columns(records: Sequence[RecordHead]) -> dict[str, Any]:
         "chains": None,
         "trainable_fraction": None,
         "rollout_fraction": None,
+        # The session's dispatches (a reused session id: docs/capture.md#dispatches): the latest
+        # DISPATCHES_LISTED, each with its number, calls and times, and how many in all; None while pending.
+        "dispatches": None,
+        "dispatch_count": None,
     }
     return summary
 
@@ -285,17 +293,18 @@ class SummaryCache:
             with self._lock:
                 self._pending.discard(session_id)
 
-    def _covered_runs(self, view: IndexView, session_id: str, own: SessionFacts | None) -> frozenset[str | None] | None:
-        """The runs the session's default rollout covers: from its facts, else (not yet read) its latest run."""
+    def _covered_scope(self, view: IndexView, session_id: str, own: SessionFacts | None) -> Scope | None:
+        """The sub-agents' records the session's default rollout covers: from its facts, else (not
+        yet read) its latest run's."""
         if own is None:
             with self._lock:
                 cached = self._entries.get(session_id)
             own = cached[1] if cached is not None else None
         if own is not None:
-            return own.runs
+            return own.scope
         info = view.session_info(session_id)
         runs = info["runs"] if info is not None else []
-        return frozenset(runs[-1:]) if len(runs) > 1 else None
+        return Scope(frozenset(runs[-1:])) if len(runs) > 1 else None
 
     def summary(
         self, store: CaptureStore, view: IndexView, session_id: str, *, wait: bool = True
@@ -309,8 +318,8 @@ class SummaryCache:
         summary = dict(own.summary if own is not None else self.quick_summary(store, view, session_id) or {})
         if not summary:
             return None
-        # The sub-agents of the runs the default rollout covers, as GET /rollout has them.
-        for descendant in descendants(view, session_id, self._covered_runs(view, session_id, own)):
+        # The sub-agents of the dispatch the default rollout covers, as GET /rollout has them.
+        for descendant in descendants(view, session_id, self._covered_scope(view, session_id, own)):
             if wait:
                 below_facts = self.facts(store, view, descendant)
                 below = below_facts.summary if below_facts is not None else None
@@ -328,19 +337,19 @@ class SummaryCache:
         return summary
 
 
-def descendants(view: IndexView, session_id: str, runs: frozenset[str | None] | None = None) -> list[str]:
-    """Every session below `session_id` with records in `runs` (None: any), depth first; a visited
+def descendants(view: IndexView, session_id: str, scope: Scope | None = None) -> list[str]:
+    """Every session below `session_id` that may have records in `scope` (None: any), depth first; a visited
     set stops crafted cycles."""
     out: list[str] = []
     seen = {session_id}
-    stack = list(reversed(children_in(view, session_id, runs)))
+    stack = list(reversed(children_in(view, session_id, scope)))
     while stack:
         child = stack.pop()
         if child in seen:
             continue
         seen.add(child)
         out.append(child)
-        stack.extend(reversed(children_in(view, child, runs)))
+        stack.extend(reversed(children_in(view, child, scope)))
     return out
 
 

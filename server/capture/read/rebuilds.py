@@ -42,7 +42,7 @@ import orjson
 
 from server.capture.catalog.index_view import IndexView
 from server.capture.catalog.runs import LATEST, RunChoice, children_in
-from server.capture.catalog.sessions import pick, tree_records
+from server.capture.catalog.sessions import in_scope, pick, tree_records
 from server.capture.read.store import UnknownSession, read_session_records
 from server.capture.rollout import reconstruct_tree
 from server.capture.rollout.chains import ChainsEnvelope, chains_tree
@@ -149,39 +149,47 @@ def rollout_json(
     tree: dict[str, list[str]],
     allow_partial: bool,
     lost: _Lost = (),
-    choice: RunChoice | None = None,
-    session_runs: dict[str, tuple[str | None, ...]] | None = None,
+    choice: RunChoice | None = RunChoice(),  # noqa: B008 - frozen: the latest dispatch
+    session_runs: dict[str, dict[str, Any]] | None = None,
     view: str = "rollout",
 ) -> bytes:
     """The serialized rollout of `session_id` with its sub-agents, from the records `choice` picks
-    (None: all runs); `session_runs` are the runs of each session of `tree` (raises RolloutError,
-    UnknownSession). `view` "chains" gives every session's chains (`chains_tree`) instead.
+    (by default the latest dispatch; None: all runs, unsplit); `session_runs` are the index entries (runs, first and last capture
+    time) of each session of `tree` (raises RolloutError, UnknownSession, UnknownDispatch). `view`
+    "chains" gives every session's chains (`chains_tree`) instead.
 
     Runs in the worker process: it reads the records itself, so only the ids and the result cross.
     """
-    load_records, runs = tree_records(lambda sid: read_session_records(sessions_dir, sid), session_id, choice)
-    known_runs = session_runs or {}
+    load_records, narrowed = tree_records(lambda sid: read_session_records(sessions_dir, sid), session_id, choice)
+    known = session_runs or {}
+    scope = narrowed.scope
 
-    def children_of(sid: str) -> list[str]:
+    def in_tree(sid: str) -> list[str]:
         children = tree.get(sid, [])
-        if runs is None:
+        if scope is None:
             return children
-        return [child for child in children if not runs.isdisjoint(known_runs.get(child, (None,)))]
+        return [child for child in children if scope.overlaps(known.get(child, {"runs": (None,)}))]
 
+    children_of = in_scope(in_tree, load_records, narrowed)
     lost_by_session = dict(lost)
     if view == CHAINS:
         body = chains_tree(session_id, load_records, children_of, lost_records=lambda sid: lost_by_session.get(sid, 0))
-        envelope: ChainsEnvelope = {"schema_version": SCHEMA_VERSION, **body}
+        envelope: ChainsEnvelope = {
+            "schema_version": SCHEMA_VERSION,
+            **body,
+            "dispatch": narrowed.dispatch,
+            "dispatches": narrowed.dispatches,
+        }
         return orjson.dumps(envelope)
-    return orjson.dumps(
-        reconstruct_tree(
-            session_id,
-            load_records,
-            children_of,
-            allow_partial=allow_partial,
-            lost_records=lambda sid: lost_by_session.get(sid, 0),
-        )
+    rollout = reconstruct_tree(
+        session_id,
+        load_records,
+        children_of,
+        allow_partial=allow_partial,
+        lost_records=lambda sid: lost_by_session.get(sid, 0),
     )
+    rollout["dispatch"], rollout["dispatches"] = narrowed.dispatch, narrowed.dispatches
+    return orjson.dumps(rollout)
 
 
 def completions_json(sessions_dir: str, session_id: str, lost_records: int) -> bytes | int:
@@ -288,8 +296,8 @@ class RolloutBuilder:
         view: str = "rollout",
     ) -> SessionBody:
         """The rollout JSON for `session_id` as of `index` (bytes, or a SpooledBody when large), from
-        the records of the server run `run` picks (`latest`, a run id, `legacy`, `all`) (raises
-        RolloutError, UnknownSession, UnknownRun, RebuildUnavailable). Call with an index snapshot taken after the store was flushed.
+        the records `run` picks (`latest`, a run id, `legacy`, `all`; `#<n>` for dispatch n) (raises
+        RolloutError, UnknownSession, UnknownRun, UnknownDispatch, RebuildUnavailable). Call with an index snapshot taken after the store was flushed.
         `view="chains"` builds the session's chains (`chains_tree`) instead, cached the same way.
 
         `lost_records` (the store's) says which sessions lost records to a capture failure: they are
@@ -338,7 +346,10 @@ class RolloutBuilder:
             allow_partial,
             lost,
             choice,
-            {sid: runs for sid, _, _, _, runs in state},
+            {
+                sid: {"runs": runs, "first_captured_at": first, "last_captured_at": last}
+                for sid, _, first, last, runs in state
+            },
             view,
         )
         body = await _opened(built)

@@ -7,13 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 from server.capture.catalog.index_view import IndexView
+from server.capture.catalog.runs import dispatches_of, started_at
 from server.capture.catalog.summary import (
     SessionFacts,
     SummaryCache,
     chain_outcome,
     lost_session_facts,
     session_facts,
-    started_at,
     tokens_in,
     tokens_out,
 )
@@ -73,6 +73,8 @@ def build_timeline(
     record to see its tokens. `outcome` is `chain_outcome(session_id, records)` if already known.
     """
     chains, error = outcome if outcome is not None else chain_outcome(session_id, records)
+    parts = dispatches_of(records)
+    dispatch_of = {id(record): number for number, part in enumerate(parts, start=1) for record in part}
     index_of: dict[str | None, int] = {record.get("uuid"): index for index, record in enumerate(records)}
     decisions: dict[str | None, CallDecision] = {}
     rollout_uuids: set[str | None] = set()
@@ -105,6 +107,7 @@ def build_timeline(
                 "started_at": started_at(record),
                 "captured_at": record.get("captured_at"),
                 "server_run": record.get("server_run"),
+                "dispatch": dispatch_of.get(id(record)),
                 "latency_ms": record.get("latency_ms"),
                 "ttft_ms": record.get("ttft_ms"),
                 "tokens_in": tokens_in(record),
@@ -136,6 +139,7 @@ def build_timeline(
         "session_id": session_id,
         "parent_session_id": _parent(records),
         "calls": calls,
+        "dispatches": len(parts),  # the rollout and chains are the last one's (docs/capture.md#dispatches)
         "rollout": {
             "status": "failed" if rollout is None else rollout["status"],
             "partial_reason": error if rollout is None else rollout["partial_reason"],
@@ -199,7 +203,7 @@ def _contiguity(
 ) -> dict[str, Any]:
     """The call's relation to the call it continues, from the chains' decision; token windows for a break."""
     if decision is None:
-        return {"kind": "other_run"}  # outside the conversation the rollout covers
+        return {"kind": "other_run"}  # outside the dispatch the rollout covers (an earlier one, or another run's)
     relation = decision["relation"]
     if relation == "discarded":
         return {"kind": "retry"}

@@ -4,8 +4,8 @@
 messages and tools to Gym's shapes, `messages` normalises chat messages for the history comparison.
 
 `__all__` names the re-exported functions and, for what callers take straight from them (the
-chains view, the continuation index, the failed-rollout shape), the modules `reconstruct`, `chains`,
-`continuation` and `items`: `chains` is read by catalog and read, which this package's modules
+chains view, the continuation index, the failed-rollout shape, what single records say), the modules
+`reconstruct`, `chains`, `continuation`, `items` and `records`: `chains` is read by catalog and read, which this package's modules
 import in turn, so re-exporting its names here would be an import cycle through the packages.
 """
 
@@ -22,6 +22,7 @@ __all__ = [
     "chains",
     "continuation",
     "items",
+    "records",
     "lost_session_rollout",
     "map_tools",
     "reconstruct_envelope",

@@ -6,6 +6,7 @@ import json
 from typing import Any, TypedDict
 
 from server.capture.read.contiguity import compare_calls
+from server.capture.rollout.records import generated_texts, quotes_any
 from server.capture.write.record import CaptureRecord
 
 # Each kind names what the client (or engine) did, so a user knows what to change.
@@ -15,6 +16,7 @@ KINDS: dict[str, str] = {
     "history_sent_twice": "the client sent previous_response_id and the history together",
     "dropped_history": "the client dropped earlier history",
     "compacted": "the client compacted the history",
+    "new_conversation": "the client began a new conversation under the same session id",
     "inserted_message": "the client added a message the model did not write",
     "no_new_message": "the client sent the history back with no new message",
     "template_changed": "the engine's template changed earlier tokens",
@@ -156,6 +158,10 @@ def message_break_kind(history: list[Any], prompt: list[Any]) -> str:
         if any(role not in ("user", "tool") for role in roles):
             return "inserted_message"
         return "template_changed"  # the messages extend the chain: the tokens did not
+    if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in prompt) and not quotes_any(
+        prompt, generated_texts(history)
+    ):
+        return "new_conversation"  # nothing of the conversation so far: not a compaction of it
     theirs, mine = history[shared], prompt[shared] if shared < len(prompt) else None
     if (
         isinstance(theirs, dict)

@@ -97,6 +97,9 @@ class ChainsEnvelope(SessionChains):
     """`GET /chains`: the session's chains with its sub-agents', and the answer's schema version."""
 
     schema_version: int
+    # Which dispatch of a reused session id (from 1; None: every record unsplit), of how many.
+    dispatch: int | None
+    dispatches: int
 
 
 class UnreadableChains(TypedDict):

@@ -35,6 +35,10 @@ class Rollout(TypedDict):
     discarded_record_uuids: list[str]
     # Every descendant session's rollout, flat, depth first: set on the root of a tree.
     subagents: NotRequired[list[Rollout]]
+    # Set on the root of a tree: which dispatch of a reused session id it is (from 1; None: every
+    # record unsplit) and how many there are (docs/capture.md#dispatches).
+    dispatch: NotRequired[int | None]
+    dispatches: NotRequired[int]
 
 
 def map_tools(raw_tools: object) -> list[dict[str, Any]]:

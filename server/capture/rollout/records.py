@@ -82,3 +82,46 @@ def injection_break(record: CaptureRecord) -> str | None:
     info = record.get("injection")
     reason = info.get("fallback_reason") if isinstance(info, dict) else None
     return reason if reason in INJECTION_BREAKING_FALLBACKS else None
+
+
+# A piece of generated text shorter than this is too common ("ok", "4") to say a prompt quotes it.
+QUOTED_MIN_CHARS = 5
+# A line of a longer answer this long is quoted on its own (a client may rework a summary around it).
+QUOTED_LINE_CHARS = 32
+
+
+def generated_texts(messages: list[Any]) -> list[str]:
+    """What the model wrote in `messages`: each assistant turn's text (whole, and each of its long
+    lines) and tool-call arguments."""
+    out = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        if isinstance(content, str) and len(content.strip()) >= QUOTED_MIN_CHARS:
+            out.append(content.strip())
+            if "\n" in content.strip():
+                out += [line.strip() for line in content.splitlines() if len(line.strip()) >= QUOTED_LINE_CHARS]
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if isinstance(arguments, str) and len(arguments.strip()) >= QUOTED_MIN_CHARS:
+                out.append(arguments.strip())
+    return out
+
+
+def quotes_any(prompt: list[Any], texts: list[str]) -> bool:
+    """Whether a non-system message of `prompt` holds one of `texts`: a compaction's summary carries
+    what the conversation before it produced; a new task's first call carries none of it."""
+    said = []
+    for message in prompt:
+        if isinstance(message, dict) and message.get("role") not in ("system", "developer"):
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+            if isinstance(content, str):
+                said.append(content)
+    whole = "\n".join(said)
+    return any(text in whole for text in texts)

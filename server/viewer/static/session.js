@@ -143,7 +143,7 @@ function openCall(event, index) {
 const CONTIGUITY_LABEL = {
   first: "first call",
   side: "a side call (a chain of its own)",
-  other_run: "outside the conversation the rollout covers",
+  other_run: "outside the dispatch the rollout covers (an earlier dispatch or server run)",
   extends: "extends the previous prompt + generation",
   retry: "same prompt as the previous call (a retry)",
   breaks: "does not extend the previous prompt + generation",

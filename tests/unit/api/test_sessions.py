@@ -402,7 +402,13 @@ def test_real_rollout_rejects_a_broken_chain_when_strict(client, store):
         call("chain", response=chat_response([1, 2, 3], [4]), captured_at="2026-01-01T00:00:01.000000+00:00"),
         call(
             "chain",
-            messages=[{"role": "user", "content": "different"}],
+            # Goes on with the conversation (not a new first call: that would be a new dispatch),
+            # with tokens that do not extend it.
+            messages=[
+                {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": "hi"},
+                {"role": "user", "content": "different"},
+            ],
             response=chat_response([9, 9], [5]),
             captured_at="2026-01-01T00:00:02.000000+00:00",
         ),

@@ -73,10 +73,10 @@ def test_parse_run_refuses_what_is_no_run(value):
 
 def test_choose_picks_latest_named_legacy_or_all():
     order = [None, "run-a", "run-b"]
-    assert runs.choose(order, "latest") == RunChoice(latest=True)
-    assert runs.choose(["run-a"], "latest") is None  # one run: its latest conversation is all of it
-    assert runs.choose(order, "run-a") == RunChoice("run-a")
-    assert runs.choose(order, "legacy") == RunChoice(None)
+    assert runs.choose(order, "latest") == RunChoice()  # the latest dispatch
+    assert runs.choose(order, "latest#2") == RunChoice(dispatch=2)
+    assert runs.choose(order, "run-a") == RunChoice("run-a", of_run=True)
+    assert runs.choose(order, "legacy") == RunChoice(None, of_run=True)
     assert runs.choose(order, "all") is None
     with pytest.raises(UnknownRun):
         runs.choose(order, "run-z")
@@ -88,6 +88,10 @@ def _turn(run, prompt, generation):
     return {"server_run": run, "prompt_token_ids": prompt, "generation_token_ids": generation}
 
 
+def latest(records):
+    return runs.narrow(records, RunChoice()).records
+
+
 def test_the_latest_conversation_starts_where_a_new_run_began_afresh():
     # The same task run again: the later run's first prompt does not extend anything before it.
     again = [
@@ -97,19 +101,19 @@ def test_the_latest_conversation_starts_where_a_new_run_began_afresh():
         _turn("b", [1, 2, 9, 4], [5]),
     ]
     assert runs.runs_in_order(again) == ["a", "b"]
-    assert runs.latest_conversation(again) == again[2:]
+    assert latest(again) == again[2:]
     # The same task, sampled the same way: still a new conversation, not a retry of the old one.
     same = [_turn("a", [1, 2], [3]), _turn("a", [1, 2, 3, 4], [5]), _turn("b", [1, 2], [3])]
-    assert runs.latest_conversation(same) == same[2:]
+    assert latest(same) == same[2:]
     # A conversation that went on across a restart: the later run extends the earlier one.
     restarted = [_turn("a", [1, 2], [3]), _turn("b", [1, 2, 3, 4], [5])]
-    assert runs.latest_conversation(restarted) == restarted
+    assert latest(restarted) == restarted
     # Two servers serving one session in turn: the runs interleave.
     in_turn = [_turn("a", [1], [2]), _turn("b", [7], [8]), _turn("a", [1, 2, 3], [4])]
-    assert runs.latest_conversation(in_turn) == in_turn
+    assert latest(in_turn) == in_turn
     # One run, or records from before runs were recorded: all of them.
     legacy = [{"uuid": "1"}, {"uuid": "2", "server_run": None}]
-    assert runs.latest_conversation(legacy) is legacy
+    assert latest(legacy) == legacy
 
 
 # ---- records and the index -------------------------------------------------------------------
@@ -285,9 +289,14 @@ def test_cli_rollout_and_export_take_run(capture_dir, tmp_path, capsys):
 
     out = tmp_path / "rollouts.jsonl"
     assert sessions_main(["sessions", "export", *source, "--out", str(out)]) == 0
+    # Each run began the task afresh: two dispatches, each its own line, each whole with its own sub-agent.
+    first, second = (orjson.loads(line) for line in out.read_bytes().splitlines())
+    assert (first["dispatch"], second["dispatch"]) == (1, 2) and first["dispatches"] == second["dispatches"] == 2
+    assert first["mask_sample"] is False and [s["session_id"] for s in first["subagents"]] == ["child-a"]
+    assert second["mask_sample"] is False and [s["session_id"] for s in second["subagents"]] == ["child-b"]
+    assert sessions_main(["sessions", "export", *source, "--out", str(out), "--dispatch", "latest"]) == 0
     (line,) = out.read_bytes().splitlines()
-    exported = orjson.loads(line)
-    assert exported["mask_sample"] is False and [s["session_id"] for s in exported["subagents"]] == ["child-b"]
+    assert orjson.loads(line)["record_uuids"] == second["record_uuids"]
     assert sessions_main(["sessions", "export", *source, "--out", str(out), "--run", "all"]) == 0
     assert orjson.loads(out.read_bytes().splitlines()[0])["mask_sample"] is True
     assert sessions_main(["sessions", "export", *source, "--out", str(out), "--run", "run-a"]) == 0
@@ -323,7 +332,7 @@ def test_a_session_continued_across_a_restart_is_one_conversation(tmp_path):
     assert reader.session_info(SESSION)["runs"] == ["run-a", "run-b"]
     joined = build_rollout(reader, SESSION)
     assert joined["record_uuids"] == [r["uuid"] for r in records] and joined["mask_sample"] is False
-    assert build_rollout(reader, SESSION, run="all") == joined
+    assert build_rollout(reader, SESSION, run="all") == {**joined, "dispatch": None}  # one dispatch: the same
     # One run alone is just its part (the earlier turn is context there, without token ids).
     assert build_rollout(reader, SESSION, run="run-b")["record_uuids"] == [records[1]["uuid"]]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.capture.catalog.summary import SummaryCache, session_facts, started_at
+from server.capture.catalog.runs import started_at
+from server.capture.catalog.summary import SummaryCache, session_facts
 from server.capture.read.store import CaptureStore
 from server.capture.read.timeline import build_timeline, build_tree, link_children, spawning_call
 from server.capture.write.record import build_record
@@ -204,9 +205,7 @@ def test_summary_cache_rebuilds_when_a_session_gains_records(tree_store):
 
 def test_a_partial_subagent_masks_its_ancestors_in_the_summary(tree_store):
     # The grandchild's second call breaks its chain: it, and everything above it, is masked.
-    tree_store.submit(
-        record("s-sub-sub", [{"role": "user", "content": "go"}], {"content": "z"}, [99], [2], at=5, parent="s-sub")
-    )
+    tree_store.submit(record("s-sub-sub", BROKEN_ON, {"content": "z"}, [99], [2], at=5, parent="s-sub"))
     tree_store.flush()
     cache = SummaryCache()
     assert cache.summary(tree_store, tree_store.index_view(), "s-sub-sub")["rollout"] == "partial"
@@ -214,6 +213,15 @@ def test_a_partial_subagent_masks_its_ancestors_in_the_summary(tree_store):
     assert top["rollout"] == "whole"  # its own chain holds ...
     assert top["mask_sample"] is True  # ... but the rollout as a whole may not be trained on
     assert "s-sub-sub" in top["degraded_reason"]
+
+
+# A second call that goes on with the conversation (an assistant turn) with tokens that do not extend it:
+# a break in the chain (the same first call asked again would be a new dispatch instead).
+BROKEN_ON = [
+    {"role": "user", "content": "go"},
+    {"role": "assistant", "content": "x"},
+    {"role": "user", "content": "more"},
+]
 
 
 def _wait_for_background(cache):
@@ -240,9 +248,7 @@ def test_a_large_session_is_listed_from_record_heads_and_filled_in_later(tree_st
 def test_the_status_filter_never_sees_pending(tree_store):
     from server.capture.catalog.summary import ListQuery, list_page
 
-    tree_store.submit(
-        record("s-sub-sub", [{"role": "user", "content": "go"}], {"content": "z"}, [99], [2], at=5, parent="s-sub")
-    )
+    tree_store.submit(record("s-sub-sub", BROKEN_ON, {"content": "z"}, [99], [2], at=5, parent="s-sub"))
     tree_store.flush()
     cache = SummaryCache(full_read_bytes=0)
     query = ListQuery(status="partial", summary=True)

@@ -177,7 +177,8 @@ def test_export_writes_one_line_per_root_and_reports_failures(capture_dir, tmp_p
     out = tmp_path / "rollouts.jsonl"
     assert run("export", "--capture-dir", str(capture_dir), "--out", str(out), "--strict") == 1  # root-2 failed
     lines = [orjson.loads(line) for line in out.read_bytes().splitlines()]
-    assert lines == [{"session_id": "root-1", "n": 2, "subagents": [{"session_id": "sub-1"}, {"session_id": "sub-2"}]}]
+    subagents = [{"session_id": "sub-1"}, {"session_id": "sub-2"}]
+    assert lines == [{"session_id": "root-1", "n": 2, "subagents": subagents, "dispatch": 1, "dispatches": 1}]
     assert fake_rollout == [("root-1", False), ("root-2", False)]
     err = capsys.readouterr().err
     assert "root-2" in err and "no usable tokens" in err
