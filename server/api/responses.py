@@ -86,6 +86,7 @@ class Responses(ModelEndpoint):
             requested_model=body.get("model"),
             extra_body=self._extra_for_translated_chat,
         )
+        corr = call.correlation  # with its session, if one was inferred from the conversation
         await self.inject(call)
         span = self.state.telemetry.start_call(
             api="responses",
@@ -101,6 +102,8 @@ class Responses(ModelEndpoint):
         created_at = int(time.time())
         turn = Turn(stateful, expanded, response_id, corr.session_id)
         if turn.background:
+            if call.inference is not None:
+                call.inference.detached = True  # the run registers its answer when it completes
             await start_background(self, call, body, translated.tool_map, headers, span, turn, created_at, send)
             return
         try:
