@@ -116,7 +116,10 @@ class ScriptedSession:
         self.history = self.history + copy.deepcopy(self.history)
 
     def compact(self) -> None:
-        self.history = [self.history[0], {"role": "user", "content": f"Summary of {len(self.history)} messages."}]
+        """A condenser: the system prompt and the task kept, the turns between them and the latest turn
+        replaced by one short summary (tests/support/framework_breaks.py has real frameworks' shapes)."""
+        summary = {"role": "user", "content": f"Summary of {len(self.history)} messages."}
+        self.history = [*self.history[:2], summary, *self.history[-2:]]
 
     def drop(self) -> None:
         """A window over the conversation: the system prompt and the latest turn, older messages gone."""
