@@ -15,12 +15,12 @@ from server.capture.write.record import CaptureRecord
 KINDS: dict[str, str] = {
     "rewrote_history": "the client rewrote an earlier message",
     "tool_call_as_text": "the client re-sent a tool call as text",
-    "history_sent_twice": "the client sent the stored conversation and the history together",
+    "history_sent_twice": "the client sent the history twice (previous_response_id and the history together)",
     "dropped_history": "the client dropped earlier history",
-    "compacted": "the client replaced earlier turns with fewer, shorter ones (a summary)",
-    "prompt_rebuilt": "the client re-rendered the history into a new prompt (the answer inside a rewritten message)",
+    "compacted": "the client compacted the history: earlier turns replaced by fewer, shorter ones",
+    "prompt_rebuilt": "the client rebuilt the prompt, re-rendering the history into new messages",
     "retried_with_new_system_prompt": "the client asked the same question again under a changed system prompt",
-    "new_conversation": "the client started a new conversation (nothing kept but the system prompt)",
+    "new_conversation": "the client started a new conversation, keeping only the system prompt",
     "inserted_message": "the client added a message the model did not write",
     "no_new_message": "the client sent the history back with no new message",
     "template_changed": "the engine's template changed earlier tokens",
@@ -166,13 +166,13 @@ def message_break_kind(history: list[Any], prompt: list[Any]) -> str:
         m in said_set for m in asked if _role(m) not in _SYSTEM_ROLES
     ):
         return "new_conversation"
-    # What the client took out of the history, and what it put in before the part it kept (new
-    # messages after the last kept one are simply the next turn's).
+    # What the client took out of the history, and what it put in its place: before the latest turn it
+    # kept (what follows that is the next turn's), or all it added when it kept no later turn.
     asked_set = set(asked)
     removed = [m for m in said[shared:] if m not in asked_set]
     kept = [k for k in range(shared, len(asked)) if asked[k] in said_set]
-    inserted = [m for m in asked[shared : kept[-1] + 1] if m not in said_set] if kept else []
-    if removed and not inserted and kept:
+    inserted = [m for m in asked[shared : kept[-1] + 1 if kept else len(asked)] if m not in said_set]
+    if removed and not inserted:
         return "dropped_history"  # a window: older messages gone, nothing in their place
     if removed and inserted and len(inserted) < len(removed) and _chars(inserted) < _chars(removed):
         return "compacted"
