@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from middleware.correlation import RefusedIds
-from server.capture.catalog.inferred import ConversationMap
+from server.capture.catalog import inferred
 from server.capture.catalog.runs import new_run_id
 from server.config import Settings
 from server.errors import OpenAIError
@@ -50,7 +50,7 @@ class AppState:
     owners: Owners = field(default_factory=lambda: Owners([], []))  # the key behind each request
     refused_ids: RefusedIds = field(default_factory=RefusedIds)  # session ids the correlation rules refused
     # Which session a call without an id continues (session_inference): per process, bounded.
-    conversations: ConversationMap = field(default_factory=ConversationMap)
+    conversations: inferred.ConversationMap = field(default_factory=inferred.ConversationMap)
     # This server run's id, on every record it captures; the workers of one `serve` share it.
     server_run: str = field(default_factory=new_run_id)
     ready: bool = False

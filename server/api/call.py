@@ -14,16 +14,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
-from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from middleware.correlation import Correlation, current_correlation, id_rule
-from server.api import gym_hooks
-from server.capture.catalog.inferred import Claim, ConversationMap, Prompt, digest_answer, digest_prompt, new_session_id
+from server.api import gym_hooks, inference
 from server.capture.gym.tokens import request_items
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.capture.write.record import RecordInput
@@ -42,42 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("switchyard_model.calls")
 
-# On every model answer: the session the call was recorded under (also when the client named it),
-# and whether it was recorded at all (`recorded`, or `not recorded: <why>`).
-SESSION_ID_HEADER = b"x-switchyard-session-id"
-CAPTURE_HEADER = b"x-switchyard-model-capture"
-
-
-@dataclass(slots=True)
-class Inference:
-    """A call without a session id placed in a session by its conversation (server.capture.catalog.inferred)."""
-
-    owner: str
-    prompt: Prompt
-    claim: Claim | None  # the session it continues; None: it started a new one
-    registered: bool = False  # its answer registered: the conversation went on
-    detached: bool = False  # handed to a background run, which registers it when it completes
-    given_back: bool = False
-
-    def give_back_unless_done(self, conversations: ConversationMap) -> None:
-        """A claiming call that did not complete: the conversation it continued is open again, for its retry."""
-        if self.claim is not None and not (self.registered or self.detached or self.given_back):
-            conversations.give_back(self.claim)
-            self.given_back = True
-
-
-@dataclass(slots=True)
-class Answering:
-    """One model request's session as its answer's headers tell it: filled in as the call is prepared."""
-
-    owner: str  # the key's owner tag ("" when nothing is scoped)
-    session_id: str | None = None
-    capture: bytes | None = None  # the capture header's value, once decided
-    inference: Inference | None = None
-
-
-_answering: ContextVar[Answering | None] = ContextVar("switchyard_model_answering", default=None)
-
 
 @dataclass(slots=True)
 class Call:
@@ -95,7 +57,7 @@ class Call:
     wants_token_ids: bool = False  # the client asked for the token triple in its answer
     injection: Plan | None = None  # token injection's decision for this call (docs/injection.md)
     response_id: str | None = None  # a Responses call's id, which its record carries too
-    inference: Inference | None = None  # set when the session was inferred from the conversation
+    inference: inference.Inference | None = None  # set when the session was inferred from the conversation
 
 
 # Ids unique across processes (a random prefix per process) without a uuid4 per call.
@@ -180,55 +142,6 @@ class ModelEndpoint:
         state = self.state
         return state.capture_store is not None and (corr.session_id is not None or state.settings.capture_uncorrelated)
 
-    def not_recorded_because(self, corr: Correlation) -> str | None:
-        """Why a call is not recorded, in words for its answer's header; None when it is."""
-        if self.state.capture_store is None:
-            return "capture is off"
-        if self.captures(corr):
-            return None
-        if corr.refused:
-            return "its session id was refused (x-switchyard-model-refused-id)"
-        if not self.state.settings.session_inference:
-            return "no session id, and session_inference is off"
-        return "no session id, and no chat messages to infer one from"
-
-    def infer_session(self, corr: Correlation, request: dict[str, Any]) -> tuple[Correlation, Inference | None]:
-        """A call with no session id joins the session its conversation continues, or starts one
-        (docs/capture.md#calls-without-a-session-id). A call whose id was refused is left alone: its
-        client named a session, just not one this server accepts."""
-        state = self.state
-        messages = request.get("messages")
-        if (
-            corr.session_id is not None
-            or corr.refused
-            or not state.settings.session_inference
-            or state.capture_store is None
-            or not isinstance(messages, list)
-        ):
-            return corr, None
-        answering = _answering.get()
-        owner = answering.owner if answering is not None else ""
-        prompt = digest_prompt(messages)
-        claim = state.conversations.claim(owner, prompt)
-        session_id = claim.session_id if claim is not None else new_session_id()
-        inference = Inference(owner, prompt, claim)
-        if answering is not None:
-            answering.inference = inference
-        return replace(corr, session_id=session_id, source="inferred"), inference
-
-    def _conversation_went_on(self, call: Call, chat_response: dict[str, Any]) -> None:
-        """An inferred call completed: the conversation it ended (its messages + answer) is open to continue."""
-        inference = call.inference
-        session_id = call.correlation.session_id
-        if inference is None or inference.registered or session_id is None:
-            return
-        choices = chat_response.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-        message = choice.get("message")
-        answer = {**message, "role": "assistant"} if isinstance(message, dict) else {"role": "assistant"}
-        self.state.conversations.register(inference.owner, digest_answer(inference.prompt, answer), session_id)
-        inference.registered = True
-
     def check_capture_open(self, corr: Correlation) -> None:
         """`capture_on_failure: refuse`: a captured call gets a 503 before anything goes upstream."""
         if self.state.capture_handoff is not None and self.captures(corr):
@@ -242,21 +155,10 @@ class ModelEndpoint:
         stream: bool,
         added: frozenset[str] = frozenset(),
         wants_token_ids: bool = False,
-        inference: Inference | None = None,
     ) -> Call:
-        if inference is None:
-            corr, inference = self.infer_session(corr, request)
-        answering = _answering.get()
-        if answering is not None:
-            answering.session_id = corr.session_id
-            why = self.not_recorded_because(corr)
-            answering.capture = b"recorded" if why is None else f"not recorded: {why}".encode("ascii")
-        try:
-            self.check_capture_open(corr)
-        except OpenAIError:
-            if inference is not None:
-                inference.give_back_unless_done(self.state.conversations)
-            raise
+        corr, inferred = inference.infer_session(self.state, corr, request)  # (prepare's already, if it did)
+        inference.decided(self.state, corr, self.captures(corr))
+        self.check_capture_open(corr)  # refused: the claim goes back when the request ends
         return Call(
             corr,
             _request_id(corr),
@@ -268,7 +170,7 @@ class ModelEndpoint:
             added,
             time.perf_counter(),
             wants_token_ids,
-            inference=inference,
+            inference=inferred,
         )
 
     def prepare(
@@ -283,7 +185,7 @@ class ModelEndpoint:
         """The chat request to send upstream: routed, with the token-id fields capture needs."""
         state = self.state
         route = state.route_for(requested_model)
-        corr, inference = self.infer_session(corr, chat_body)  # before the token fields: it may be captured now
+        corr, _ = inference.infer_session(self.state, corr, chat_body)  # before the token fields: now captured
         request = {**extra_body, **chat_body} if extra_body else chat_body
         request["model"] = route
         request["stream"] = stream
@@ -299,7 +201,7 @@ class ModelEndpoint:
                     added.add(key)
         if wants_token_ids:
             added.clear()  # the client asked for them: nothing to strip from its answer
-        return self.new_call(corr, route, request, stream, frozenset(added), wants_token_ids, inference)
+        return self.new_call(corr, route, request, stream, frozenset(added), wants_token_ids)
 
     def gym_items(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """The items of a request as received that Gym's lineage reads on its training path."""
@@ -314,7 +216,7 @@ class ModelEndpoint:
         """With token_injection on, attach the session's token history to a correlated call. (Called by
         both APIs just before dispatch, which is where Gym's training capture begins too.)"""
         await self.begin_training_capture()
-        await self._own_inferred(call)
+        await inference.own_new_session(self.state, call.inference, call.correlation.session_id)
         injector = self.state.injector
         session = call.correlation.session_id
         if injector is None or not call.capture or session is None:
@@ -327,16 +229,6 @@ class ModelEndpoint:
             else:
                 call.payload = orjson.dumps(plan.body)
             call.request = plan.body
-
-    async def _own_inferred(self, call: Call) -> None:
-        """A session inferred anew is owned by the calling key, like any new session a key names.
-        (A session joined was started by this key: the conversation map is per key.)"""
-        inference, store = call.inference, self.state.capture_store
-        session_id = call.correlation.session_id
-        if inference is None or inference.claim is not None or store is None or session_id is None:
-            return
-        if self.state.owners.scoped:
-            await asyncio.to_thread(store.claim_session, session_id, inference.owner)
 
     def _reissue_plain(self, call: Call, error: OpenAIError) -> bool:
         """The engine refused an injected call (a 400/422): send the same call again without the ids."""
@@ -426,7 +318,7 @@ class ModelEndpoint:
         (for Gym's evaluation exchange), by default `served()` (see server.api.gym_hooks.answered).
         """
         await gym_hooks.answered(self.state, self.api, chat_response, served, shown)
-        self._conversation_went_on(call, chat_response)  # before the answer ends: the client's next call finds it
+        inference.answered(self.state, call.inference, call.correlation.session_id, chat_response)  # before it ends
         if call.capture and self.state.capture_handoff is not None:
             await self.state.capture_handoff.save(self.record_input(call, chat_response, "completed", chat_request))
 
@@ -461,9 +353,7 @@ class ModelEndpoint:
             await self.send_error(send, OpenAIError(503, "Switchyard is not running", code="proxy_unavailable"))
             return
         progress = {"started": False, "answered": False}
-        answering = Answering(self.state.owners.tag(scope))
-        answering_token = _answering.set(answering)
-        send = _with_session_headers(send, answering)
+        answering, answering_token, send = inference.begin(self.state.owners.tag(scope), send)
 
         async def tracking_send(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -476,7 +366,7 @@ class ModelEndpoint:
         failure: tuple[int | None, str | None] = (None, None)  # for Gym's evaluation exchange
         try:
             body, corr = await self._read_request(receive)
-            answering.session_id = corr.session_id
+            inference.named(corr.session_id)
             await self.check_session_owner(corr, scope)
             gym_token = gym_hooks.open_gym_call(self.state, body, corr, self.gym_items)
             await run_until_disconnect(
@@ -497,9 +387,7 @@ class ModelEndpoint:
             elif not progress["answered"]:  # mid-stream: end it with an error event, never a silent cut
                 await send({"type": "http.response.body", "body": self.stream_error(internal)})
         finally:
-            _answering.reset(answering_token)
-            if answering.inference is not None:
-                answering.inference.give_back_unless_done(self.state.conversations)
+            inference.end(self.state, answering, answering_token)
             if gym_token is not None:
                 await gym_hooks.close_gym_call(self.state, gym_token, self.api, failure, progress["started"])
 
@@ -570,22 +458,6 @@ async def chat_event_batches(
 # connection, a truncated chunk): "upstream transport error: error decoding response body". Said as
 # it is, that reads as malformed data; what happened is that the engine's stream ended early.
 _SWITCHYARD_TRANSPORT_ERROR = "upstream transport error"
-
-
-def _with_session_headers(send: Send, answering: Answering) -> Send:
-    """Wraps `send` so the answer names its session and says whether it was recorded."""
-
-    async def sending(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            headers = [(name, value) for name, value in message.get("headers", ()) if name.lower() != SESSION_ID_HEADER]
-            if answering.session_id is not None:
-                headers.append((SESSION_ID_HEADER, answering.session_id.encode("ascii")))
-            if answering.capture is not None:
-                headers.append((CAPTURE_HEADER, answering.capture))
-            message = {**message, "headers": headers}
-        await send(message)
-
-    return sending
 
 
 def _foreign_session(session_id: str) -> OpenAIError:

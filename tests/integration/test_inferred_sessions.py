@@ -162,3 +162,49 @@ def test_with_inference_off_the_answer_says_the_call_was_not_recorded(no_inferen
     assert [s["session_id"] for s in httpx.get(no_inference.v1 + "/sessions", timeout=60).json()["sessions"]] == [
         "kept"
     ]
+
+
+def test_tool_calls_sent_back_continue_the_session_in_every_api(chain):
+    """Each API's own shape of an answer with a tool call, sent back with the tool's result, lands in
+    the session of the call that made it (the comparison survives each translation to chat)."""
+    task = 'Look around [[mock:tool bash {"command": "ls"}]] [[mock:next]] [[mock:say done]]'
+    chat_tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
+    def post(path: str, body: dict) -> httpx.Response:
+        reply = httpx.post(chain.v1 + path, json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply
+
+    # Chat: the assistant message with its tool call, then a tool message.
+    messages: list[dict] = [{"role": "user", "content": "chat: " + task}]
+    first = post("/chat/completions", {"model": "demo", "messages": messages, "tools": chat_tools})
+    call = first.json()["choices"][0]["message"]
+    messages += [call, {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "a.txt"}]
+    second = post("/chat/completions", {"model": "demo", "messages": messages, "tools": chat_tools})
+    assert second.headers[SESSION_HEADER] == first.headers[SESSION_HEADER]
+
+    # Responses (stateless): the output items, then a function_call_output.
+    tools = [{"type": "function", "name": "bash", "parameters": {"type": "object"}}]
+    items: list = [{"role": "user", "content": "responses: " + task}]
+    first = post("/responses", {"model": "demo", "input": items, "tools": tools, "store": False})
+    output = first.json()["output"]
+    function_call = next(item for item in output if item["type"] == "function_call")
+    items += [*output, {"type": "function_call_output", "call_id": function_call["call_id"], "output": "a.txt"}]
+    second = post("/responses", {"model": "demo", "input": items, "tools": tools, "store": False})
+    assert second.headers[SESSION_HEADER] == first.headers[SESSION_HEADER]
+
+    # Messages: the content blocks (a tool_use), then a user tool_result.
+    anthropic_tools = [{"name": "bash", "input_schema": {"type": "object"}}]
+    turns: list[dict] = [{"role": "user", "content": "messages: " + task}]
+    body = {"model": "demo", "max_tokens": 256, "tools": anthropic_tools}
+    first = post("/messages", {**body, "messages": turns})
+    blocks = first.json()["content"]
+    tool_use = next(block for block in blocks if block["type"] == "tool_use")
+    turns += [
+        {"role": "assistant", "content": blocks},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use["id"], "content": "a.txt"}]},
+    ]
+    second = post("/messages", {**body, "messages": turns})
+    assert second.headers[SESSION_HEADER] == first.headers[SESSION_HEADER]
+    for reply in (first, second):
+        assert reply.headers[SESSION_HEADER].startswith("inferred-")
