@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from server.capture.catalog.inferred import ConversationMap, digest_answer, digest_prompt, new_session_id
+from server.capture.read.store import CaptureStore
 from server.ids import valid_rollout_id
+from tests.support.captures import captured_call, submit_all
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 TASK = {"role": "user", "content": "Count files."}
@@ -115,3 +119,24 @@ def test_a_new_session_id_is_valid_everywhere_an_id_goes():
     ids = {new_session_id() for _ in range(100)}
     assert len(ids) == 100
     assert all(session_id.startswith("inferred-") and valid_rollout_id(session_id) for session_id in ids)
+
+
+@pytest.mark.parametrize("layout", [{}, {"compress": True}, {"encoding": "delta"}])
+def test_the_index_says_how_each_session_was_named(tmp_path, layout):
+    """From the record's first block (or, compressed, the whole record): the first record's source word."""
+    capture_dir = tmp_path / "captures"
+    store = CaptureStore(capture_dir, **layout)
+    store.start()
+    try:
+        submit_all(
+            store,
+            captured_call("by-header", session_source="header:x-session-id"),
+            captured_call("inferred-0a1b", session_source="inferred"),
+            captured_call("gym-task", rollout_id="gym-task"),  # a record from before session_source
+            captured_call("unsaid"),
+        )
+    finally:
+        store.close()
+    reader = CaptureStore.open_read_only(capture_dir)
+    named = {s["session_id"]: s["identified_by"] for s in reader.list_sessions(limit=10)}
+    assert named == {"by-header": "header", "inferred-0a1b": "inferred", "gym-task": "path", "unsaid": None}
