@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 # The name of a session this server made up for calls that came without an id.
 INFERRED_PREFIX = "inferred-"
 # Open sessions kept per process (about 200 bytes each: digest, owner tag, id, time).
@@ -53,17 +55,25 @@ def _text(content: object) -> str:
         if isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
             out.append(part["text"])
         else:
-            out.append(json.dumps(part, sort_keys=True, default=str))
+            out.append(_json(part).decode())
     return "".join(out).strip()
 
 
 def _arguments(raw: object) -> object:
     if isinstance(raw, str):
         try:
-            return json.loads(raw)
-        except ValueError:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
             return raw
     return raw
+
+
+def _json(value: object) -> bytes:
+    """Canonical JSON (sorted keys), fast; the standard library's for what orjson refuses (huge ints)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    except TypeError:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
 def canonical(message: object) -> bytes:
@@ -74,7 +84,7 @@ def canonical(message: object) -> bytes:
     renumber tool-call ids on the way back (the Messages translation does), so those are left out.
     """
     if not isinstance(message, dict):
-        return json.dumps(message, sort_keys=True, default=str).encode()
+        return _json(message)
     calls = message.get("tool_calls")
     shaped = [
         message.get("role"),
@@ -87,7 +97,7 @@ def canonical(message: object) -> bytes:
         if isinstance(calls, list)
         else [],
     ]
-    return json.dumps(shaped, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return _json(shaped)
 
 
 @dataclass(slots=True)

@@ -140,3 +140,21 @@ def test_the_index_says_how_each_session_was_named(tmp_path, layout):
     reader = CaptureStore.open_read_only(capture_dir)
     named = {s["session_id"]: s["identified_by"] for s in reader.list_sessions(limit=10)}
     assert named == {"by-header": "header", "inferred-0a1b": "inferred", "gym-task": "path", "unsaid": None}
+
+
+def test_odd_messages_are_digested_without_error():
+    """Whatever a client sends (huge numbers, non-text parts, non-dict messages), a digest comes back."""
+    odd = [
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": "data:,x"}}, {"type": "text", "text": "see"}],
+        },
+        {
+            "role": "assistant",
+            "tool_calls": [{"function": {"name": "f", "arguments": '{"n": 1180591620717411303424}'}}],
+        },
+        "not a message",
+        {"role": "tool", "content": {"json": True}},
+    ]
+    prompt = digest_prompt(odd)
+    assert len(prompt.continues) == 1 and len(digest_answer(prompt, {"role": "assistant"})) == 32
