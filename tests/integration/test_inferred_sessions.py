@@ -208,3 +208,49 @@ def test_tool_calls_sent_back_continue_the_session_in_every_api(chain):
     assert second.headers[SESSION_HEADER] == first.headers[SESSION_HEADER]
     for reply in (first, second):
         assert reply.headers[SESSION_HEADER].startswith("inferred-")
+
+
+def test_the_anthropic_sdk_with_no_headers_gets_one_session_per_conversation(chain):
+    """Two conversations through the anthropic SDK, as it comes (no header), one streamed: each one
+    session, named in every answer."""
+    import anthropic
+
+    sdk = anthropic.Anthropic(base_url=chain.url, api_key="unused", max_retries=0)
+    seen = []
+    for n, stream in enumerate((False, True)):
+        turns: list[dict] = [{"role": "user", "content": f"anthropic conversation {n}"}]
+        names = []
+        for step in range(2):
+            if stream:
+                with sdk.messages.with_streaming_response.create(
+                    model="demo", max_tokens=64, messages=turns, stream=True
+                ) as raw:
+                    names.append(raw.headers[SESSION_HEADER])
+                    text = "".join(
+                        event.delta.text
+                        for event in raw.parse()
+                        if event.type == "content_block_delta" and event.delta.type == "text_delta"
+                    )
+            else:
+                raw = sdk.messages.with_raw_response.create(model="demo", max_tokens=64, messages=turns)
+                names.append(raw.headers[SESSION_HEADER])
+                text = "".join(block.text for block in raw.parse().content if block.type == "text")
+            turns += [{"role": "assistant", "content": text}, {"role": "user", "content": f"more {step}"}]
+        assert len(set(names)) == 1 and names[0].startswith("inferred-")
+        seen.append(names[0])
+    assert seen[0] != seen[1]
+
+
+def test_a_stored_responses_conversation_without_ids_stays_in_its_session(chain):
+    """`previous_response_id` names the stored response, whose session (inferred on the first call) the
+    next call takes."""
+    first = httpx.post(chain.v1 + "/responses", json={"model": "demo", "input": "remember me"}, timeout=60)
+    second = httpx.post(
+        chain.v1 + "/responses",
+        json={"model": "demo", "input": "and now?", "previous_response_id": first.json()["id"]},
+        timeout=60,
+    )
+    assert second.status_code == 200, second.text
+    assert second.headers[SESSION_HEADER] == first.headers[SESSION_HEADER]
+    records = httpx.get(f"{chain.v1}/sessions/{first.headers[SESSION_HEADER]}/completions", timeout=60).json()
+    assert [r["session_source"].partition(":")[0] for r in records["completions"]] == ["inferred", "stored"]
