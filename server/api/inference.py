@@ -156,7 +156,9 @@ def with_session_headers(send: Send, answering: Answering) -> Send:
             if answering.session_id is not None:
                 headers.append((SESSION_ID_HEADER, answering.session_id.encode("ascii")))
             if answering.capture is not None:
-                headers.append((CAPTURE_HEADER, answering.capture))
+                # An error status: no answer, so nothing is recorded (a stream that fails later is, as failed).
+                failed = answering.capture == b"recorded" and message.get("status", 200) >= 400
+                headers.append((CAPTURE_HEADER, b"not recorded: the call failed" if failed else answering.capture))
             message = {**message, "headers": headers}
         await send(message)
 

@@ -135,7 +135,7 @@ def test_a_retried_call_joins_the_conversation_it_retries(chain):
     session = first.headers[SESSION_HEADER]
     messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "again [[mock:error 400 times=1]]"}]
     failed = httpx.post(chain.v1 + "/chat/completions", json={"model": "demo", "messages": messages}, timeout=60)
-    assert failed.status_code == 400
+    assert failed.status_code == 400 and failed.headers[CAPTURE_HEADER] == "not recorded: the call failed"
     retry = httpx.post(chain.v1 + "/chat/completions", json={"model": "demo", "messages": messages}, timeout=60)
     assert retry.headers[SESSION_HEADER] == session
 
