@@ -17,6 +17,8 @@ CAPTURE_DOC = Path(__file__).resolve().parents[4] / "docs" / "capture.md"
 
 
 def kinds_of(kind: str) -> list[str]:
+    if kind in ("compacted", "new_conversation"):  # recorded live from pydantic-ai (the `harnesses` extra)
+        pytest.importorskip("pydantic_ai")
     records = records_of("s", FIXTURES[kind]())
     body = session_chains("s", records)
     assert body["trainable_fraction"] == 1.0, "every generated token is still in some chain"
@@ -32,6 +34,7 @@ def test_each_framework_session_breaks_with_the_kind_named_for_it(kind):
 def test_the_live_fixtures_are_what_the_framework_sent():
     """The recorded fixtures hold what pydantic-ai really sent: the condensed call keeps the task and
     carries the summary in place of the earlier tool turns."""
+    pytest.importorskip("pydantic_ai")
     calls = FIXTURES["compacted"]()
     condensed = calls[3][0]
     assert [m["role"] for m in condensed] == ["system", "user", "user", "assistant", "tool"]
