@@ -181,7 +181,8 @@ def run(opts: Options, args: argparse.Namespace) -> int:
     if capture_dir.exists():
         shutil.rmtree(capture_dir)  # the invariants count every file: start empty
     config = workdir / "soak-config.yaml"
-    settings = {"upstream_timeout_s": opts.upstream_timeout_s, **opts.server_settings}
+    # Its uncorrelated calls must stay unrecorded (a check below): no inferred sessions.
+    settings = {"upstream_timeout_s": opts.upstream_timeout_s, "session_inference": False, **opts.server_settings}
     config.write_text("".join(f"{k}: {orjson.dumps(v).decode()}\n" for k, v in settings.items()))
     children: list[Proc] = []
     server_exit: dict[str, Any] = {"code": None, "seconds": 0.0}

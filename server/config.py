@@ -100,6 +100,9 @@ class Settings(BaseModel):
     capture: bool = True
     capture_dir: str = "switchyard-captures"
     capture_uncorrelated: bool = False
+    # A call without a session id joins the session whose conversation it continues, or starts one
+    # (`inferred-<hex>`; docs/capture.md#calls-without-a-session-id). Off: such calls are not recorded.
+    session_inference: bool = True
     capture_queue_size: int = Field(default=10000, ge=1)
     # `delta`: each record as what it adds to an earlier record of its session (`<uuid>.delta`, disk
     # grows with the tokens, not the turns); `full`: each record whole, in the plain `<uuid>.json`

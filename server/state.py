@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from middleware.correlation import RefusedIds
+from server.capture.catalog import inferred
 from server.capture.catalog.runs import new_run_id
 from server.config import Settings
 from server.errors import OpenAIError
@@ -48,6 +49,8 @@ class AppState:
     closers: list[Callable[[], None]] = field(default_factory=list)  # released at shutdown
     owners: Owners = field(default_factory=lambda: Owners([], []))  # the key behind each request
     refused_ids: RefusedIds = field(default_factory=RefusedIds)  # session ids the correlation rules refused
+    # Which session a call without an id continues (session_inference): per process, bounded.
+    conversations: inferred.ConversationMap = field(default_factory=inferred.ConversationMap)
     # This server run's id, on every record it captures; the workers of one `serve` share it.
     server_run: str = field(default_factory=new_run_id)
     ready: bool = False

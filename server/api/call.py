@@ -20,7 +20,7 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from middleware.correlation import Correlation, current_correlation, id_rule
-from server.api import gym_hooks
+from server.api import gym_hooks, inference
 from server.api.session_writes import admit_writes
 from server.capture.gym.tokens import request_items
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
@@ -58,6 +58,7 @@ class Call:
     injection: Plan | None = None  # token injection's decision for this call (docs/injection.md)
     response_id: str | None = None  # a Responses call's id, which its record carries too
     developer_messages: list[int] | None = None  # `request` messages the client sent as `developer`
+    inference: inference.Inference | None = None  # set when the session was inferred from the conversation
 
 
 # What a Call's payload becomes once it went upstream (a large body is not kept for the whole call).
@@ -143,7 +144,9 @@ class ModelEndpoint:
         added: frozenset[str] = frozenset(),
         wants_token_ids: bool = False,
     ) -> Call:
-        self.check_capture_open(corr)
+        corr, inferred = inference.infer_session(self.state, corr, request)  # (prepare's already, if it did)
+        inference.decided(self.state, corr, self.captures(corr))
+        self.check_capture_open(corr)  # refused: the claim goes back when the request ends
         return Call(
             corr,
             _request_id(corr),
@@ -155,6 +158,7 @@ class ModelEndpoint:
             added,
             time.perf_counter(),
             wants_token_ids,
+            inference=inferred,
         )
 
     def prepare(
@@ -169,6 +173,7 @@ class ModelEndpoint:
         """The chat request to send upstream: routed, with the token-id fields capture needs."""
         state = self.state
         route = state.route_for(requested_model)
+        corr, _ = inference.infer_session(self.state, corr, chat_body)  # before the token fields: now captured
         request = {**extra_body, **chat_body} if extra_body else chat_body
         request["model"] = route
         request["stream"] = stream
@@ -288,6 +293,7 @@ class ModelEndpoint:
             injection=call.injection.record if call.injection is not None else None,
             response_id=call.response_id,
             developer_messages=call.developer_messages,
+            session_source=corr.source if corr.session_id is not None else None,
         )
 
     async def save_record(
@@ -307,6 +313,7 @@ class ModelEndpoint:
         (for Gym's evaluation exchange), by default `served()` (see server.api.gym_hooks.answered).
         """
         await gym_hooks.answered(self.state, self.api, chat_response, served, shown)
+        inference.answered(self.state, call.inference, call.correlation.session_id, chat_response)  # before it ends
         if call.capture and self.state.capture_handoff is not None:
             await self.state.capture_handoff.save(self.record_input(call, chat_response, "completed", chat_request))
 
@@ -341,6 +348,7 @@ class ModelEndpoint:
             await self.send_error(send, OpenAIError(503, "Switchyard is not running", code="proxy_unavailable"))
             return
         progress = {"started": False, "answered": False}
+        answering, answering_token, send = inference.begin(self.state.owners.tag(scope), send)
 
         async def tracking_send(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -353,6 +361,7 @@ class ModelEndpoint:
         failure: tuple[int | None, str | None] = (None, None)  # for Gym's evaluation exchange
         try:
             body, corr = await self._read_request(receive)
+            inference.named(corr.session_id)
             gym_token = gym_hooks.open_gym_call(self.state, body, corr, self.gym_items)
             await run_until_disconnect(
                 receive, lambda: self.handle(body, corr, tracking_send, scope), answered=lambda: progress["answered"]
@@ -372,6 +381,7 @@ class ModelEndpoint:
             elif not progress["answered"]:  # mid-stream: end it with an error event, never a silent cut
                 await send({"type": "http.response.body", "body": self.stream_error(internal)})
         finally:
+            inference.end(self.state, answering, answering_token)
             if gym_token is not None:
                 await gym_hooks.close_gym_call(self.state, gym_token, self.api, failure, progress["started"])
 

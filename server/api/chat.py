@@ -38,6 +38,7 @@ class ChatCompletions(ModelEndpoint):
             requested_model=body.get("model"),
             extra_body=self.state.settings.extra_body,
         )
+        corr = call.correlation  # with its session, if one was inferred from the conversation
         await self.admit(call, scope)
         await self.inject(call)
         span = self.state.telemetry.start_call(

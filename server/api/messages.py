@@ -121,6 +121,7 @@ class Messages(_AnthropicErrors):
             extra_body=self._extra_for_chat,
         )
         self._clamp(call)
+        corr = call.correlation  # with its session, if one was inferred from the conversation
         await self.admit(call, scope)
         await self.inject(call)
         span = self.state.telemetry.start_call(

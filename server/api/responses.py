@@ -86,6 +86,7 @@ class Responses(ModelEndpoint):
             extra_body=self._extra_for_translated_chat,
         )
         call.developer_messages = translated.developer_messages or None
+        corr = call.correlation  # with its session, if one was inferred from the conversation
         if expanded.background:  # its place first (the 429 beyond the bounds): a refused run leaves nothing
             assert stateful is not None  # expand() refuses background without the store
             stateful.runs.reserve(expanded.owner)
@@ -100,6 +101,8 @@ class Responses(ModelEndpoint):
             call.response_id = turn.response_id
             headers = self.upstream_headers(call, scope)
             # From here start_background gives the place back.
+            if call.inference is not None:
+                call.inference.detached = True  # the run registers its answer when it completes
             await start_background(self, call, body, translated.tool_map, headers, span, turn, int(time.time()), send)
             return
         await self.admit(call, scope)

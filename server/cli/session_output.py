@@ -141,13 +141,14 @@ def emit_json(obj: Any) -> None:
 def session_table(sessions: list[dict[str, Any]]) -> str:
     if not sessions:
         return "no sessions"
-    header = ("SESSION_ID", "PARENT", "RECORDS", "RUNS", "FIRST_CAPTURED_AT", "LAST_CAPTURED_AT")
+    header = ("SESSION_ID", "PARENT", "RECORDS", "RUNS", "ID_FROM", "FIRST_CAPTURED_AT", "LAST_CAPTURED_AT")
     rows = [
         (
             s["session_id"],
             s.get("parent_session_id") or "-",
             str(s.get("record_count", "")),
             str(len(s.get("runs") or [None])),  # more than 1: the id was used again by a later server run
+            s.get("identified_by") or "-",  # header, path, body, stored or inferred
             s.get("first_captured_at") or "-",
             s.get("last_captured_at") or "-",
         )

@@ -127,10 +127,11 @@ def test_a_client_that_compacts(chain):
         history.append(reply.model_dump(exclude_none=True))
         for call in reply.tool_calls or []:
             history.append({"role": "tool", "tool_call_id": call.id, "content": "a.txt"})
+    # A condenser: the task kept, the turns since replaced by one short summary.
     summary = {"role": "user", "content": f"Summary of the work so far: {json.dumps(history[-1]['content'])}"}
     client.chat.completions.create(
         model="mock-model",
-        messages=[SYSTEM, summary, {"role": "user", "content": "go on [[mock:say fine]]"}],
+        messages=[SYSTEM, task, summary, {"role": "user", "content": "go on [[mock:say fine]]"}],
         tools=TOOLS,
     )
 

@@ -394,7 +394,8 @@ def test_refuse_answers_503_while_capture_cannot_write_and_recovers(mock_upstrea
         assert first.json()["error"]["code"] == "capture_unavailable"
         refused = chat(chain, "strict", "refused before it goes upstream")
         assert refused.status_code == 503 and set(refused.json()["error"]) >= {"message", "type", "param", "code"}
-        assert chat(chain, "", "uncorrelated calls are not captured: served").status_code == 200
+        # A call without an id is captured too (its session inferred): refused the same way.
+        assert chat(chain, "", "inferred sessions are captured: refused").status_code == 503
         filler.unlink()
         assert wait_for(lambda: capture_health(chain)["status"] == "ok")
         assert chat(chain, "strict", "back").status_code == 200

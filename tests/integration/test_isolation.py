@@ -285,3 +285,26 @@ def test_the_seal_key_file_is_checked_and_never_silently_replaced(mock_upstream,
         assert send_back(url, A, sealed_item(url)).status_code == 200
     finally:
         proc.stop()
+
+
+def test_an_inferred_session_belongs_to_its_key_and_only_its_key_continues_it(keyed):
+    """Two keys hold the same conversation without ids: each goes on in a session of its own, which
+    only its key can read."""
+    task = [{"role": "user", "content": "the same task for both keys"}]
+    sessions = {}
+    for name, headers in (("a", A), ("b", B)):
+        first = httpx.post(
+            keyed + "/v1/chat/completions", json={"model": "x", "messages": task}, headers=headers, timeout=30
+        )
+        assert first.status_code == 200, first.text
+        answer = first.json()["choices"][0]["message"]
+        messages = [*task, answer, {"role": "user", "content": "go on"}]
+        second = httpx.post(
+            keyed + "/v1/chat/completions", json={"model": "x", "messages": messages}, headers=headers, timeout=30
+        )
+        assert second.headers["x-switchyard-session-id"] == first.headers["x-switchyard-session-id"]
+        sessions[name] = first.headers["x-switchyard-session-id"]
+    assert sessions["a"] != sessions["b"] and all(s.startswith("inferred-") for s in sessions.values())
+    assert session_texts(keyed, sessions["a"], A) == ["the same task for both keys", "go on"]
+    assert get(keyed, f"/v1/sessions/{sessions['a']}/completions", B).status_code == 404
+    assert get(keyed, f"/v1/sessions/{sessions['b']}/completions", A).status_code == 404

@@ -249,7 +249,7 @@ def test_a_stream_cut_upstream_ends_with_an_error_event(chain):
     assert events[-1][1]["error"]["type"] == "api_error"
 
 
-def test_without_the_session_header_a_call_is_not_recorded(chain):
+def test_without_the_session_header_a_call_is_recorded_in_the_session_its_answer_names(chain):
     marker = uuid.uuid4().hex
     response = httpx.post(
         chain.v1 + "/messages",
@@ -257,10 +257,10 @@ def test_without_the_session_header_a_call_is_not_recorded(chain):
         timeout=60,
     )
     assert response.status_code == 200
-    sessions = get_json(chain.v1 + "/sessions")["sessions"]
-    for session in sessions:
-        records = get_json(f"{chain.v1}/sessions/{session['session_id']}/completions")["completions"]
-        assert not any(marker in orjson.dumps(r["messages"]).decode() for r in records)
+    session = response.headers["x-switchyard-session-id"]
+    assert session.startswith("inferred-") and response.headers["x-switchyard-model-capture"] == "recorded"
+    (record,) = get_json(f"{chain.v1}/sessions/{session}/completions")["completions"]
+    assert marker in orjson.dumps(record["messages"]).decode() and record["session_source"] == "inferred"
 
 
 def test_errors_in_anthropic_shape(chain):

@@ -63,9 +63,10 @@ def test_headers_body_and_route_sent_upstream(tmp_path, mock_upstream):
         body = seen["body"]
         assert body["model"] == "route-a"  # the route always replaces the caller's model
         assert body["temperature"] == 0.5 and body["seed"] == 1  # extra_body goes under the body
-        post(url)  # uncorrelated: no session headers at all
-        headers = {k.lower() for k in last_request(mock_upstream)["headers"]}
-        assert "x-switchyard-session-id" not in headers and "proxy_x_session_id" not in headers
+        post(url)  # no session headers at all: its session is inferred, and sent on like a named one
+        headers = {k.lower(): v for k, v in last_request(mock_upstream)["headers"].items()}
+        assert headers["x-switchyard-session-id"] == headers["proxy_x_session_id"]
+        assert headers["proxy_x_session_id"].startswith("inferred-")
     finally:
         proc.stop()
 

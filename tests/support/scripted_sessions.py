@@ -116,12 +116,14 @@ class ScriptedSession:
         self.history = self.history + copy.deepcopy(self.history)
 
     def compact(self) -> None:
-        """A summary in place of the history: it quotes what the agent did (as a model-written summary does)."""
+        """A condenser: the system prompt and the task kept, the turns between them and the latest turn
+        replaced by one short summary that quotes what the agent did, as a model-written summary does
+        (tests/support/framework_breaks.py has real frameworks' shapes)."""
         said = [m for m in self.history if m["role"] == "assistant"]
         last = said[-1] if said else {}
         done = last.get("content") or "".join(c["function"]["arguments"] for c in last.get("tool_calls") or [])
-        summary = f"Summary of {len(self.history)} messages; last: {done}"
-        self.history = [self.history[0], {"role": "user", "content": summary}]
+        summary = {"role": "user", "content": f"Summary of {len(self.history)} messages; last: {done}"}
+        self.history = [*self.history[:2], summary, *self.history[-2:]]
 
     def drop(self) -> None:
         """A window over the conversation: the system prompt and the latest turn, older messages gone."""

@@ -4,4 +4,4 @@ Its public surface is its modules (`__all__`): catalog, read and rollout import 
 modules, so re-exporting names here would turn those imports into cycles through the packages.
 """
 
-__all__ = ["index", "index_view", "owners", "runs", "sessions", "summary"]
+__all__ = ["index", "index_view", "inferred", "owners", "runs", "sessions", "summary"]

@@ -20,6 +20,8 @@ class RecordHeader:
     captured_at: str
     uuid: str
     server_run: str | None = None  # the run that wrote it; None for records from before runs were recorded
+    # How its session was named: header, path, body, stored or inferred (None: not said).
+    identified_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,7 @@ class SessionEntry:
     first_captured_at: str
     last_captured_at: str
     runs: tuple[str | None, ...] = (None,)  # the server runs that wrote it, in order of their first record
+    identified_by: str | None = None  # how its first record's session was named (RecordHeader.identified_by)
 
     def as_dict(self, parent_missing: bool = False) -> dict[str, Any]:
         return {
@@ -43,6 +46,9 @@ class SessionEntry:
             "last_captured_at": self.last_captured_at,
             # More than one: the session id was used again by a later server run (docs/capture.md#server-runs).
             "runs": list(self.runs),
+            # header, path, body (the client named it), stored (a stored response's), inferred (from
+            # the conversation: docs/capture.md#calls-without-a-session-id), or None (older records).
+            "identified_by": self.identified_by,
         }
 
 
@@ -56,7 +62,18 @@ class SessionTally:
     by uuid, so every process derives the same entry whatever order it read the files in.
     """
 
-    __slots__ = ("names", "unreadable", "count", "session_id", "first", "last", "parent_key", "run_keys", "touched_ns")
+    __slots__ = (
+        "names",
+        "unreadable",
+        "count",
+        "session_id",
+        "first",
+        "last",
+        "parent_key",
+        "run_keys",
+        "touched_ns",
+        "source_key",
+    )
 
     def __init__(self, touched_ns: int = 0) -> None:
         self.touched_ns = touched_ns  # when a file was last added (the index's clock)
@@ -67,6 +84,7 @@ class SessionTally:
         self.first = self.last = ""
         self.parent_key: tuple[str, str, str] | None = None  # (captured_at, uuid, parent)
         self.run_keys: tuple[tuple[str, str, str | None], ...] = ()  # (captured_at, uuid, run), one a run
+        self.source_key: tuple[str, str, str | None] | None = None  # (captured_at, uuid, how named) of the first
 
     def add(self, file_name: str, header: RecordHeader | None) -> None:
         if file_name in self.names:
@@ -92,6 +110,9 @@ class SessionTally:
             key = (at, header.uuid, header.parent_session_id)
             if self.parent_key is None or key < self.parent_key:
                 self.parent_key = key
+        source_key = (at, header.uuid, header.identified_by)
+        if self.source_key is None or source_key[:2] < self.source_key[:2]:
+            self.source_key = source_key
         run_key = (at, header.uuid, header.server_run)
         earliest = next((key for key in self.run_keys if key[2] == header.server_run), None)
         if earliest is None or run_key < earliest:
@@ -111,6 +132,7 @@ class SessionTally:
             first_captured_at=self.first,
             last_captured_at=self.last,
             runs=tuple(run for _, _, run in self.run_keys),
+            identified_by=self.source_key[2] if self.source_key is not None else None,
         )
 
 

@@ -102,8 +102,21 @@ def header_of(record: RecordHead) -> RecordHeader:
         parent = None
     run = record.get("server_run")
     return RecordHeader(
-        record["session_id"], parent, record["captured_at"], record["uuid"], run if isinstance(run, str) else None
+        record["session_id"],
+        parent,
+        record["captured_at"],
+        record["uuid"],
+        run if isinstance(run, str) else None,
+        _source_kind(record.get("session_source"), record.get("rollout_id")),
     )
+
+
+def _source_kind(source: object, rollout_id: object) -> str | None:
+    """How a record's session was named, in one word: `header`, `path`, `body`, `stored` or `inferred`
+    (records from before `session_source` existed: `path` when they carry a rollout id, else None)."""
+    if isinstance(source, str) and source:
+        return source.partition(":")[0]
+    return "path" if isinstance(rollout_id, str) and rollout_id else None
 
 
 def read_header(path: str, dir_name: str) -> RecordHeader | None:
@@ -137,6 +150,9 @@ _HEAD = re.compile(
     rb'(?:"server_run":(?:null|"([^"\\]*)"),)?'  # absent from records written before runs were recorded
 )
 HEAD_BYTES = 1024
+# Further along the leading fields, where the first block holds them (else they count as absent).
+_SOURCE = re.compile(rb',"session_source":"([^"\\]+)"')
+_ROLLOUT = re.compile(rb',"rollout_id":"([^"\\]+)"')
 
 
 def _first_block(path: str) -> tuple[bytes, bytes] | None:
@@ -183,7 +199,19 @@ def _peek_header(path: str) -> RecordHeader | None:
     assert session_id is not None and captured_at is not None and uuid is not None
     if parent == session_id or not is_valid_session_id(parent):
         parent = None
-    return RecordHeader(session_id, parent, captured_at, uuid, run)
+    source = _SOURCE.search(head)
+    rollout = _ROLLOUT.search(head)
+    return RecordHeader(
+        session_id,
+        parent,
+        captured_at,
+        uuid,
+        run,
+        _source_kind(
+            source.group(1).decode() if source is not None else None,
+            rollout.group(1).decode() if rollout is not None else None,
+        ),
+    )
 
 
 # Where the small leading fields of a record end: the `usage` object follows `token_count`.

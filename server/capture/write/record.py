@@ -55,6 +55,9 @@ class RecordHead(TypedDict):
     stream: bool
     status: str
     rollout_id: str | None
+    # Ours: how the call's session was named (`header:x-session-id`, `path:ng-rollout`,
+    # `body:proxy_x_session_id`, `stored:...`, `inferred`); absent from records written before it existed.
+    session_source: NotRequired[str | None]
     latency_ms: float
     is_valid: bool
     invalid_reason: str | None
@@ -116,6 +119,7 @@ class RecordInput:
     response_id: str | None = None
     server_run: str | None = None
     developer_messages: list[int] | None = None
+    session_source: str | None = None
 
 
 def utc_timestamp() -> str:
@@ -142,6 +146,7 @@ def build_record(
     response_id: str | None = None,
     server_run: str | None = None,
     developer_messages: list[int] | None = None,
+    session_source: str | None = None,
 ) -> CaptureRecord:
     """Build the record for one call. Never raises on odd upstream output: it marks the record invalid.
 
@@ -198,6 +203,7 @@ def build_record(
         "stream": bool(stream),
         "status": status,
         "rollout_id": rollout_id,
+        "session_source": session_source,
         "latency_ms": round(float(latency_ms), 3),
         "is_valid": invalid_reason is None,
         "invalid_reason": invalid_reason,
@@ -241,6 +247,7 @@ def record_of(call: RecordInput) -> CaptureRecord:
         response_id=call.response_id,
         server_run=call.server_run,
         developer_messages=call.developer_messages,
+        session_source=call.session_source,
     )
 
 

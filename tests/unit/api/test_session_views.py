@@ -35,6 +35,7 @@ def test_the_plain_list_is_unchanged_and_summaries_are_opt_in(client):
         "first_captured_at",
         "last_captured_at",
         "runs",
+        "identified_by",
     }
     rich = client.get("/v1/sessions", params={"summary": "true", "q": "agent-main"}).json()["sessions"]
     summary = rich[0]["summary"]

@@ -487,6 +487,7 @@ def test_indexing_reads_headers_not_whole_records(tmp_path, monkeypatch):
         "first_captured_at": big["captured_at"],
         "last_captured_at": big["captured_at"],
         "runs": [None],
+        "identified_by": None,
     }
     assert [s["session_id"] for s in reader.list_sessions()] == ["ses-big", "ses-root"]
 

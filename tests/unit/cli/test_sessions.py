@@ -67,7 +67,15 @@ def snapshot(directory: Path) -> dict[str, tuple[int, float]]:
 def test_list_table(capture_dir, capsys):
     assert run("list", "--capture-dir", str(capture_dir)) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["SESSION_ID", "PARENT", "RECORDS", "RUNS", "FIRST_CAPTURED_AT", "LAST_CAPTURED_AT"]
+    assert lines[0].split() == [
+        "SESSION_ID",
+        "PARENT",
+        "RECORDS",
+        "RUNS",
+        "ID_FROM",
+        "FIRST_CAPTURED_AT",
+        "LAST_CAPTURED_AT",
+    ]
     rows = {line.split()[0]: line.split()[1:4] for line in lines[1:]}
     assert rows == {
         "root-1": ["-", "2", "1"],
