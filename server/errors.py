@@ -26,6 +26,7 @@ Every exception class of the project, by base, with where it lives:
     │   └── NoEndOfTurn           server/injection/histories.py         a re-rendered tail without its end-of-turn token
     ├── LookupError
     │   ├── UnknownRun            server/capture/catalog/runs.py        a run the session does not have
+    │   │   └── UnknownDispatch   server/capture/catalog/runs.py        a dispatch the run's records do not have
     │   └── UnknownSession        server/capture/read/record_files.py   (a KeyError) no capture of that session
     └── RuntimeError
         ├── ServerStartError      server/spawn.py                       a child server exited or was not ready in time
