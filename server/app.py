@@ -25,6 +25,7 @@ from server.api.responses import Responses
 from server.api.stored_responses import stored_response_routes
 from server.config import Settings
 from server.errors import OpenAIError, error_response
+from server.http.admission import Admission, limits
 from server.lifespan import lifespan
 from server.owners import Owners
 from server.state import AppState
@@ -96,6 +97,7 @@ class ServerApp(Starlette):
         refused_ids: RefusedIds,
         auth: BearerKeys,
         hosts: HostAllowList,
+        admission: Admission,
         **starlette: Any,
     ) -> None:
         super().__init__(**starlette)
@@ -103,6 +105,7 @@ class ServerApp(Starlette):
         self.refused_ids = refused_ids
         self.auth = auth
         self.hosts = hosts
+        self.admission = admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -114,6 +117,9 @@ class ServerApp(Starlette):
         # Outermost: the Gym prefix is stripped before auth and dispatch look at the path.
         scope, send, corr = correlate(scope, send, self.refused_ids)
         token = publish(corr)
+        # Every body under its deadline, and counted as a call in flight once it is whole (a 503 beyond).
+        admitted = self.admission.receiver(receive)
+        receive = admitted
         try:
             handler = self.model_handlers.get(scope["path"]) if scope["method"] == "POST" else None
             if handler is None:
@@ -125,6 +131,7 @@ class ServerApp(Starlette):
             else:
                 await handler(scope, receive, send)
         finally:
+            admitted.release()
             unpublish(token)
 
 
@@ -178,6 +185,7 @@ def create_app(
         refused_ids=state.refused_ids,
         auth=BearerKeys(**keys),
         hosts=HostAllowList(settings.host, settings.allowed_hosts),
+        admission=Admission(limits(settings).calls, settings.request_body_timeout_s),
         routes=routes,
         middleware=[Middleware(AuthMiddleware, **keys)],
         lifespan=lambda app: lifespan(state),
