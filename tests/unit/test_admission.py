@@ -117,9 +117,7 @@ def test_derived_limits_fit_the_open_file_limit(monkeypatch, nofile, hosted):
 
 
 def test_set_limits_win_over_derived_ones():
-    settings = Settings(
-        **ATTACHED, max_calls_in_flight=10, max_connections_per_worker=50, upstream_max_connections=7
-    )
+    settings = Settings(**ATTACHED, max_calls_in_flight=10, max_connections_per_worker=50, upstream_max_connections=7)
     got = limits(settings)
     assert (got.calls, got.connections, got.upstream) == (10, 50, 7)
 
