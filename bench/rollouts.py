@@ -302,7 +302,7 @@ def _first_limit(kinds: dict[str, int], health: list[float], peak_fds: int, via:
     soft = psutil.Process().rlimit(psutil.RLIMIT_NOFILE)[0]
     if peak_fds > 0.9 * soft:
         return f"open files: {peak_fds} of {soft}"
-    wall = sum(x["window"] for x in via) or 1.0
+    wall = sum(x["elapsed"] for x in via) or 1.0
     cores = sum(x["cpu"].get("server_tree", 0.0) for x in via) / wall
     if any(t > 1.0 for t in health):
         return f"/health over 1 s (server CPU {cores:.2f} cores)"
