@@ -131,3 +131,32 @@ def test_open_file_limit_is_raised_to_the_hard_limit():
             assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_an_expiry_between_reads_answers_the_next_read_408_and_never_cancels_other_work():
+    async def run():
+        admission = Admission(limit=4, body_timeout_s=0.05)
+        receiver = admission.receiver(body(b"{", b"}"))
+        await receiver()  # half the body; the app now does something else (not reading)
+        await asyncio.sleep(0.2)  # past the deadline and a sweep: this task must not be cancelled
+        with pytest.raises(OpenAIError) as raised:
+            await receiver()
+        return admission, raised.value
+
+    admission, error = asyncio.run(run())
+    assert error.status == 408 and admission.timed_out == 1
+
+
+def test_a_request_that_stops_reading_early_is_released_from_its_deadline():
+    async def run():
+        admission = Admission(limit=4, body_timeout_s=0.05)
+        receiver = admission.receiver(body(b"{", b"}"))
+        await receiver()
+        assert admission.stats()["bodies_arriving"] == 1
+        receiver.release()  # e.g. a 413 after the first part: the request is over
+        assert admission.stats()["bodies_arriving"] == 0
+        await asyncio.sleep(0.2)  # no sweep finds it: nothing is cancelled, nothing counted
+        return admission
+
+    admission = asyncio.run(run())
+    assert admission.timed_out == 0 and admission.in_flight == 0
