@@ -14,8 +14,8 @@ its own descriptors. For N = 4,096 the same load also goes through `--workers 2`
 Per N: calls/s against direct, errors, p50/p99 time to first token, the server's peak RSS and per
 call in flight, its open descriptors, capture records against calls, and the first limit met;
 while the loops run, a probe times `/health` and a fresh streamed call's first token every 0.5 s.
-`BENCH_ROLLOUTS_LOOPS=256,1024`, `BENCH_ROLLOUTS_SECONDS=20` and `BENCH_ROLLOUTS_WORKERS_AT=256` (the N
-also run with `--workers 2`) shrink a run while developing.
+`BENCH_ROLLOUTS_LOOPS=256,1024`, `BENCH_ROLLOUTS_SECONDS=20`, `BENCH_ROLLOUTS_ROUNDS=1` and
+`BENCH_ROLLOUTS_WORKERS_AT=256` (the N also run with `--workers 2`) shrink a run while developing.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def rollouts(bench: Bench) -> None:
     loops = _env_ints("BENCH_ROLLOUTS_LOOPS") or (QUICK_LOOPS if bench.quick else FULL_LOOPS)
     pace = QUICK_PACE if bench.quick else FULL_PACE
     seconds = float(os.environ.get("BENCH_ROLLOUTS_SECONDS") or (10 if bench.quick else 45))
-    rounds = 1 if bench.quick else 2
+    rounds = int(os.environ.get("BENCH_ROLLOUTS_ROUNDS") or (1 if bench.quick else 2))
     command = f"{PY} -m server.switchyard.host --config {{deployment}} --port {{port}}"
     out: dict[str, Any] = {"pace": pace, "turns": TURNS, "seconds": seconds, "runs": {}}
     bench.data["rollouts"] = out
@@ -198,6 +198,11 @@ class _Probe:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.body = dict(PROBE_BODY, **(TOKEN_FIELDS if direct else {}))
+        # A new connection for every probe (none kept alive), from one client: making a client per
+        # probe costs tens of milliseconds of this process's CPU (its TLS context), not the server's.
+        self.client = httpx.Client(
+            timeout=PROBE_TIMEOUT_S, trust_env=False, limits=httpx.Limits(max_keepalive_connections=0)
+        )
 
     def _loop(self) -> None:
         while not self._stop.wait(PROBE_EVERY_S):
@@ -209,8 +214,7 @@ class _Probe:
     def _health(self) -> float:
         t0 = time.perf_counter()
         try:
-            with httpx.Client(timeout=PROBE_TIMEOUT_S, trust_env=False) as client:
-                ok = client.get(self.server.url + "/health").status_code == 200
+            ok = self.client.get(self.server.url + "/health").status_code == 200
         except httpx.HTTPError:
             ok = False
         if not ok:
@@ -221,10 +225,7 @@ class _Probe:
     def _fresh_call(self) -> float:
         t0 = time.perf_counter()
         try:
-            with (
-                httpx.Client(timeout=PROBE_TIMEOUT_S, trust_env=False) as client,
-                client.stream("POST", self.url, json=self.body) as reply,
-            ):
+            with self.client.stream("POST", self.url, json=self.body) as reply:
                 if reply.status_code == 200:
                     for chunk in reply.iter_bytes():
                         if CHAT_TOKEN_MARK.encode() in chunk:
@@ -241,6 +242,7 @@ class _Probe:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(PROBE_TIMEOUT_S * 2 + 5)
+        self.client.close()
 
     def result(self) -> dict[str, Any]:
         return {"health_s": self.health_s, "ttft_s": self.ttft_s, "failed": self.failed}

@@ -71,18 +71,21 @@ async def _trickle(port: int, n: int, answers: list[bytes], opened: list[int], s
 
 def _probe(url: str, health: list[float], fresh: list[float], stop: threading.Event) -> None:
     body = {"model": "demo", "messages": [{"role": "user", "content": "fresh call [[mock:tokens 4]]"}]}
-    while not stop.wait(PROBE_EVERY_S):
-        for kind, out in (("health", health), ("fresh", fresh)):
-            t0 = time.perf_counter()
-            try:
-                with httpx.Client(timeout=PROBE_TIMEOUT_S, trust_env=False) as client:
+    # A new connection for every probe (none kept alive), from one client (a client per probe would
+    # time its own TLS context's making).
+    limits = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(timeout=PROBE_TIMEOUT_S, trust_env=False, limits=limits) as client:
+        while not stop.wait(PROBE_EVERY_S):
+            for kind, out in (("health", health), ("fresh", fresh)):
+                t0 = time.perf_counter()
+                try:
                     if kind == "health":
                         ok = client.get(url + "/health").status_code == 200
                     else:
                         ok = client.post(url + "/v1/chat/completions", json=body).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            out.append(time.perf_counter() - t0 if ok else float("inf"))
+                except httpx.HTTPError:
+                    ok = False
+                out.append(time.perf_counter() - t0 if ok else float("inf"))
 
 
 def main(argv: list[str] | None = None) -> int:
