@@ -4,8 +4,9 @@ Each loop is one rollout after another, each of TURNS turns: a streamed chat cal
 engine (a prefill wait before the first token, then tokens at a steady pace), then a pause like a
 tool call, the conversation one exchange longer at each turn. Every loop opens a fresh connection
 per call, as many clients do between turns, so connections track the calls in flight; the pacing
-keeps the calls in flight near 38% of the loops (10 s of call in every 26 s), which for 16,384 loops
-is ~6,300, what one process here may hold under the 20,000 open-file limit on the direct path.
+keeps the calls in flight near 37% of the loops (~12 s of call in every 32 s: 2 s to the first token,
+then ~10 chunks 1 s apart), which for 16,384 loops is ~6,100 (peaks ~25% higher), what one process
+here may hold under the 20,000 open-file limit on the direct path (Switchyard: two per call).
 
 The server runs its Switchyard in a process of its own (`switchyard_command`), the same Switchyard
 the direct rounds call, so both paths meet the same Switchyard and this server's process holds only
@@ -38,8 +39,8 @@ from bench.stats import median, pct, verdict
 TURNS = 4
 FULL_LOOPS = (1024, 4096, 16384)
 QUICK_LOOPS = (256,)
-# (prefill ms, tokens, ms between tokens, pause s): full, about 10 s a call and 16 s a tool call.
-FULL_PACE = (2000, 8, 1000, 16.0)
+# (prefill ms, tokens, ms between tokens, pause s): full, about 12 s a call and 20 s a tool call.
+FULL_PACE = (2000, 8, 1000, 20.0)
 QUICK_PACE = (500, 4, 250, 3.0)
 WORKERS_AT = 4096  # the N also run through `--workers 2`
 PROBE_EVERY_S = 0.5

@@ -81,14 +81,14 @@ def limits(settings: Settings) -> Limits:
     A call in flight holds its client connection and one upstream connection; with Switchyard
     hosted in this process, also Switchyard's side of that connection and its connection to the
     engine. Connections beyond the calls are client connections between calls (keep-alive), bodies
-    still arriving, and room for `/health` and for the 503s. Derived: calls get a third of the
-    descriptors' worth of connections as headroom, i.e. calls = (limit - reserve) / (fds per call + 2)
-    and connections take what is left (bounded above by MAX_DERIVED_*).
+    still arriving, and room for `/health` and for the 503s. Derived: a quarter of a descriptor per
+    call is kept for those, i.e. calls = (limit - reserve) / (fds per call + 1/4), and connections
+    take what is left (each bounded above by MAX_DERIVED_*).
     """
     nofile = open_file_limit()
     fds_per_call = 4 if settings.mode == "launch-hosted" else 2
     budget = max(nofile - RESERVED_FDS, 64)
-    calls = settings.max_calls_in_flight or max(16, min(MAX_DERIVED_CALLS, budget // (fds_per_call + 2)))
+    calls = settings.max_calls_in_flight or max(16, min(MAX_DERIVED_CALLS, budget * 4 // (4 * fds_per_call + 1)))
     upstream = settings.upstream_max_connections or calls
     if settings.max_connections_per_worker:
         connections = settings.max_connections_per_worker
