@@ -8,9 +8,14 @@ measures that ceiling against a canned responder before it measures anything els
 Protocol (one JSON object per line each way):
   -> {"host", "port", "templates": [{"method", "path", "headers": [[k, v]], "body"}],
       "concurrency", "count" | "duration" (+ "warmup" count or seconds), "fresh", "stream",
-      "marker", "expect_tail", "timeout", "ramp", "vars": {...}}
-  <- {"ok", "errors", "error_kinds", "window", "throughput", "lat", "first", "marker", "peak_open", ...}
-Header values may use {conn} (the worker's index), {seq} (the request's number) and any "vars".
+      "marker", "expect_tail", "timeout", "ramp", "vars": {...}, "turns", "pause"}
+  <- {"ok", "errors", "error_kinds", "window", "throughput", "lat", "first", "marker", "peak_open",
+      "peak_in_flight", ...}
+Header values may use {conn} (the worker's index), {seq} (the request's number), {roll} (with
+"turns": the worker's rollout number) and any "vars".
+"turns": true makes each worker an agent loop: it walks the templates in order (one rollout's
+turns, the conversation growing), then starts its next rollout; "pause" seconds after each call
+(a tool call's time) before the next.
 """
 
 from __future__ import annotations
@@ -31,11 +36,13 @@ _clock = time.perf_counter
 class Counters:
     """Streams currently between their response headers and their last byte, and the peak of that."""
 
-    __slots__ = ("open_now", "peak_open")
+    __slots__ = ("open_now", "peak_open", "in_flight", "peak_in_flight")
 
     def __init__(self) -> None:
         self.open_now = 0
         self.peak_open = 0
+        self.in_flight = 0  # requests sent and not yet over (waiting for headers included)
+        self.peak_in_flight = 0
 
 
 class Conn(asyncio.Protocol):
@@ -245,10 +252,10 @@ class Template:
         self.prefix = ("\r\n".join(fixed) + "\r\n").encode()
         self.whole = None if self.dynamic else self.prefix + b"\r\n" + self.body
 
-    def render(self, conn: int, seq: int) -> bytes:
+    def render(self, conn: int, seq: int, roll: int = 0) -> bytes:
         if self.whole is not None:
             return self.whole
-        extra = "".join(f"{name}: {value.format(conn=conn, seq=seq)}\r\n" for name, value in self.dynamic)
+        extra = "".join(f"{name}: {value.format(conn=conn, seq=seq, roll=roll)}\r\n" for name, value in self.dynamic)
         return self.prefix + extra.encode() + b"\r\n" + self.body
 
 
@@ -267,6 +274,8 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     expect_tail = (spec.get("expect_tail") or ("[DONE]" if stream else "")).encode()
     timeout = float(spec.get("timeout", 30.0))
     ramp = float(spec.get("ramp", 0.0))
+    turns = bool(spec.get("turns", False))
+    pause = float(spec.get("pause", 0.0))
     hard_limit = float(spec.get("hard_limit", (duration or 0) + (warmup if duration else 0) + 120.0))
     counters = Counters()
 
@@ -304,15 +313,26 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         if ramp:
             await asyncio.sleep(ramp * index / concurrency)
         conn: Conn | None = None
+        mine = 0  # this worker's own calls so far (an agent loop's turn counter)
         while True:
             now = _clock()
             if now >= stop_at or (total is not None and next_seq >= total):
                 break
+            if turns and mine:
+                await asyncio.sleep(min(pause, max(0.0, stop_at - now)))  # the tool call between turns
+                if _clock() >= stop_at:
+                    break
             seq = next_seq
             next_seq += 1
-            data = templates[seq % len(templates)].render(index, seq)
+            if turns:
+                data = templates[mine % len(templates)].render(index, seq, mine // len(templates))
+            else:
+                data = templates[seq % len(templates)].render(index, seq)
+            mine += 1
             t0 = _clock()
             timer = None
+            counters.in_flight += 1
+            counters.peak_in_flight = max(counters.peak_in_flight, counters.in_flight)
             try:
                 if conn is None or conn.lost:
                     conn = await connect()
@@ -331,6 +351,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
                 conn = None
                 continue
             finally:
+                counters.in_flight -= 1
                 if timer is not None:
                     timer.cancel()
             if fresh or close_after:
@@ -379,6 +400,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         "first": first,
         "marker": marks,
         "peak_open": counters.peak_open,
+        "peak_in_flight": counters.peak_in_flight,
         "body_bytes": body_bytes,
         "cpu_s": cpu,
         "requests_sent": next_seq,

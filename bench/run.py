@@ -17,7 +17,7 @@ if str(REPO) not in sys.path:
 
 import orjson  # noqa: E402
 
-from bench import capture, disk, injection, latency, reads, recon, stream_load, telemetry, twins  # noqa: E402
+from bench import capture, disk, injection, latency, reads, recon, rollouts, stream_load, telemetry, twins  # noqa: E402
 from bench.harness import Bench, Section, print_table  # noqa: E402
 
 # The sections in the order they run; `--only` names them. A section is a function of the run (bench/harness.py).
@@ -35,6 +35,7 @@ SECTIONS: dict[str, Section] = {
     "reads": reads.reads,
     "disk": disk.disk,
     "hold": capture.hold,
+    "rollouts": rollouts.rollouts,
 }
 
 

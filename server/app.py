@@ -26,6 +26,7 @@ from server.api.stored_responses import stored_response_routes
 from server.config import Settings
 from server.errors import OpenAIError, error_response, send_error
 from server.http import BodyBudget
+from server.http.admission import Admission, limits
 from server.lifespan import lifespan
 from server.owners import Owners
 from server.state import AppState
@@ -98,6 +99,7 @@ class ServerApp(Starlette):
         auth: BearerKeys,
         hosts: HostAllowList,
         bodies: BodyBudget,
+        admission: Admission,
         **starlette: Any,
     ) -> None:
         super().__init__(**starlette)
@@ -106,6 +108,7 @@ class ServerApp(Starlette):
         self.auth = auth
         self.hosts = hosts
         self.bodies = bodies
+        self.admission = admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -122,8 +125,10 @@ class ServerApp(Starlette):
             await send_error(send, self.bodies.busy_error(), anthropic=speaks_anthropic(scope))
             return
         token = publish(corr)
+        # Every body under its deadline, and counted as a call in flight once it is whole (a 503 beyond).
+        admitted = self.admission.receiver(receive)
         try:
-            receive = hold.receive(receive)
+            receive = hold.receive(admitted)
             post = scope["method"] == "POST"
             handler = self.model_handlers.get(scope["path"]) if post else None
             if handler is None:
@@ -139,6 +144,7 @@ class ServerApp(Starlette):
                 await handler(scope, receive, send)
         finally:
             hold.release()
+            admitted.release()
             unpublish(token)
 
 
@@ -197,6 +203,7 @@ def create_app(
         auth=BearerKeys(**keys),
         hosts=HostAllowList(settings.host, settings.allowed_hosts),
         bodies=BodyBudget(settings.max_body_bytes_in_flight, settings.max_body_bytes),
+        admission=Admission(limits(settings).calls, settings.request_body_timeout_s),
         routes=routes,
         middleware=[Middleware(AuthMiddleware, **keys)],
         lifespan=lambda app: lifespan(state),

@@ -89,7 +89,8 @@ class Settings(BaseModel):
     # sending is never cut; a whole-call deadline is Switchyard's `timeout_ms` (set in profiles).
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     upstream_connect_timeout_s: float = Field(default=10.0, gt=0)
-    upstream_max_connections: int = Field(default=512, ge=1)
+    # Connections to Switchyard per worker; unset: as many as the calls it admits (max_calls_in_flight).
+    upstream_max_connections: int | None = Field(default=None, ge=1)
     upstream_api: Literal["chat", "responses"] = "chat"
     # Ask the upstream for token ids / logprobs on correlated calls (needed for capture).
     request_token_ids: bool = True
@@ -154,6 +155,15 @@ class Settings(BaseModel):
     # Request-body bytes one process holds at once, over every call in flight (a 503 beyond; one
     # request always fits on an idle process). Memory follows it: docs/operations.md.
     max_body_bytes_in_flight: int = Field(default=128 * 1024 * 1024, ge=1024)
+    # Slow and surplus clients (docs/operations.md#admission), per worker process. A connection must
+    # send a request head within http_header_timeout_s of opening or of its previous answer (so it is
+    # also the idle keep-alive limit), and the body within request_body_timeout_s (a 408 after). Calls
+    # in flight beyond max_calls_in_flight get a 503 with Retry-After; unset, both counts are sized
+    # from the open-file limit (server/http/admission.py).
+    http_header_timeout_s: float = Field(default=30.0, gt=0)
+    request_body_timeout_s: float = Field(default=60.0, gt=0)
+    max_calls_in_flight: int | None = Field(default=None, ge=1)
+    max_connections_per_worker: int | None = Field(default=None, ge=1)
     # The stateful Responses API (stored responses, previous_response_id, conversations, background
     # runs), kept in <capture_dir>/state.sqlite3. Off: `store` is reported false and those fields get a 400.
     response_store: bool = True

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from server.errors import OpenAIError
+from server.http.admission import limits
 from server.state import AppState
 from server.switchyard import provenance
 from server.switchyard.discovery import discover_context_lengths
@@ -29,7 +30,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
             default_headers=settings.default_headers,
             timeout_s=settings.upstream_timeout_s,
             connect_timeout_s=settings.upstream_connect_timeout_s,
-            max_connections=settings.upstream_max_connections,
+            max_connections=limits(settings).upstream,
         )
         try:
             default_route, state.routes = await discover_routes(state.upstream)

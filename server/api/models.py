@@ -71,6 +71,9 @@ def model_routes(state: AppState) -> list[Route]:
         }
         if state.capture_store is not None:
             body["capture"] = state.capture_store.stats()
+        admission = getattr(request.app, "admission", None)  # ServerApp's (server/http/admission.py)
+        if admission is not None:
+            body["admission"] = admission.stats()
         return json_response(200 if up else 503, body)
 
     async def models(request: Request) -> Response:

@@ -103,7 +103,7 @@ def _bind(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     # Listen now: uvicorn only starts accepting after the lifespan, and a client told the port at
     # the end of the lifespan must queue in the backlog, not be refused.
-    sock.listen(2048)
+    sock.listen(4096)  # Linux caps it at net.core.somaxconn
     sock.set_inheritable(True)
     return sock
 
@@ -153,11 +153,19 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"switchyard-model: {exc}", file=sys.stderr)
         return EXIT_USAGE
     state = app.state.switchyard
-    from server.http.servers import serve
+    from server.http.admission import limits
+    from server.http.servers import ConnectionLimits, serve
 
+    connection_limits = ConnectionLimits(limits(settings).connections, settings.http_header_timeout_s)
     # A failed startup is reported below in one line; the HTTP server would also log the whole traceback.
     try:
-        serve(app, sock, settings.http_server, quiet=lambda: state.startup_error is not None)
+        serve(
+            app,
+            sock,
+            settings.http_server,
+            quiet=lambda: state.startup_error is not None,
+            limits=connection_limits,
+        )
     except KeyboardInterrupt:
         # uvicorn re-raises Ctrl-C once its graceful shutdown has finished (records flushed,
         # Switchyard closed): the stop asked for is done, so it is a clean exit, not a traceback.

@@ -29,6 +29,7 @@ from server.capture.catalog.runs import new_run_id
 from server.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from server.config import ConfigError, Settings, resolve_deployment
 from server.files import process_temp_dir
+from server.http.admission import limits
 from server.process import calm_the_collector, die_with_parent
 
 if TYPE_CHECKING:
@@ -270,6 +271,10 @@ def run_workers(
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=30,
+            backlog=4096,
+            # Each worker's connections and idle keep-alive (server/http/admission.py, docs/operations.md).
+            limit_concurrency=limits(settings_for_workers(settings, root_url)).connections,
+            timeout_keep_alive=max(1, round(settings.http_header_timeout_s)),
         )
         supervisor = Multiprocess(config, sockets=[sock])
         watcher = threading.Thread(

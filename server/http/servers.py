@@ -13,27 +13,45 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 ServerImpl = Literal["uvicorn", "granian"]
 
 # How long a graceful shutdown waits for in-flight calls (streams included) before cutting them.
 GRACEFUL_SHUTDOWN_S = 30.0
-_BACKLOG = 2048
+# Connections waiting to be accepted; Linux caps it at net.core.somaxconn (4,096 by default).
+_BACKLOG = 4096
 
 
-def serve(app: Any, sock: socket.socket, impl: ServerImpl, *, quiet: Callable[[], bool]) -> None:
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What the HTTP server itself bounds per worker (server/http/admission.py sizes them)."""
+
+    connections: int = 4096  # held open at once; further ones wait in the listen backlog
+    header_timeout_s: float = 30.0  # to deliver a request head, after opening or after the previous answer
+
+
+def serve(
+    app: Any,
+    sock: socket.socket,
+    impl: ServerImpl,
+    *,
+    quiet: Callable[[], bool],
+    limits: ConnectionLimits | None = None,
+) -> None:
     """Serve until SIGTERM/SIGINT (graceful: in-flight calls finish) or until the lifespan fails.
 
     `quiet()` is true once the server's own error logs should be dropped (a failed startup, which
     the caller reports in one line)."""
+    limits = limits or ConnectionLimits()
     if impl == "granian":
-        _serve_granian(app, sock, quiet)
+        _serve_granian(app, sock, quiet, limits)
     else:
-        _serve_uvicorn(app, sock, quiet)
+        _serve_uvicorn(app, sock, quiet, limits)
 
 
-def _serve_uvicorn(app: Any, sock: socket.socket, quiet: Callable[[], bool]) -> None:
+def _serve_uvicorn(app: Any, sock: socket.socket, quiet: Callable[[], bool], limits: ConnectionLimits) -> None:
     import uvicorn
 
     logging.getLogger("uvicorn.error").addFilter(lambda record: not quiet())
@@ -44,6 +62,10 @@ def _serve_uvicorn(app: Any, sock: socket.socket, quiet: Callable[[], bool]) -> 
         lifespan="on",
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
         backlog=_BACKLOG,
+        # uvicorn accepts every connection; beyond this many (connections or requests) it answers a
+        # plain 503 itself. It has no deadline for a request head: only idle keep-alive is bounded.
+        limit_concurrency=limits.connections,
+        timeout_keep_alive=max(1, round(limits.header_timeout_s)),
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])
@@ -64,7 +86,7 @@ def _event_loop_runner() -> Callable[[Any], Any]:
     return uvloop.run
 
 
-def _serve_granian(app: Any, sock: socket.socket, quiet: Callable[[], bool]) -> None:
+def _serve_granian(app: Any, sock: socket.socket, quiet: Callable[[], bool], limits: ConnectionLimits) -> None:
     run = _event_loop_runner()
     # granian says its embedded mode is experimental on every start; the rest of its logs stay.
     logging.getLogger("_granian").addFilter(lambda record: not quiet() and "experimental" not in record.getMessage())
@@ -72,16 +94,17 @@ def _serve_granian(app: Any, sock: socket.socket, quiet: Callable[[], bool]) -> 
     from granian.errors import FatalError
 
     try:
-        run(_granian_main(app, sock))
+        run(_granian_main(app, sock, limits))
     except FatalError:  # the lifespan failed; the caller reports that
         if not quiet():
             raise
 
 
-async def _granian_main(app: Any, sock: socket.socket) -> None:
+async def _granian_main(app: Any, sock: socket.socket, limits: ConnectionLimits) -> None:
     """granian's embedded server: its Rust I/O threads hand each request to this loop's thread."""
     from granian._granian import SocketHolder
     from granian.constants import HTTPModes, Interfaces, TaskImpl
+    from granian.http import HTTP1Settings
     from granian.log import LogLevels
     from granian.server.embed import Server
 
@@ -110,6 +133,12 @@ async def _granian_main(app: Any, sock: socket.socket) -> None:
         task_impl=TaskImpl.asyncio,  # real asyncio tasks: disconnect handling cancels the call's task
         runtime_threads=1,
         backlog=_BACKLOG,
+        # granian's "backpressure" is connections per worker: each holds a permit from accept to
+        # close (idle keep-alive included); the next connection waits in the listen backlog.
+        backpressure=limits.connections,
+        # hyper's header read timeout runs from a connection's opening and again after each answer,
+        # so it bounds a trickled request head and an idle keep-alive connection alike.
+        http1_settings=HTTP1Settings(header_read_timeout=max(1, round(limits.header_timeout_s * 1000))),
         log_level=LogLevels.warning,
     )
     server.workers_kill_timeout = int(GRACEFUL_SHUTDOWN_S)

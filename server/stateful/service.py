@@ -52,9 +52,11 @@ class Stateful:
         )
         self.writer = StoreWriter(self.responses)  # how handlers store responses: batched, one commit per batch
         # Background runs never take more than half the upstream pool: foreground calls keep the rest.
+        # (Unset, the pool is as large as the calls admitted, thousands: background_max_runs bounds them.)
+        pool = settings.upstream_max_connections or 2 * settings.background_max_runs
         self.runs = BackgroundRuns(
             self.responses,
-            max_runs=max(1, min(settings.background_max_runs, settings.upstream_max_connections // 2)),
+            max_runs=max(1, min(settings.background_max_runs, pool // 2)),
             max_per_key=settings.background_max_runs_per_key,
         )
         self.seal: ReasoningSeal | None = None
