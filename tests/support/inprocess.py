@@ -201,6 +201,7 @@ class InProcessServer:
         self._upstream_task: asyncio.Task[None] | None = None
         self._lifespan: _Lifespan | None = None
         self.app: ServerApp
+        self.transport: httpx.BaseTransport
         self.client: httpx.Client
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -214,7 +215,9 @@ class InProcessServer:
         except BaseException:
             self.stop()
             raise
-        self.client = httpx.Client(transport=_LoopTransport(self), base_url=self.url, timeout=60)
+        # For any synchronous httpx client, e.g. the one an SDK is given (`http_client=httpx.Client(transport=...)`).
+        self.transport: httpx.BaseTransport = _LoopTransport(self)
+        self.client = httpx.Client(transport=self.transport, base_url=self.url, timeout=60)
 
     async def _start(self) -> None:
         config = uvicorn.Config(self.upstream, lifespan="off", log_level="warning", access_log=False)
