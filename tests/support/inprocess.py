@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 from collections import deque
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 import orjson
@@ -56,17 +57,29 @@ class UpstreamRequest:
 
 @dataclass
 class Reply:
-    """A scripted answer: a whole body, or (with `events`) an SSE stream, optionally cut before its end."""
+    """A scripted answer: a whole body, or (with `events`) an SSE stream and how it ends."""
 
     status: int = 200
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     events: list[Any] | None = None  # each JSON-encoded into one `data:` event; then `data: [DONE]`
-    cut: bool = False  # drop the connection after the events instead of ending the stream
+    # After the events: "done" sends `data: [DONE]`; "early" ends the HTTP body without it (as if the
+    # engine stopped short); "drop" closes the connection mid-body (no chunked terminator).
+    end: Literal["done", "early", "drop"] = "done"
 
 
 class _StreamCut(Exception):
-    """Raised inside the upstream app so that uvicorn drops the connection (a scripted `cut`)."""
+    """Raised inside the upstream app so that uvicorn drops the connection (a stream's `end="drop"`)."""
+
+
+class _HideStreamCut(logging.Filter):
+    """uvicorn logs an app's exception with its traceback; a drop asked for by a test is no error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], _StreamCut))
+
+
+logging.getLogger("uvicorn.error").addFilter(_HideStreamCut())
 
 
 class ScriptedUpstream:
@@ -87,9 +100,15 @@ class ScriptedUpstream:
         all_headers = {"content-type": "application/json", **(headers or {})}
         self._script.append(Reply(status, content, all_headers))
 
-    def stream(self, events: list[Any], *, cut: bool = False, headers: dict[str, str] | None = None) -> None:
-        """The next model call (POST) gets these events as an SSE stream (dropped mid-way when `cut`)."""
-        self._script.append(Reply(200, b"", {"content-type": "text/event-stream", **(headers or {})}, events, cut))
+    def stream(
+        self,
+        events: list[Any],
+        *,
+        end: Literal["done", "early", "drop"] = "done",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """The next model call (POST) gets these events as an SSE stream, ended as `end` says (see Reply)."""
+        self._script.append(Reply(200, b"", {"content-type": "text/event-stream", **(headers or {})}, events, end))
 
     @property
     def model_calls(self) -> list[UpstreamRequest]:
@@ -133,9 +152,9 @@ class ScriptedUpstream:
         for event in reply.events:
             data = event if isinstance(event, bytes) else orjson.dumps(event)
             await send({"type": "http.response.body", "body": b"data: " + data + b"\n\n", "more_body": True})
-        if reply.cut:
+        if reply.end == "drop":
             raise _StreamCut  # uvicorn closes the connection without the chunked terminator
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n" if reply.end == "done" else b""})
 
 
 class _Lifespan:
