@@ -164,12 +164,13 @@ class _Lifespan:
         self._to_app: asyncio.Queue[Message] = asyncio.Queue()
         self._from_app: asyncio.Queue[Message] = asyncio.Queue()
         scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
-        self._task = asyncio.create_task(app(scope, self._to_app.get, self._from_app.put))
+        self._task: asyncio.Future[None] = asyncio.ensure_future(app(scope, self._to_app.get, self._from_app.put))
 
     async def _step(self, message: str) -> None:
         await self._to_app.put({"type": message})
         reply = asyncio.ensure_future(self._from_app.get())
-        await asyncio.wait({reply, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        waited: set[asyncio.Future[Any]] = {reply, self._task}
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         if not reply.done():
             reply.cancel()
             self._task.result()  # the app ended without answering: its exception, if any
@@ -235,7 +236,7 @@ class InProcessServer:
             self.stop()
             raise
         # For any synchronous httpx client, e.g. the one an SDK is given (`http_client=httpx.Client(transport=...)`).
-        self.transport: httpx.BaseTransport = _LoopTransport(self)
+        self.transport = _LoopTransport(self)
         self.client = httpx.Client(transport=self.transport, base_url=self.url, timeout=60)
 
     async def _start(self) -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import orjson
 import pytest
+from starlette.responses import PlainTextResponse
 
-from tests.support.inprocess import in_process_server
+from tests.support.inprocess import ScriptedUpstream, in_process_server
 
 REPO = Path(__file__).resolve().parents[3]
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -46,6 +47,14 @@ def test_the_lifespan_runs_on_start_and_on_stop(tmp_path):
         assert server.state.route == "mock-model"
         assert (server.upstream.requests[0].method, server.upstream.requests[0].path) == ("GET", "/v1/models")
     assert not server.state.ready and server.state.upstream is None  # shutdown ran
+
+
+def test_a_startup_failure_is_raised_not_hidden(tmp_path):
+    """An upstream whose /v1/models fails: the lifespan's own error reaches the test, and nothing is left running."""
+    down = ScriptedUpstream(fallback=PlainTextResponse("down", status_code=503))
+    with pytest.raises(RuntimeError, match="cannot list Switchyard's routes"):
+        with in_process_server(tmp_path, down):
+            pass
 
 
 def test_a_scripted_answer_is_translated_for_the_client(server):
