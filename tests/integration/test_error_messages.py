@@ -1,11 +1,12 @@
-"""Errors say what happened: an engine that cut its stream, a base URL without `/v1`."""
+"""Errors say what happened: an engine that cut its stream, through the real Switchyard.
+
+(A base URL without `/v1` gets a did-you-mean: in process, tests/unit/api/test_route_errors.py.)"""
 
 from __future__ import annotations
 
 import json
 
 import httpx
-import pytest
 
 CUT = "[[mock:tokens 40]] [[mock:streamcut 5]]"  # the model server drops the connection mid-stream
 
@@ -33,25 +34,3 @@ def test_a_responses_stream_the_engine_cut_says_so(chain):
     assert error["code"] == "upstream_stream_cut", error
     assert "engine's stream ended early" in error["message"], error
     assert events[-1]["type"] == "response.failed"
-
-
-@pytest.mark.parametrize(
-    ("method", "path", "meant"),
-    [
-        ("POST", "/chat/completions", "/v1/chat/completions"),
-        ("POST", "/responses", "/v1/responses"),
-        ("GET", "/models", "/v1/models"),
-        ("POST", "/v1/v1/chat/completions", "/v1/chat/completions"),
-    ],
-)
-def test_a_path_that_exists_under_v1_gets_a_did_you_mean(chain, method, path, meant):
-    response = httpx.request(method, chain.url + path, json={}, timeout=10)
-    assert response.status_code == 404
-    error = response.json()["error"]
-    assert error["code"] == "endpoint_not_found"
-    assert error["message"].endswith(f"did you mean {meant}?"), error
-
-
-def test_a_path_that_exists_nowhere_gets_no_suggestion(chain):
-    error = httpx.post(chain.url + "/completely/else", json={}, timeout=10).json()["error"]
-    assert error["code"] == "endpoint_not_found" and "did you mean" not in error["message"], error

@@ -28,10 +28,10 @@ def test_not_integration_deselects_every_integration_test():
     out = _collect("-m", "not integration")
     assert "::test_" not in out
     deselected = re.search(r"(\d+) deselected", out)
-    assert deselected and int(deselected.group(1)) > 5, out
+    assert deselected and int(deselected.group(1)) >= 5, out
 
 
 def test_the_integration_marker_selects_them():
     # Negative control: the same modules do hold tests, and the marker is what selects them.
     out = _collect("-m", "integration")
-    assert out.count("::test_") > 5 and "deselected" not in out, out
+    assert out.count("::test_") >= 5 and "deselected" not in out, out
