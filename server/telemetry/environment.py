@@ -44,15 +44,18 @@ def otlp_endpoint(signal: str) -> str | None:
     return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
-def usage_on_our_span(settings: Settings | None, *, exporting_otlp: bool) -> bool:
+def usage_on_our_span(settings: Settings | None, *, exporting_otlp: bool, grpc: bool = False) -> bool:
     """Whether our CLIENT span carries a call's token usage: the `otel_token_usage` setting, or on
     `auto`, unless the Switchyard this server launches exports its spans into the same traces
-    (it reads this same environment), where its model-call span carries the usage already."""
+    (it reads this same environment), where its model-call span carries the usage already.
+
+    Not over gRPC (`grpc`: our spans go out over OTLP gRPC): Switchyard 0.3.0's exporter speaks
+    OTLP/HTTP only, so its spans do not reach a gRPC collector."""
     choice = settings.otel_token_usage if settings is not None else "auto"
     if choice in ("ours", "switchyard"):
         return choice == "ours"
     launched = settings is not None and settings.launches_proxy
-    return not (exporting_otlp and launched and switchyard_exports_spans())
+    return not (exporting_otlp and not grpc and launched and switchyard_exports_spans())
 
 
 def switchyard_exports_spans() -> bool:

@@ -45,7 +45,8 @@ def span_exporter(*, default_protocol: str = HTTP_PROTOBUF, need_endpoint: bool 
         except ImportError:
             _no_grpc("traces")
         else:
-            return GrpcSpanExporter()
+            grpc_spans: SpanExporter = GrpcSpanExporter()
+            return grpc_spans
     return OTLPSpanExporter()
 
 
@@ -64,7 +65,8 @@ def metric_exporter(*, default_protocol: str = HTTP_PROTOBUF, need_endpoint: boo
             _no_grpc("metrics")
         else:
             # No probe for a traces-only endpoint: the backends that take only traces take HTTP.
-            return GrpcMetricExporter()
+            grpc_metrics: MetricExporter = GrpcMetricExporter()
+            return grpc_metrics
     return _MetricExporterThatAsksFirst()
 
 

@@ -106,6 +106,7 @@ class Telemetry:
             chosen = {gym.exporter} if gym.enabled and gym.traces else {"none"}
         processors: list[SpanProcessor] = []
         targets: list[str] = []
+        exporter: SpanExporter | None = None
         if test_exporter is not None:
             # Tests want finished spans at once, not after a batch delay.
             processors.append(SimpleSpanProcessor(test_exporter))
@@ -122,7 +123,12 @@ class Telemetry:
                 targets.append("console")
         if not processors:
             return
-        self.usage_on_our_span = usage_on_our_span(settings, exporting_otlp=any(t.startswith("OTLP") for t in targets))
+        self.usage_on_our_span = usage_on_our_span(
+            settings,
+            exporting_otlp=any(t.startswith("OTLP") for t in targets),
+            grpc=exporter is not None
+            and type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc"),
+        )
         log.info(
             "OpenTelemetry: spans go to %s; token usage on %s spans",
             ", ".join(targets),

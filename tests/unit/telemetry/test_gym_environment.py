@@ -82,7 +82,10 @@ def test_nemo_lens_fallback_prefix_and_opt_outs(monkeypatch):
 def test_traces_switch_off_under_gym_makes_no_spans(monkeypatch):
     with OtlpReceiver() as receiver:
         gym_environment(
-            monkeypatch, receiver.endpoint, NEMO_GYM_OTEL_TRACES_ENABLED="0", OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf"
+            monkeypatch,
+            receiver.endpoint,
+            NEMO_GYM_OTEL_TRACES_ENABLED="0",
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
         )
         tel = Telemetry(settings(gym=GYM))
         assert not tel.enabled
