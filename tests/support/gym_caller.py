@@ -7,7 +7,7 @@
 endpoint (Gym's `configure_telemetry_env`, as `gym env start` calls it), as JSON. `call`, run with that
 environment, sets up the exporting providers from it with nemo-lens (as Gym's servers do), then makes
 the call through Gym's own traced request (`nemo_gym.server_utils._traced_request`: a CLIENT span and
-its `traceparent` injected by nemo-lens), and writes the CLIENT span's ids and the answer's status.
+its `traceparent` injected by nemo-lens), and writes the answer's status and body.
 
 Gym 0.7.0's `init_telemetry` imports names (`NV_DL_RANK`) that nemo-lens 0.1.0, the release on the
 package index, lacks, so on an installation from the index it leaves every Gym server untraced;
@@ -38,21 +38,16 @@ def gym_environment(endpoint: str) -> dict[str, str]:
 async def call(url: str, rollout_id: str) -> dict[str, object]:
     from nemo.lens import NemoLensConfig, setup_telemetry
     from nemo_gym.server_utils import _traced_request
-    from nemo_gym.telemetry.spans import client_span  # noqa: F401 (the span _traced_request opens)
-    from opentelemetry import trace
 
     config = NemoLensConfig.from_env(prefix="NEMO_GYM_OTEL", fallback_prefix="NEMO_LENS")
     config.service_name = f"{config.service_name}/caller_agent"
     handle = setup_telemetry(config, resource_attributes={"nemo.gym.server.name": "caller_agent"})
     seen: dict[str, object] = {}
-    original = trace.get_tracer_provider()
-
     body = {"model": "policy", "input": [{"role": "user", "content": "hi"}]}
     response = await _traced_request("POST", f"{url}/ng-rollout/{rollout_id}/v1/responses", json=body)
     seen["status"] = response.status
     seen["body"] = await response.text()
-    handle.shutdown(timeout_ms=10_000)
-    seen["provider"] = type(original).__name__
+    handle.shutdown(timeout_ms=10_000)  # the CLIENT span exported before this returns
     return seen
 
 

@@ -126,6 +126,7 @@ class GymRun:
             f"++uv_venv_dir={self.venvs}",
             f"++uv_cache_dir={GYM_CACHE / 'uv'}",
             "++skip_venv_if_present=true",
+            f"++results_dir={workdir / 'results'}",  # where Gym keeps a run's outputs (`gym eval run` sets one)
         ]
         self.proc: Proc | None = None
 
