@@ -15,8 +15,16 @@ server's rollout of each id in each dispatch equals Gym's, token for token, and 
 prompt; the directory Gym installed and started is Gym's shipped one; this server's spans reach the
 launcher's collector over gRPC with Gym's run id and the per-server service name.
 
-Cost (2 cores, stated in docs/gym.md): the launcher venv (`make gym-launcher`) once; then the first
-run builds Gym's four server venvs into `.cache/gym/`, later runs reuse them.
+Cost, measured on this project's 2-core machine while others used it (load average 10-16): the launcher
+venv (`make gym-launcher`, ~1.5 GB) takes 1 min 45 s with pip's cache empty, and nothing once built.
+This module takes about 2.5 min when `.cache/gym/` holds Gym's server venvs (a later run), 3.5 min
+when they must be built from uv's warm cache (this project's pyproject.toml or the server directory
+changed), and COLD_COST when both are empty (a fresh clone, as CI has: packages from the index).
+
+DEPENDS ON TWO OTHER BRANCHES (marked where they are used): `gymside` (gym-dir into Gym's shipped
+directory) and `dispatch` (each dispatch of a reused rollout id kept apart). On main before them,
+`gym env start` refuses the directory; with `gymside` alone, the two per-dispatch tests fail with the
+first dispatch's rollout masked as "the client compacted the history".
 """
 
 from __future__ import annotations

@@ -120,3 +120,14 @@ def test_without_the_grpc_exporter_export_falls_back_to_http_and_says_so(monkeyp
     gym_environment(monkeypatch, "http://127.0.0.1:4317")
     assert isinstance(otlp_export.span_exporter(default_protocol="grpc", need_endpoint=False), OTLPSpanExporter)
     assert "opentelemetry-exporter-otlp-proto-grpc is not installed" in caplog.text
+
+
+def test_over_grpc_the_usage_stays_on_our_span_as_a_hosted_switchyard_cannot_export_there(monkeypatch):
+    """Switchyard 0.3.0's exporter speaks OTLP/HTTP only: a gRPC collector gets none of its spans."""
+    from server.telemetry.environment import usage_on_our_span
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+    monkeypatch.delenv("RUST_LOG", raising=False)
+    launched = settings(switchyard_base_url=None, deployment="deploy.toml")
+    assert usage_on_our_span(launched, exporting_otlp=True, grpc=True) is True
+    assert usage_on_our_span(launched, exporting_otlp=True, grpc=False) is False  # the control: over HTTP it joins
