@@ -16,10 +16,11 @@ prompt; the directory Gym installed and started is Gym's shipped one; this serve
 launcher's collector over gRPC with Gym's run id and the per-server service name.
 
 Cost, measured on this project's 2-core machine while others used it (load average 10-16): the launcher
-venv (`make gym-launcher`, ~1.5 GB) takes 1 min 45 s with pip's cache empty, and nothing once built.
-This module takes about 2.5 min when `.cache/gym/` holds Gym's server venvs (a later run), 3.5 min
-when they must be built from uv's warm cache (this project's pyproject.toml or the server directory
-changed), and COLD_COST when both are empty (a fresh clone, as CI has: packages from the index).
+venv (`make gym-launcher`, 1.5 GB) takes 1 min 45 s with pip's cache empty, and nothing once built.
+This module takes 2 min 25 s when `.cache/gym/` holds Gym's server venvs (a later run), 3 min 25 s
+when they are built from uv's warm cache (this project's pyproject.toml or the server directory
+changed), and 4 min 10 s when both are empty (a fresh clone, as CI has: packages from the index;
+uv's cache then holds 3.1 GB).
 
 DEPENDS ON TWO OTHER BRANCHES (marked where they are used): `gymside` (gym-dir into Gym's shipped
 directory) and `dispatch` (each dispatch of a reused rollout id kept apart). On main before them,
