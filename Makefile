@@ -68,7 +68,8 @@ $(PHOENIX_STAMP):
 # Gym's own server venvs and uv's cache live in GYM_CACHE, kept between runs so a warm run reuses them.
 # Cost (2 cores): this venv 1 min 45 s cold (1.5 GB); the test 4 min 10 s cold (uv's cache: 3.1 GB), 2.5 min warm.
 GYM_LAUNCHER_VENV ?= .venv-gym
-GYM_CACHE         ?= .cache/gym
+# Fixed: tests/support/gym_launcher.py keeps its cache in this folder.
+GYM_CACHE         := .cache/gym
 GYM_PYTHON        ?= $(shell ls -d "$$(pyenv root 2>/dev/null)"/versions/3.13.*/bin/python3.13 2>/dev/null | sort -V | tail -n 1)
 GYM_LAUNCHER_STAMP := $(GYM_LAUNCHER_VENV)/.installed-$(GYM_VERSION)
 gym-launcher:
