@@ -64,10 +64,11 @@ $(PHOENIX_STAMP):
 # NeMo Gym 0.7.0 with all its dependencies (Ray, Hydra, uv, ...) in a Python 3.13 venv of its own, so
 # that tests/integration/test_gym_launcher.py runs Gym's own launcher (`gym env start`, `gym eval run`)
 # unchanged. Gym declares Python >= 3.13.14; the newest 3.13 pyenv has is used with
-# --ignore-requires-python (uv accepts it). Without any 3.13 this prints why and the test skips.
+# --ignore-requires-python (and for Gym's server venvs, uv resolves as 3.13.14: tests/support/gym_launcher.py).
+# Without any 3.13 this prints why and the test skips.
 # Gym's own server venvs and uv's cache live in GYM_CACHE, kept between runs so a warm run reuses them.
 # Cost (2 cores): this venv 1 min 45 s cold (1.5 GB); the test 4 min 10 s cold (uv's cache: 3.1 GB), 2.5 min warm.
-GYM_LAUNCHER_VENV ?= .venv-gym
+GYM_LAUNCHER_VENV := .venv-gym
 # Fixed: tests/support/gym_launcher.py keeps its cache in this folder.
 GYM_CACHE         := .cache/gym
 GYM_PYTHON        ?= $(shell ls -d "$$(pyenv root 2>/dev/null)"/versions/3.13.*/bin/python3.13 2>/dev/null | sort -V | tail -n 1)

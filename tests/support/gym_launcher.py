@@ -45,8 +45,11 @@ def not_available() -> str | None:
     """Why the launcher venv cannot be used here, or None."""
     if GYM_STAMP.exists():
         return None
-    pyenv_313 = sorted(Path(os.path.expanduser("~/.pyenv/versions")).glob("3.13.*/bin/python3.13"))
-    if not pyenv_313 and shutil.which("pyenv") is None:
+    root = os.path.expanduser("~/.pyenv")
+    if shutil.which("pyenv") is not None:
+        found = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
+        root = found.stdout.strip() or root
+    if not list(Path(root, "versions").glob("3.13.*/bin/python3.13")):
         return "no Python 3.13 here (pyenv has none), so Gym 0.7.0's launcher cannot run"
     return f"the Gym launcher venv is not built ({GYM_VENV.name}): run `make gym-launcher`"
 
