@@ -11,7 +11,7 @@ NODE_STAMP := tests/clients/node_modules/.installed-stamp
 GYM_VERSION := 0.7.0
 GYM_STAMP := $(VENV)/.gym-$(GYM_VERSION)-stamp
 
-.PHONY: demo serve test lint test-fast bench soak venv node chromium phoenix clean
+.PHONY: demo serve test lint test-fast bench soak venv node chromium phoenix gym-launcher clean
 
 venv: $(STAMP) $(GYM_STAMP)
 
@@ -61,6 +61,30 @@ $(PHOENIX_STAMP):
 	$(PHOENIX_VENV)/bin/python -m pip install --quiet 'arize-phoenix==$(PHOENIX_VERSION)'
 	touch $(PHOENIX_STAMP)
 
+# NeMo Gym 0.7.0 with all its dependencies (Ray, Hydra, uv, ...) in a Python 3.13 venv of its own, so
+# that tests/integration/test_gym_launcher.py runs Gym's own launcher (`gym env start`, `gym eval run`)
+# unchanged. Gym declares Python >= 3.13.14; the newest 3.13 pyenv has is used with
+# --ignore-requires-python (and for Gym's server venvs, uv resolves as 3.13.14: tests/support/gym_launcher.py).
+# Without any 3.13 this prints why and the test skips.
+# Gym's own server venvs and uv's cache live in GYM_CACHE, kept between runs so a warm run reuses them.
+# Cost (2 cores): this venv 1 min 45 s cold (1.5 GB); the test 4 min 10 s cold (uv's cache: 3.1 GB), 2.5 min warm.
+GYM_LAUNCHER_VENV := .venv-gym
+# Fixed: tests/support/gym_launcher.py keeps its cache in this folder.
+GYM_CACHE         := .cache/gym
+GYM_PYTHON        ?= $(shell ls -d "$$(pyenv root 2>/dev/null)"/versions/3.13.*/bin/python3.13 2>/dev/null | sort -V | tail -n 1)
+GYM_LAUNCHER_STAMP := $(GYM_LAUNCHER_VENV)/.installed-$(GYM_VERSION)
+gym-launcher:
+	@if [ -z "$(GYM_PYTHON)" ]; then \
+	    echo "gym-launcher: no Python 3.13 found (pyenv versions/3.13.*); the Gym launcher test will skip" >&2; \
+	else $(MAKE) --no-print-directory $(GYM_LAUNCHER_STAMP); fi
+
+$(GYM_LAUNCHER_STAMP):
+	rm -rf $(GYM_LAUNCHER_VENV)
+	$(GYM_PYTHON) -m venv $(GYM_LAUNCHER_VENV)
+	$(GYM_LAUNCHER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GYM_LAUNCHER_VENV)/bin/python -m pip install --quiet --ignore-requires-python 'nemo-gym[telemetry]==$(GYM_VERSION)' uv
+	touch $(GYM_LAUNCHER_STAMP)
+
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/switchyard-model demo
 
@@ -68,7 +92,7 @@ serve: $(DEMO_STAMP)
 	$(VENV)/bin/switchyard-model demo --serve
 
 # Lint and format check first (fast), then the whole suite.
-test: $(STAMP) $(GYM_STAMP) node chromium phoenix lint
+test: $(STAMP) $(GYM_STAMP) node chromium phoenix gym-launcher lint
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -89,4 +113,4 @@ soak: $(STAMP)
 	$(PY) bench/soak.py $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) tests/clients/node_modules switchyard-captures .pytest_cache
+	rm -rf $(VENV) $(PHOENIX_VENV) $(GYM_LAUNCHER_VENV) $(GYM_CACHE) tests/clients/node_modules switchyard-captures .pytest_cache

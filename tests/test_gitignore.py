@@ -41,3 +41,10 @@ def test_every_export_file_the_docs_write_is_ignored():
 
 def test_the_check_can_fail():
     assert not ignored("server/app.py")
+
+
+def test_the_gym_launcher_venv_and_its_cache_are_ignored():
+    """`make gym-launcher`'s venv and the uv cache and server venvs tests/support/gym_launcher.py keeps."""
+    assert ignored(".venv-gym/.installed-0.7.0")
+    assert ignored(".cache/gym/venvs/0123abcd/responses_api_models/switchyard_model/.venv/bin/python")
+    assert ignored(".cache/gym/uv/wheels-v5/index")

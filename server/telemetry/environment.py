@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
@@ -21,6 +23,7 @@ EXPORT_LOG_INTERVAL_S = 60.0
 EXPORTER_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
     "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.exporter.otlp.common.http",
     "opentelemetry.sdk._shared_internal",
     "opentelemetry.sdk.trace.export",
@@ -41,15 +44,18 @@ def otlp_endpoint(signal: str) -> str | None:
     return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
-def usage_on_our_span(settings: Settings | None, *, exporting_otlp: bool) -> bool:
+def usage_on_our_span(settings: Settings | None, *, exporting_otlp: bool, grpc: bool = False) -> bool:
     """Whether our CLIENT span carries a call's token usage: the `otel_token_usage` setting, or on
     `auto`, unless the Switchyard this server launches exports its spans into the same traces
-    (it reads this same environment), where its model-call span carries the usage already."""
+    (it reads this same environment), where its model-call span carries the usage already.
+
+    Not over gRPC (`grpc`: our spans go out over OTLP gRPC): Switchyard 0.3.0's exporter speaks
+    OTLP/HTTP only, so its spans do not reach a gRPC collector."""
     choice = settings.otel_token_usage if settings is not None else "auto"
     if choice in ("ours", "switchyard"):
         return choice == "ours"
     launched = settings is not None and settings.launches_proxy
-    return not (exporting_otlp and launched and switchyard_exports_spans())
+    return not (exporting_otlp and not grpc and launched and switchyard_exports_spans())
 
 
 def switchyard_exports_spans() -> bool:
@@ -63,22 +69,27 @@ def switchyard_exports_spans() -> bool:
     return not rust_log or any(level in rust_log for level in ("info", "debug", "trace"))
 
 
-def warn_if_not_http_protobuf(signal: str) -> None:
+GRPC = "grpc"
+HTTP_PROTOBUF = "http/protobuf"
+
+
+def otlp_protocol(signal: str, default: str = HTTP_PROTOBUF) -> str:
+    """The OTLP protocol asked for one signal (`OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL`, then
+    `OTEL_EXPORTER_OTLP_PROTOCOL`), else `default`: http/protobuf when started by hand, gRPC (as
+    nemo-lens and the OTel SDK default) when Gym's telemetry environment is in charge."""
     protocol = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-    if protocol and protocol.strip() != "http/protobuf":
-        log.warning(
-            "OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; exporting %s as OTLP http/protobuf",
-            protocol,
-            signal.lower(),
-        )
+    return (protocol or default).strip().lower()
 
 
-def resource_for(service_name: str | None) -> Resource:
-    """The `otel_service_name` setting wins, then OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, then ours.
+def resource_for(service_name: str | None, gym_attributes: Mapping[str, Any] | None = None) -> Resource:
+    """The `otel_service_name` setting wins, then Gym's per-server name (with Gym's run id and server
+    identity: `gym_attributes`), then OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, then ours.
 
     The setting exists because a hosted Switchyard reads the same process environment: there,
     OTEL_SERVICE_NAME would give both services one name."""
     resource = Resource.create({"service.version": package_version()})
+    if gym_attributes:
+        resource = resource.merge(Resource(dict(gym_attributes)))
     if service_name:
         resource = resource.merge(Resource({"service.name": service_name}))
     elif str(resource.attributes.get("service.name", "")).startswith("unknown_service"):

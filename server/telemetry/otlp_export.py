@@ -1,4 +1,9 @@
-"""The OTLP/HTTP exporters the environment asks for; metric export (ours, and a Switchyard's we run) off where the endpoint takes only traces.
+"""The OTLP exporters (HTTP, or gRPC when asked) the environment asks for; metric export (ours, and a Switchyard's we run) off where the endpoint takes only traces.
+
+The protocol is OTLP http/protobuf unless `OTEL_EXPORTER_OTLP_(<SIGNAL>_)PROTOCOL` says `grpc` (or,
+under Gym's telemetry environment, unless it says HTTP: nemo-lens exports gRPC by default). The gRPC
+exporter needs `opentelemetry-exporter-otlp-proto-grpc`; without it, export falls back to HTTP with
+one warning.
 
 Phoenix and Langfuse take spans only: their `/v1/metrics` answers 404 or 405, and an exporter posting
 there would log an error every export interval. Before its first export, the metric exporter asks
@@ -17,10 +22,11 @@ from typing import Any
 import httpx
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.util.re import parse_env_headers
 
-from server.telemetry.environment import env_true, exporter_names, otlp_endpoint, warn_if_not_http_protobuf
+from server.telemetry.environment import GRPC, HTTP_PROTOBUF, env_true, exporter_names, otlp_endpoint, otlp_protocol
 
 log = logging.getLogger("switchyard_model.telemetry")
 
@@ -29,21 +35,59 @@ _NO_METRICS_HERE = (404, 405, 501)
 _PROBE_TIMEOUT_S = 5.0
 
 
-def span_exporter() -> OTLPSpanExporter | None:
-    """The OTLP span exporter, if `OTEL_TRACES_EXPORTER` allows it and an endpoint is configured."""
-    if "otlp" not in exporter_names("OTEL_TRACES_EXPORTER") or not otlp_endpoint("TRACES"):
+def span_exporter(*, default_protocol: str = HTTP_PROTOBUF, need_endpoint: bool = True) -> SpanExporter | None:
+    """The OTLP span exporter, if `OTEL_TRACES_EXPORTER` allows it and an endpoint is configured
+    (`need_endpoint=False`: or not, the exporter's own default then, as nemo-lens under Gym)."""
+    if "otlp" not in exporter_names("OTEL_TRACES_EXPORTER") or (need_endpoint and not otlp_endpoint("TRACES")):
         return None
-    warn_if_not_http_protobuf("TRACES")
+    if _grpc_chosen("TRACES", default_protocol):
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+        except ImportError:
+            _no_grpc("traces")
+        else:
+            grpc_spans: SpanExporter = GrpcSpanExporter()
+            return grpc_spans
     return OTLPSpanExporter()
 
 
-def metric_exporter() -> OTLPMetricExporter | None:
-    """The OTLP metric exporter, if `OTEL_METRICS_EXPORTER` allows it and an endpoint is configured."""
+def metric_exporter(*, default_protocol: str = HTTP_PROTOBUF, need_endpoint: bool = True) -> MetricExporter | None:
+    """The OTLP metric exporter, if `OTEL_METRICS_EXPORTER` allows it and an endpoint is configured
+    (`need_endpoint` as for spans)."""
     chosen = exporter_names("OTEL_METRICS_EXPORTER")
-    if "none" in chosen or "otlp" not in chosen or not otlp_endpoint("METRICS"):
+    if "none" in chosen or "otlp" not in chosen or (need_endpoint and not otlp_endpoint("METRICS")):
         return None
-    warn_if_not_http_protobuf("METRICS")
+    if _grpc_chosen("METRICS", default_protocol):
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter as GrpcMetricExporter,
+            )
+        except ImportError:
+            _no_grpc("metrics")
+        else:
+            # No probe for a traces-only endpoint: the backends that take only traces take HTTP.
+            grpc_metrics: MetricExporter = GrpcMetricExporter()
+            return grpc_metrics
     return _MetricExporterThatAsksFirst()
+
+
+def _grpc_chosen(signal: str, default_protocol: str) -> bool:
+    """Whether the signal goes over gRPC; any protocol but gRPC and http/protobuf is warned about
+    and exported as http/protobuf (http/json too, as nemo-lens does)."""
+    protocol = otlp_protocol(signal, default_protocol)
+    if protocol == GRPC:
+        return True
+    if protocol != HTTP_PROTOBUF:
+        log.warning("OTLP protocol %r is not supported; exporting %s as OTLP http/protobuf", protocol, signal.lower())
+    return False
+
+
+def _no_grpc(signal: str) -> None:
+    log.warning(
+        "OTLP gRPC was asked for, but opentelemetry-exporter-otlp-proto-grpc is not installed; "
+        "exporting %s as OTLP http/protobuf",
+        signal,
+    )
 
 
 def metrics_url() -> str:
@@ -51,7 +95,8 @@ def metrics_url() -> str:
     own = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
     if own:
         return own
-    return (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").rstrip("/") + "/v1/metrics"
+    # Unset (possible only under Gym's telemetry, which exports to the SDK's default): the SDK's default.
+    return (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip("/") + "/v1/metrics"
 
 
 def takes_metrics(url: str) -> bool | None:

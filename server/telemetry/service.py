@@ -26,6 +26,7 @@ from server.telemetry import otel_metrics
 from server.telemetry.attributes import OPERATION, PROVIDER_NAME, api_type, incoming_trace_headers
 from server.telemetry.environment import (
     EXPORT_LOG_INTERVAL_S,
+    GRPC,
     env_true,
     exporter_names,
     otlp_endpoint,
@@ -34,6 +35,7 @@ from server.telemetry.environment import (
     tame_exporter_logs,
     usage_on_our_span,
 )
+from server.telemetry.gym_otel import GymTelemetry, gym_telemetry
 from server.telemetry.metrics import Attrs, CallMetrics
 from server.telemetry.prometheus import prometheus_text
 from server.telemetry.sampling import RateCappedSampler
@@ -81,26 +83,36 @@ class Telemetry:
         self._shutdown = False
         self._sampler = RateCappedSampler(settings.otel_traces_per_s if settings is not None else 0.0)
         self.usage_on_our_span = True  # gen_ai.usage.* / llm.token_count.* on our CLIENT span
+        # Started by Gym with Gym's telemetry switch set: Gym's environment decides what is exported.
+        self.gym = gym_telemetry(settings)
         if settings is not None and settings.switchyard_base_url:
             self.set_upstream(settings.switchyard_base_url)
         if self.disabled:
             return
         tame_exporter_logs()
-        resource = resource_for(settings.otel_service_name if settings is not None else None)
+        resource = resource_for(
+            settings.otel_service_name if settings is not None else None,
+            self.gym.resource_attributes() if self.gym is not None and self.gym.enabled else None,
+        )
         self._setup_tracing(settings, resource, span_exporter)
         self._setup_metrics(resource, metric_reader)
 
     # ---- setup ---------------------------------------------------------------------------------
     def _setup_tracing(self, settings: Settings | None, resource: Resource, test_exporter: SpanExporter | None) -> None:
         chosen = exporter_names("OTEL_TRACES_EXPORTER")
+        gym = self.gym
+        if gym is not None:
+            # Gym's switch (and its traces switch) off: nothing exported, as Gym's own servers.
+            chosen = {gym.exporter} if gym.enabled and gym.traces else {"none"}
         processors: list[SpanProcessor] = []
         targets: list[str] = []
+        exporter: SpanExporter | None = None
         if test_exporter is not None:
             # Tests want finished spans at once, not after a batch delay.
             processors.append(SimpleSpanProcessor(test_exporter))
             targets.append(type(test_exporter).__name__)
         if "none" not in chosen:
-            exporter = _otlp_span_exporter()
+            exporter = _otlp_span_exporter(gym) if "otlp" in chosen else None
             if exporter is not None:
                 processors.append(BatchSpanProcessor(exporter))
                 targets.append(f"OTLP {getattr(exporter, '_endpoint', '')}".strip())
@@ -111,7 +123,12 @@ class Telemetry:
                 targets.append("console")
         if not processors:
             return
-        self.usage_on_our_span = usage_on_our_span(settings, exporting_otlp=any(t.startswith("OTLP") for t in targets))
+        self.usage_on_our_span = usage_on_our_span(
+            settings,
+            exporting_otlp=any(t.startswith("OTLP") for t in targets),
+            grpc=exporter is not None
+            and type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc"),
+        )
         log.info(
             "OpenTelemetry: spans go to %s; token usage on %s spans",
             ", ".join(targets),
@@ -128,7 +145,9 @@ class Telemetry:
     def _setup_metrics(self, resource: Resource, test_reader: MetricReader | None) -> None:
         self.metrics = CallMetrics()
         readers: list[MetricReader] = [] if test_reader is None else [test_reader]
-        exporter = _otlp_metric_exporter()
+        gym = self.gym
+        on = gym is None or (gym.enabled and gym.metrics and gym.exporter == "otlp")
+        exporter = _otlp_metric_exporter(gym) if on else None
         if exporter is not None:
             # The export interval comes from OTEL_METRIC_EXPORT_INTERVAL, read by the SDK.
             readers.append(PeriodicExportingMetricReader(exporter))
@@ -264,19 +283,24 @@ class Telemetry:
             log.warning("telemetry: exporters did not flush within %.1fs; unsent spans/metrics are dropped", timeout_s)
 
 
-def _otlp_span_exporter() -> SpanExporter | None:
-    """The OTLP span exporter, if configured; imported only then (it costs ~0.2 s)."""
-    if not otlp_endpoint("TRACES"):
+def _otlp_span_exporter(gym: GymTelemetry | None) -> SpanExporter | None:
+    """The OTLP span exporter, if configured; imported only then (it costs ~0.2 s). Under Gym's
+    telemetry, as nemo-lens: gRPC unless the protocol says HTTP, and the default endpoint if none."""
+    if gym is None and not otlp_endpoint("TRACES"):
         return None
     from server.telemetry import otlp_export
 
+    if gym is not None:
+        return otlp_export.span_exporter(default_protocol=GRPC, need_endpoint=False)
     return otlp_export.span_exporter()
 
 
-def _otlp_metric_exporter() -> MetricExporter | None:
+def _otlp_metric_exporter(gym: GymTelemetry | None) -> MetricExporter | None:
     """The OTLP metric exporter, if configured; imported only then, as above."""
-    if not otlp_endpoint("METRICS"):
+    if gym is None and not otlp_endpoint("METRICS"):
         return None
     from server.telemetry import otlp_export
 
+    if gym is not None:
+        return otlp_export.metric_exporter(default_protocol=GRPC, need_endpoint=False)
     return otlp_export.metric_exporter()

@@ -55,6 +55,14 @@ OTEL_VARS = (
     "OTEL_TRACES_SAMPLER_ARG",
     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
     "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+    # Gym's telemetry environment (nemo-lens reads NEMO_LENS_<KEY> where NEMO_GYM_OTEL_<KEY> is unset).
+    *(
+        f"{prefix}_{key}"
+        for prefix in ("NEMO_GYM_OTEL", "NEMO_LENS")
+        for key in ("ENABLED", "RUN_ID", "TRACES_ENABLED", "METRICS_ENABLED", "EXPORTER", "SERVICE_NAME_PER_SERVER")
+    ),
 )
 
 
