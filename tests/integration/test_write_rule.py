@@ -60,6 +60,7 @@ def _config(root: Path, mock_upstream: str, **settings) -> str:
         "switchyard_model": "route-a",
         "capture_dir": str(root / "cap"),
         "capture_uncorrelated": True,
+        "session_inference": False,  # calls without an id recorded as `uncorrelated-*`, not inferred
         "background_max_runs_per_key": 1,
         "max_body_bytes": 256 * 1024,
         "gym": {
