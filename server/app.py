@@ -165,18 +165,15 @@ def create_app(
         *model_routes(state),
         metrics_route(state.telemetry),
     ]
+    session_reads = None
     if settings.capture:
-        from server.api.session_access import SessionAccess
-        from server.api.session_views import view_routes
-        from server.api.sessions import session_routes
-        from server.capture.catalog.summary import SummaryCache
-        from server.viewer import ui_routes
+        from server import viewer
+        from server.api import session_views, sessions
+        from server.api.session_access import SessionAccess, SessionReads
 
-        summaries = SummaryCache()
-        access = SessionAccess(state.owners)  # every session route checks the caller's key with it
-        routes += session_routes(lambda: state.capture_store, lambda: state.rollouts, cache=summaries, access=access)
-        routes += view_routes(lambda: state.capture_store, summaries, lambda: state.rollouts, access=access)
-        routes += ui_routes()
+        # Every session route checks the caller's key with `access`.
+        session_reads = SessionReads(state, access=SessionAccess(state.owners))
+        routes += [*sessions.routes, *session_views.routes, *viewer.routes]
     # Registered whatever the settings: with the store off they answer why in an OpenAI error.
     routes += stored_response_routes(lambda: state.response_store)
     routes += conversation_routes(lambda: state.response_store, settings.max_body_bytes)
@@ -202,5 +199,7 @@ def create_app(
         lifespan=lambda app: lifespan(state),
         exception_handlers=exception_handlers,
     )
-    app.state.switchyard = state
+    app.state.switchyard = state  # what every route shares (`server.api.shared.app_state`)
+    if session_reads is not None:
+        session_reads.install(app)
     return app
