@@ -17,12 +17,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from middleware.auth import AuthMiddleware, BearerKeys, reject, speaks_anthropic
 from middleware.correlation import RefusedIds, correlate, publish, unpublish
 from middleware.hosts import HostAllowList, is_json_request, refuse_content_type, refuse_host
+from server.api import conversations, stored_responses
 from server.api.chat import ChatCompletions
-from server.api.conversations import conversation_routes
 from server.api.messages import messages_handlers
 from server.api.models import model_routes
 from server.api.responses import Responses
-from server.api.stored_responses import stored_response_routes
 from server.config import Settings
 from server.errors import OpenAIError, error_response, send_error
 from server.http import BodyBudget
@@ -175,8 +174,7 @@ def create_app(
         session_reads = SessionReads(state, access=SessionAccess(state.owners))
         routes += [*sessions.routes, *session_views.routes, *viewer.routes]
     # Registered whatever the settings: with the store off they answer why in an OpenAI error.
-    routes += stored_response_routes(lambda: state.response_store)
-    routes += conversation_routes(lambda: state.response_store, settings.max_body_bytes)
+    routes += [*stored_responses.routes, *conversations.routes]
 
     exception_handlers: dict[Any, Callable[..., Any]] = {
         HTTPException: _http_exception,
