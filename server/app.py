@@ -17,10 +17,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from middleware.auth import AuthMiddleware, BearerKeys, reject, speaks_anthropic
 from middleware.correlation import RefusedIds, correlate, publish, unpublish
 from middleware.hosts import HostAllowList, is_json_request, refuse_content_type, refuse_host
-from server.api import conversations, stored_responses
+from server.api import conversations, models, stored_responses
 from server.api.chat import ChatCompletions
 from server.api.messages import messages_handlers
-from server.api.models import model_routes
 from server.api.responses import Responses
 from server.config import Settings
 from server.errors import OpenAIError, error_response, send_error
@@ -161,7 +160,7 @@ def create_app(
     }
     routes = [
         *(Route(path, handler, methods=["POST"]) for path, handler in model_handlers.items()),
-        *model_routes(state),
+        *models.routes,
         metrics_route(state.telemetry),
     ]
     session_reads = None
