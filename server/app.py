@@ -28,7 +28,7 @@ from server.lifespan import lifespan
 from server.owners import Owners
 from server.state import AppState
 from server.switchyard.proxy import build_proxy
-from server.telemetry.prometheus import metrics_route
+from server.telemetry import prometheus
 from server.telemetry.service import Telemetry
 
 log = logging.getLogger("switchyard_model.app")
@@ -161,7 +161,7 @@ def create_app(
     routes = [
         *(Route(path, handler, methods=["POST"]) for path, handler in model_handlers.items()),
         *models.routes,
-        metrics_route(state.telemetry),
+        *prometheus.routes,
     ]
     session_reads = None
     if settings.capture:

@@ -27,7 +27,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from middleware.auth import presented_key, reject
 from middleware.hosts import HostAllowList, HostCheckMiddleware
-from server import viewer
 from server.api import session_views, sessions
 from server.api.session_access import FixedCapture, SessionAccess, SessionReads
 from server.capture.catalog.owners import OWNER_FILE
@@ -35,6 +34,7 @@ from server.capture.catalog.summary import SummaryCache
 from server.capture.read.store import SESSIONS_SUBDIR, CaptureStore
 from server.errors import OpenAIError, error_response
 from server.owners import Owners, owner_tag
+from server.viewer import routes as ui_routes
 
 
 def is_keyed(capture_dir: str | Path) -> bool:
@@ -117,7 +117,7 @@ def create_view_app(
             *read_routes,
             *session_views.routes,
             Route("/", to_ui, methods=["GET"]),
-            *viewer.routes,
+            *ui_routes,
         ],
     )
     reads.install(app)
