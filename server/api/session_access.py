@@ -107,7 +107,7 @@ class SessionReads:
     summaries: SummaryCache = field(default_factory=SummaryCache)
     timelines: OrderedDict[tuple[object, ...], bytes] = field(default_factory=OrderedDict)
     timelines_lock: threading.Lock = field(default_factory=threading.Lock)
-    _fallback: RolloutBuilder | None = None
+    _fallback: RolloutBuilder | None = field(default=None, init=False, repr=False)
 
     def install(self, app: Starlette) -> None:
         """Make these the reads of `app`'s session routes."""
