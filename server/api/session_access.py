@@ -125,12 +125,15 @@ class SessionReads:
 
 
 class ReadableSession(NamedTuple):
+    """What `readable_session` hands a route: the app's reads, the store, and a session id it may read."""
+
     reads: SessionReads
     store: CaptureStore
     session_id: str
 
 
 def session_reads(request: Request) -> SessionReads:
+    """The `SessionReads` of the app serving `request`."""
     reads: SessionReads = request.app.state.session_reads
     return reads
 
