@@ -17,12 +17,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from middleware.auth import AuthMiddleware, BearerKeys, reject, speaks_anthropic
 from middleware.correlation import RefusedIds, correlate, publish, unpublish
 from middleware.hosts import HostAllowList, is_json_request, refuse_content_type, refuse_host
+from server.api import conversations, models, stored_responses
 from server.api.chat import ChatCompletions
-from server.api.conversations import conversation_routes
 from server.api.messages import messages_handlers
-from server.api.models import model_routes
 from server.api.responses import Responses
-from server.api.stored_responses import stored_response_routes
 from server.config import Settings
 from server.errors import OpenAIError, error_response, send_error
 from server.http import BodyBudget
@@ -31,7 +29,7 @@ from server.lifespan import lifespan
 from server.owners import Owners
 from server.state import AppState
 from server.switchyard.proxy import build_proxy
-from server.telemetry.prometheus import metrics_route
+from server.telemetry import prometheus
 from server.telemetry.service import Telemetry
 
 log = logging.getLogger("switchyard_model.app")
@@ -168,24 +166,20 @@ def create_app(
     }
     routes = [
         *(Route(path, handler, methods=["POST"]) for path, handler in model_handlers.items()),
-        *model_routes(state),
-        metrics_route(state.telemetry),
+        *models.routes,
+        *prometheus.routes,
     ]
+    session_reads = None
     if settings.capture:
-        from server.api.session_access import SessionAccess
-        from server.api.session_views import view_routes
-        from server.api.sessions import session_routes
-        from server.capture.catalog.summary import SummaryCache
-        from server.viewer import ui_routes
+        from server import viewer
+        from server.api import session_views, sessions
+        from server.api.session_access import SessionAccess, SessionReads
 
-        summaries = SummaryCache()
-        access = SessionAccess(state.owners)  # every session route checks the caller's key with it
-        routes += session_routes(lambda: state.capture_store, lambda: state.rollouts, cache=summaries, access=access)
-        routes += view_routes(lambda: state.capture_store, summaries, lambda: state.rollouts, access=access)
-        routes += ui_routes()
+        # Every session route checks the caller's key with `access`.
+        session_reads = SessionReads(state, access=SessionAccess(state.owners))
+        routes += [*sessions.routes, *session_views.routes, *viewer.routes]
     # Registered whatever the settings: with the store off they answer why in an OpenAI error.
-    routes += stored_response_routes(lambda: state.response_store)
-    routes += conversation_routes(lambda: state.response_store, settings.max_body_bytes)
+    routes += [*stored_responses.routes, *conversations.routes]
 
     exception_handlers: dict[Any, Callable[..., Any]] = {
         HTTPException: _http_exception,
@@ -209,5 +203,7 @@ def create_app(
         lifespan=lambda app: lifespan(state),
         exception_handlers=exception_handlers,
     )
-    app.state.switchyard = state
+    app.state.switchyard = state  # what every route shares (`server.api.shared.app_state`)
+    if session_reads is not None:
+        session_reads.install(app)
     return app

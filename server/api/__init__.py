@@ -15,5 +15,6 @@ __all__ = [
     "session_access",
     "session_views",
     "sessions",
+    "shared",
     "stored_responses",
 ]

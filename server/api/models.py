@@ -1,4 +1,4 @@
-"""GET /v1/models (Switchyard's routes, with max_model_len where known) and GET /health."""
+"""GET /v1/models (Switchyard's routes, with max_model_len where known), GET /health and GET / (`routes`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from server.api.shared import app_state
 from server.errors import OpenAIError
 from server.lifespan import proxy_up
-from server.state import AppState
 
 
 def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
@@ -49,58 +49,64 @@ def _anthropic_list(data: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def model_routes(state: AppState) -> list[Route]:
-    """/v1/models, /health, and `/` (NeMo Gym probes its servers' liveness there)."""
+async def health(request: Request) -> Response:
+    state = app_state(request)
+    up = await proxy_up(state)
+    body: dict[str, Any] = {
+        "status": "ok" if up else "unavailable",
+        "mode": state.proxy.mode,
+        "http_server": state.settings.http_server,
+        "route": state.route or None,
+        # Switchyard takes calls with no key and no record: with keys set, its address is not
+        # published on this open route.
+        "proxy": {
+            "url": None if state.settings.api_keys else state.proxy.root_url,
+            "up": up,
+            "threads": state.proxy.threads,
+        },
+        # Ids the correlation rules refused: those calls were served but not tied to a session.
+        "correlation": {"refused_ids": state.refused_ids.counts()},
+    }
+    if state.capture_store is not None:
+        body["capture"] = state.capture_store.stats()
+    admission = getattr(request.app, "admission", None)  # ServerApp's (server/http/admission.py)
+    if admission is not None:
+        body["admission"] = admission.stats()
+    return json_response(200 if up else 503, body)
 
-    async def health(request: Request) -> Response:
-        up = await proxy_up(state)
-        body: dict[str, Any] = {
-            "status": "ok" if up else "unavailable",
-            "mode": state.proxy.mode,
-            "http_server": state.settings.http_server,
-            "route": state.route or None,
-            # Switchyard takes calls with no key and no record: with keys set, its address is not
-            # published on this open route.
-            "proxy": {
-                "url": None if state.settings.api_keys else state.proxy.root_url,
-                "up": up,
-                "threads": state.proxy.threads,
-            },
-            # Ids the correlation rules refused: those calls were served but not tied to a session.
-            "correlation": {"refused_ids": state.refused_ids.counts()},
-        }
-        if state.capture_store is not None:
-            body["capture"] = state.capture_store.stats()
-        admission = getattr(request.app, "admission", None)  # ServerApp's (server/http/admission.py)
-        if admission is not None:
-            body["admission"] = admission.stats()
-        return json_response(200 if up else 503, body)
 
-    async def models(request: Request) -> Response:
-        if not state.ready or state.upstream is None:
-            raise OpenAIError(503, "Switchyard is not running", code="proxy_unavailable")
-        try:
-            upstream_models = await state.upstream.get_json("/models")
-        except OpenAIError as exc:
-            raise OpenAIError(502, f"cannot list Switchyard's routes: {exc.message}", code="upstream_error") from exc
-        data = []
-        for entry in upstream_models.get("data") or []:
-            caps = entry.get("capabilities") or {}
-            data.append(
-                {
-                    "id": entry.get("id"),
-                    "object": "model",
-                    "created": entry.get("created", 0),
-                    "owned_by": entry.get("owned_by", "switchyard"),
-                    "max_model_len": caps.get("context_window") or state.max_model_lens.get(entry.get("id")),
-                }
-            )
-        if "anthropic-version" in request.headers:  # Anthropic's clients list models in their own shape
-            return json_response(200, _anthropic_list(data))
-        return json_response(200, {"object": "list", "data": data})
+async def list_models(request: Request) -> Response:
+    state = app_state(request)
+    if not state.ready or state.upstream is None:
+        raise OpenAIError(503, "Switchyard is not running", code="proxy_unavailable")
+    try:
+        upstream_models = await state.upstream.get_json("/models")
+    except OpenAIError as exc:
+        raise OpenAIError(502, f"cannot list Switchyard's routes: {exc.message}", code="upstream_error") from exc
+    data = []
+    for entry in upstream_models.get("data") or []:
+        caps = entry.get("capabilities") or {}
+        data.append(
+            {
+                "id": entry.get("id"),
+                "object": "model",
+                "created": entry.get("created", 0),
+                "owned_by": entry.get("owned_by", "switchyard"),
+                "max_model_len": caps.get("context_window") or state.max_model_lens.get(entry.get("id")),
+            }
+        )
+    if "anthropic-version" in request.headers:  # Anthropic's clients list models in their own shape
+        return json_response(200, _anthropic_list(data))
+    return json_response(200, {"object": "list", "data": data})
 
-    return [
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/", lambda request: json_response(200, {"status": "ok"}), methods=["GET"]),
-    ]
+
+async def root(request: Request) -> Response:
+    """NeMo Gym probes its servers' liveness here."""
+    return json_response(200, {"status": "ok"})
+
+
+routes = [
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/", root, methods=["GET"]),
+]

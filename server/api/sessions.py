@@ -1,8 +1,8 @@
-"""The /v1/sessions HTTP API (routes only): list captured sessions, their records, trees and reconstructed rollouts."""
+"""The /v1/sessions HTTP API (`routes`): list captured sessions, their records, trees and reconstructed rollouts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -13,7 +13,13 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from server.api.cursor import limit_param
-from server.api.session_access import SessionAccess, unknown_session
+from server.api.session_access import (
+    ReadableSession,
+    capture_store,
+    readable_session,
+    session_reads,
+    unknown_session,
+)
 from server.capture.catalog.index_view import IndexView
 from server.capture.catalog.runs import (
     ALL,
@@ -27,9 +33,9 @@ from server.capture.catalog.runs import (
     with_dispatch,
 )
 from server.capture.catalog.sessions import build_tree, lost_session_envelope, lost_session_node
-from server.capture.catalog.summary import KINDS, STATUSES, ListQuery, SummaryCache, list_page
-from server.capture.read.rebuilds import CHAINS, RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
-from server.capture.read.store import CaptureStore, UnknownSession
+from server.capture.catalog.summary import KINDS, STATUSES, ListQuery, list_page
+from server.capture.read.rebuilds import CHAINS, RebuildUnavailable, SessionBody, SpooledBody
+from server.capture.read.store import UnknownSession
 from server.capture.rollout import RolloutError, lost_session_rollout
 from server.capture.rollout.chains import lost_session_chains
 from server.capture.write.record import SCHEMA_VERSION
@@ -46,184 +52,163 @@ _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
 
-def session_routes(
-    get_store: Callable[[], CaptureStore | None],
-    get_rollouts: Callable[[], RolloutBuilder | None] = lambda: None,
-    *,
-    cache: SummaryCache | None = None,
-    access: SessionAccess | None = None,
-) -> list[Route]:
-    """The session endpoints; `get_store` is called per request (None means capture is off).
+@with_error_responses
+async def list_sessions(request: Request) -> Response:
+    store = capture_store(request)
+    reads = session_reads(request)
+    query = request.query_params
+    after = _optional_id(query.get("after"), "after")
+    limit = limit_param(query.get("limit"), default=DEFAULT_LIST_LIMIT, maximum=MAX_LIST_LIMIT, code="invalid_request")
+    filters = _list_query(query)
+    filters = replace(filters, visible=reads.access.visible(request, store))
 
-    `get_rollouts` gives the builder that rebuilds rollouts off the event loop (a worker process,
-    cached); without one, each rollout is built in a thread of this process. `cache` holds
-    per-session summaries for the list's `summary`, `model`, `route` and `status`. `access` says
-    which sessions a request's key may see (None: all of them).
-    """
-    scope = access if access is not None else SessionAccess(None)
-    summaries = cache if cache is not None else SummaryCache()
-    fallback: list[RolloutBuilder] = []
-
-    def rollouts_for(store: CaptureStore) -> RolloutBuilder:
-        builder = get_rollouts()
-        if builder is not None:
-            return builder
-        if not fallback:
-            fallback.append(RolloutBuilder(store.sessions_dir, workers=0, cache_bytes=0))
-        return fallback[0]
-
-    def store_or_error() -> CaptureStore:
-        store = get_store()
-        if store is None:
-            raise OpenAIError(503, "session capture is not enabled on this server", code="capture_disabled")
-        return store
-
-    async def list_sessions(request: Request) -> Response:
-        store = store_or_error()
-        query = request.query_params
-        after = _optional_id(query.get("after"), "after")
-        limit = limit_param(
-            query.get("limit"), default=DEFAULT_LIST_LIMIT, maximum=MAX_LIST_LIMIT, code="invalid_request"
+    def page() -> bytes:
+        store.flush(READ_SETTLE_TIMEOUT_S)
+        sessions, next_after = list_page(store, reads.summaries, filters, limit=limit, after=after)
+        return orjson.dumps(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "sessions": sessions,
+                "has_more": next_after is not None,
+                "next_after": next_after,
+            }
         )
-        filters = _list_query(query)
-        filters = replace(filters, visible=scope.visible(request, store))
 
-        def page() -> bytes:
-            store.flush(READ_SETTLE_TIMEOUT_S)
-            sessions, next_after = list_page(store, summaries, filters, limit=limit, after=after)
-            return orjson.dumps(
-                {
-                    "schema_version": SCHEMA_VERSION,
-                    "sessions": sessions,
-                    "has_more": next_after is not None,
-                    "next_after": next_after,
-                }
-            )
+    return json_bytes(await run_in_threadpool(page))
 
-        return json_bytes(await run_in_threadpool(page))
 
-    async def completions(request: Request) -> Response:
-        store = store_or_error()
-        session_id = await scope.session_id(request, store)
+@with_error_responses
+async def completions(request: Request) -> Response:
+    reads, store, session_id = await readable_session(request)
 
-        def settle() -> int:
-            store.flush(READ_SETTLE_TIMEOUT_S)
-            return store.lost_records(session_id)
+    def settle() -> int:
+        store.flush(READ_SETTLE_TIMEOUT_S)
+        return store.lost_records(session_id)
 
-        lost = await run_in_threadpool(settle)
+    lost = await run_in_threadpool(settle)
+    try:
+        # Parsed and serialised where rollouts are rebuilt: a long session's records are tens of MB.
+        body = await reads.rollout_builder(store).completions(session_id, lost)
+    except UnknownSession:
+        body = 0
+    except RebuildUnavailable as exc:
+        raise worker_failed(exc) from None
+    if isinstance(body, int):
+        if lost:  # every record lost to capture failures: the session ran, and says so
+            return json_bytes(orjson.dumps(lost_session_envelope(session_id, lost, skipped=body)))
+        raise _unknown(session_id, skipped=body)
+    return _body_response(body)
+
+
+@with_error_responses
+async def tree(request: Request) -> Response:
+    _, store, session_id = await readable_session(request)
+    run = run_param(request, default=ALL)
+
+    def build() -> bytes:
+        store.flush(READ_SETTLE_TIMEOUT_S)
         try:
-            # Parsed and serialised where rollouts are rebuilt: a long session's records are tens of MB.
-            body = await rollouts_for(store).completions(session_id, lost)
+            tree: dict[str, Any] | None = build_tree(store, session_id, run=run)
         except UnknownSession:
-            body = 0
-        except RebuildUnavailable as exc:
-            raise worker_failed(exc) from None
-        if isinstance(body, int):
-            if lost:  # every record lost to capture failures: the session ran, and says so
-                return json_bytes(orjson.dumps(lost_session_envelope(session_id, lost, skipped=body)))
-            raise _unknown(session_id, skipped=body)
-        return _body_response(body)
-
-    async def tree(request: Request) -> Response:
-        store = store_or_error()
-        session_id = await scope.session_id(request, store)
-        run = run_param(request, default=ALL)
-
-        def build() -> bytes:
-            store.flush(READ_SETTLE_TIMEOUT_S)
-            try:
-                tree: dict[str, Any] | None = build_tree(store, session_id, run=run)
-            except UnknownSession:
-                tree = None
-            except UnknownDispatch:
-                raise _unknown_dispatch(session_id, request) from None
-            except UnknownRun:
-                raise _unknown_run(session_id, run) from None
-            if tree is None or not tree["record_count"]:  # no records: known only from a capture-failure mark
-                lost = store.lost_records(session_id)
-                if not lost:
-                    raise _unknown(session_id)
-                tree = lost_session_node(session_id, lost)
-            return orjson.dumps(tree)
-
-        return json_bytes(await run_in_threadpool(build))
-
-    async def rebuilt(request: Request, store: CaptureStore, session_id: str, run: str, **options: Any) -> SessionBody:
-        """The session's rollout (or `view=CHAINS`, its chains) as rebuilt off the serving process;
-        `UnknownSession` is left to the caller, which knows what a session without records means."""
-
-        def snapshot() -> IndexView:
-            store.flush(READ_SETTLE_TIMEOUT_S)
-            return store.index_view()
-
-        index = await run_in_threadpool(snapshot)
-        try:
-            return await rollouts_for(store).rollout(
-                index, session_id, lost_records=store.lost_records, run=run, **options
-            )
+            tree = None
         except UnknownDispatch:
             raise _unknown_dispatch(session_id, request) from None
         except UnknownRun:
             raise _unknown_run(session_id, run) from None
+        if tree is None or not tree["record_count"]:  # no records: known only from a capture-failure mark
+            lost = store.lost_records(session_id)
+            if not lost:
+                raise _unknown(session_id)
+            tree = lost_session_node(session_id, lost)
+        return orjson.dumps(tree)
+
+    return json_bytes(await run_in_threadpool(build))
+
+
+async def _rebuilt(request: Request, session: ReadableSession, run: str, **options: Any) -> SessionBody:
+    """The session's rollout (or `view=CHAINS`, its chains) as rebuilt off the serving process;
+    `UnknownSession` is left to the caller, which knows what a session without records means."""
+    reads, store, session_id = session
+
+    def snapshot() -> IndexView:
+        store.flush(READ_SETTLE_TIMEOUT_S)
+        return store.index_view()
+
+    index = await run_in_threadpool(snapshot)
+    try:
+        return await reads.rollout_builder(store).rollout(
+            index, session_id, lost_records=store.lost_records, run=run, **options
+        )
+    except UnknownDispatch:
+        raise _unknown_dispatch(session_id, request) from None
+    except UnknownRun:
+        raise _unknown_run(session_id, run) from None
+    except RolloutError as exc:
+        raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
+    except RebuildUnavailable as exc:
+        raise worker_failed(exc) from None
+
+
+@with_error_responses
+async def rollout(request: Request) -> Response:
+    session = await readable_session(request)
+    store, session_id = session.store, session.session_id
+    allow_partial = _bool_param(request.query_params.get("allow_partial"), "allow_partial", default=True)
+    run = run_param(request, default=LATEST)
+    try:
+        body = await _rebuilt(request, session, run, allow_partial=allow_partial)
+    except UnknownSession:
+        lost = await run_in_threadpool(store.lost_records, session_id)
+        if not lost:
+            raise _unknown(session_id) from None
+        try:  # every record lost to capture failures: an empty rollout, masked, capture_failed
+            body = orjson.dumps(lost_session_rollout(session_id, lost, allow_partial))
         except RolloutError as exc:
             raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
-        except RebuildUnavailable as exc:
-            raise worker_failed(exc) from None
+    return _body_response(body)
 
-    async def rollout(request: Request) -> Response:
-        store = store_or_error()
-        session_id = await scope.session_id(request, store)
-        allow_partial = _bool_param(request.query_params.get("allow_partial"), "allow_partial", default=True)
-        run = run_param(request, default=LATEST)
+
+@with_error_responses
+async def chains(request: Request) -> Response:
+    """Every captured call in a token-contiguous chain: the session split at each break."""
+    session = await readable_session(request)
+    store, session_id = session.store, session.session_id
+    try:
+        body = await _rebuilt(request, session, run_param(request, default=LATEST), view=CHAINS)
+    except UnknownSession:
+        lost = await run_in_threadpool(store.lost_records, session_id)
+        if not lost:
+            raise _unknown(session_id) from None
+        body = orjson.dumps(lost_session_chains(session_id, lost))  # every record lost: no chains, masked
+    return _body_response(body)
+
+
+@with_error_responses
+async def delete_session(request: Request) -> Response:
+    _, store, session_id = await readable_session(request)
+
+    def remove() -> int:
+        store.flush(READ_SETTLE_TIMEOUT_S)  # so records queued for the session go too
         try:
-            body = await rebuilt(request, store, session_id, run, allow_partial=allow_partial)
+            return store.delete_session(session_id)
         except UnknownSession:
-            lost = await run_in_threadpool(store.lost_records, session_id)
-            if not lost:
-                raise _unknown(session_id) from None
-            try:  # every record lost to capture failures: an empty rollout, masked, capture_failed
-                body = orjson.dumps(lost_session_rollout(session_id, lost, allow_partial))
-            except RolloutError as exc:
-                raise OpenAIError(422, str(exc), code="rollout_reconstruction_failed") from None
-        return _body_response(body)
+            raise _unknown(session_id) from None
 
-    async def chains(request: Request) -> Response:
-        """Every captured call in a token-contiguous chain: the session split at each break."""
-        store = store_or_error()
-        session_id = await scope.session_id(request, store)
-        try:
-            body = await rebuilt(request, store, session_id, run_param(request, default=LATEST), view=CHAINS)
-        except UnknownSession:
-            lost = await run_in_threadpool(store.lost_records, session_id)
-            if not lost:
-                raise _unknown(session_id) from None
-            body = orjson.dumps(lost_session_chains(session_id, lost))  # every record lost: no chains, masked
-        return _body_response(body)
+    count = await run_in_threadpool(remove)
+    return json_bytes(orjson.dumps({"deleted": True, "session_id": session_id, "records": count}))
 
-    async def delete(request: Request) -> Response:
-        store = store_or_error()
-        session_id = await scope.session_id(request, store)
 
-        def remove() -> int:
-            store.flush(READ_SETTLE_TIMEOUT_S)  # so records queued for the session go too
-            try:
-                return store.delete_session(session_id)
-            except UnknownSession:
-                raise _unknown(session_id) from None
-
-        count = await run_in_threadpool(remove)
-        return json_bytes(orjson.dumps({"deleted": True, "session_id": session_id, "records": count}))
-
-    # `:path`: a session id may hold `/` (sent percent-encoded; the server decodes it before routing).
-    # The suffix routes come first, so `/v1/sessions/a/b/tree` is the tree of `a/b`.
-    return [
-        Route("/v1/sessions", with_error_responses(list_sessions), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}/completions", with_error_responses(completions), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}/tree", with_error_responses(tree), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}/rollout", with_error_responses(rollout), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}/chains", with_error_responses(chains), methods=["GET"]),
-        Route("/v1/sessions/{session_id:path}", with_error_responses(delete), methods=["DELETE"]),
-    ]
+# What they share is the app's `SessionReads` (`server.api.session_access`).
+# `:path`: a session id may hold `/` (sent percent-encoded; the server decodes it before routing).
+# The suffix routes come first, so `/v1/sessions/a/b/tree` is the tree of `a/b`.
+routes = [
+    Route("/v1/sessions", list_sessions, methods=["GET"]),
+    Route("/v1/sessions/{session_id:path}/completions", completions, methods=["GET"]),
+    Route("/v1/sessions/{session_id:path}/tree", tree, methods=["GET"]),
+    Route("/v1/sessions/{session_id:path}/rollout", rollout, methods=["GET"]),
+    Route("/v1/sessions/{session_id:path}/chains", chains, methods=["GET"]),
+    Route("/v1/sessions/{session_id:path}", delete_session, methods=["DELETE"]),
+]
 
 
 def json_bytes(body: bytes, status: int = 200) -> Response:

@@ -1,4 +1,4 @@
-"""The call metrics in the Prometheus text exposition format (0.0.4), and the `GET /metrics` route."""
+"""The call metrics in the Prometheus text exposition format (0.0.4), and the `GET /metrics` route (`routes`)."""
 
 from __future__ import annotations
 
@@ -36,13 +36,20 @@ class MetricsSource(Protocol):
     def prometheus_text(self) -> str: ...
 
 
-def metrics_route(telemetry: MetricsSource) -> Route:
+class MetricsApp(Protocol):
+    """What `/metrics` finds at its app's `state.switchyard`: the AppState, or anything with a `telemetry`."""
+
+    @property
+    def telemetry(self) -> MetricsSource: ...
+
+
+async def metrics(request: Request) -> Response:
     """`GET /metrics` for Prometheus scrapers."""
+    state: MetricsApp = request.app.state.switchyard
+    return Response(state.telemetry.prometheus_text(), media_type=PROMETHEUS_CONTENT_TYPE)
 
-    async def metrics(request: Request) -> Response:
-        return Response(telemetry.prometheus_text(), media_type=PROMETHEUS_CONTENT_TYPE)
 
-    return Route("/metrics", metrics, methods=["GET"])
+routes = [Route("/metrics", metrics, methods=["GET"])]
 
 
 def prometheus_text(metrics: CallMetrics) -> str:

@@ -1,11 +1,12 @@
 """The rollout viewer: static pages (vanilla ES modules + CSS, shipped in the package) served at /ui/.
 
-`__all__` lists `ui_routes` and the module `offline` (the viewer served without the model server),
-whose names are not re-exported: `offline` imports `ui_routes` from here, which would be a cycle.
+`__all__` lists `routes` and the module `offline` (the viewer served without the model server),
+whose names are not re-exported: `offline` imports `routes` from here, which would be a cycle.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from starlette.requests import Request
@@ -14,7 +15,7 @@ from starlette.routing import Route
 
 from server.errors import OpenAIError, error_response
 
-__all__ = ["offline", "ui_routes"]
+__all__ = ["offline", "routes"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _TYPES = {
@@ -36,9 +37,10 @@ SECURITY_HEADERS = {
 }
 
 
-def _load_files() -> dict[str, tuple[bytes, str]]:
-    """Every shipped file by name, read once. Requests are looked up here, so no request path ever
-    reaches the filesystem (nothing to traverse)."""
+@functools.cache
+def _files() -> dict[str, tuple[bytes, str]]:
+    """Every shipped file by name, read once (on the first request). Requests are looked up here, so no
+    request path ever reaches the filesystem (nothing to traverse)."""
     return {
         path.name: (path.read_bytes(), _TYPES[path.suffix])
         for path in STATIC_DIR.iterdir()
@@ -46,24 +48,23 @@ def _load_files() -> dict[str, tuple[bytes, str]]:
     }
 
 
-def ui_routes() -> list[Route]:
-    """`GET /ui` (a redirect) and `GET /ui/{path}`: index.html for the folder, else one shipped file."""
-    files = _load_files()
+async def to_folder(request: Request) -> Response:
+    # Relative: never built from the request's Host header.
+    return RedirectResponse("/ui/", headers=SECURITY_HEADERS)
 
-    async def to_folder(request: Request) -> Response:
-        # Relative: never built from the request's Host header.
-        return RedirectResponse("/ui/", headers=SECURITY_HEADERS)
 
-    async def static(request: Request) -> Response:
-        name = request.path_params["path"] or "index.html"
-        found = files.get(name)
-        if found is None:
-            error = OpenAIError(404, f"no such viewer file: {name[:200]!r}", code="endpoint_not_found")
-            return error_response(error, headers=SECURITY_HEADERS)
-        body, media_type = found
-        return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
+async def static(request: Request) -> Response:
+    """index.html for the folder, else one shipped file."""
+    name = request.path_params["path"] or "index.html"
+    found = _files().get(name)
+    if found is None:
+        error = OpenAIError(404, f"no such viewer file: {name[:200]!r}", code="endpoint_not_found")
+        return error_response(error, headers=SECURITY_HEADERS)
+    body, media_type = found
+    return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
 
-    return [
-        Route("/ui", to_folder, methods=["GET"]),
-        Route("/ui/{path:path}", static, methods=["GET"]),
-    ]
+
+routes = [
+    Route("/ui", to_folder, methods=["GET"]),
+    Route("/ui/{path:path}", static, methods=["GET"]),
+]

@@ -27,15 +27,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from middleware.auth import presented_key, reject
 from middleware.hosts import HostAllowList, HostCheckMiddleware
-from server.api.session_access import SessionAccess
-from server.api.session_views import view_routes
-from server.api.sessions import session_routes
+from server.api import session_views, sessions
+from server.api.session_access import FixedCapture, SessionAccess, SessionReads
 from server.capture.catalog.owners import OWNER_FILE
 from server.capture.catalog.summary import SummaryCache
 from server.capture.read.store import SESSIONS_SUBDIR, CaptureStore
 from server.errors import OpenAIError, error_response
 from server.owners import Owners, owner_tag
-from server.viewer import ui_routes
+from server.viewer import routes as ui_routes
 
 
 def is_keyed(capture_dir: str | Path) -> bool:
@@ -98,12 +97,11 @@ def create_view_app(
     `host`: the bound address; requests naming another host (DNS rebinding) get a 421.
     `by_key`: each session request needs a key and sees only what that key wrote (a keyed folder)."""
     store = CaptureStore.open_read_only(capture_dir)
-    cache = SummaryCache(full_read_bytes=summary_full_read_bytes)
-    access = SessionAccess(PresentedKeyOwners()) if by_key else None
+    reads = SessionReads(FixedCapture(store), summaries=SummaryCache(full_read_bytes=summary_full_read_bytes))
+    if by_key:
+        reads.access = SessionAccess(PresentedKeyOwners())
     read_routes: list[BaseRoute] = [
-        route
-        for route in session_routes(lambda: store, cache=cache, access=access)
-        if isinstance(route, Route) and route.methods is not None and "DELETE" not in route.methods
+        route for route in sessions.routes if route.methods is not None and "DELETE" not in route.methods
     ]
 
     async def to_ui(request: Request) -> RedirectResponse:
@@ -112,16 +110,18 @@ def create_view_app(
     guards = [Middleware(HostCheckMiddleware, hosts=HostAllowList(host))]
     if by_key:
         guards.append(Middleware(KeyRequired))
-    return Starlette(
+    app = Starlette(
         middleware=guards,
         exception_handlers={HTTPException: _as_openai_error},
         routes=[
             *read_routes,
-            *view_routes(lambda: store, cache, access=access),
+            *session_views.routes,
             Route("/", to_ui, methods=["GET"]),
-            *ui_routes(),
+            *ui_routes,
         ],
     )
+    reads.install(app)
+    return app
 
 
 async def _as_openai_error(request: Request, exc: Exception) -> Response:

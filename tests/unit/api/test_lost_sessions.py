@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from server.api.sessions import session_routes
 from server.capture.read.store import CaptureStore, session_dir_name
 from server.capture.rollout import reconstruct_envelope
 from server.capture.write.marks import LostRecords
@@ -16,6 +14,7 @@ from server.cli.sessions import main
 from server.viewer.offline import create_view_app
 from tests.support.captures import captured_call as call
 from tests.support.captures import submit_all as add
+from tests.support.session_apps import sessions_app
 
 LOST = "all-lost"
 DISK_FULL = "OSError: [Errno 28] No space left on device"
@@ -31,7 +30,7 @@ def store(tmp_path):
 
 @pytest.fixture
 def client(store):
-    with TestClient(Starlette(routes=session_routes(lambda: store))) as test_client:
+    with TestClient(sessions_app(store)) as test_client:
         yield test_client
 
 

@@ -159,12 +159,10 @@ def test_the_ui_is_served_with_its_security_headers(client):
 def test_a_timeline_is_built_in_the_rebuild_worker_and_matches_the_one_built_in_a_thread(tmp_path):
     """Looking at a long session must not hold the serving interpreter: the records are read and
     compared in the worker process; the answer is the same as the thread-built one."""
-    from starlette.applications import Starlette
-
-    from server.api.session_views import view_routes
-    from server.capture.catalog.summary import SummaryCache
+    from server.api import session_views
     from server.capture.read.rebuilds import RolloutBuilder
     from server.capture.read.store import CaptureStore
+    from tests.support.session_apps import sessions_app
 
     capture_dir = tmp_path / "captures"
     write_demo_sessions(capture_dir, fillers=FILLERS)
@@ -180,11 +178,11 @@ def test_a_timeline_is_built_in_the_rebuild_worker_and_matches_the_one_built_in_
 
     builder.run = spying_run
     try:
-        app = Starlette(routes=view_routes(lambda: store, SummaryCache(), lambda: builder))
+        app = sessions_app(store, builder, routes=session_views.routes)
         with TestClient(app) as worker_client:
             in_worker = worker_client.get("/v1/sessions/agent-main/timeline")
             missing = worker_client.get("/v1/sessions/never-was/timeline")
-        with TestClient(Starlette(routes=view_routes(lambda: store, SummaryCache()))) as thread_client:
+        with TestClient(sessions_app(store, routes=session_views.routes)) as thread_client:
             in_thread = thread_client.get("/v1/sessions/agent-main/timeline")
     finally:
         builder.close()

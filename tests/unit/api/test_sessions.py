@@ -7,10 +7,8 @@ import time
 
 import orjson
 import pytest
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from server.api.sessions import session_routes
 from server.capture.read import rebuilds
 from server.capture.read.store import CaptureStore
 from server.capture.rollout import RolloutError
@@ -18,6 +16,7 @@ from server.capture.write.record import RecordInput
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response
 from tests.support.captures import submit_all as add
+from tests.support.session_apps import sessions_app
 
 
 @pytest.fixture
@@ -30,7 +29,7 @@ def store(tmp_path):
 
 @pytest.fixture
 def client(store):
-    app = Starlette(routes=session_routes(lambda: store))
+    app = sessions_app(store)
     with TestClient(app) as test_client:
         yield test_client
 
@@ -309,7 +308,7 @@ def test_deleting_a_parent_never_hides_its_children(client, store):
 
 
 def test_capture_disabled_is_503():
-    app = Starlette(routes=session_routes(lambda: None))
+    app = sessions_app(None)
     with TestClient(app) as test_client:
         error = assert_openai_error(test_client.get("/v1/sessions"), 503)
         assert error["code"] == "capture_disabled"
@@ -433,10 +432,10 @@ def test_a_large_rollout_and_records_are_streamed_from_a_spool_file_with_their_l
     spooling = RolloutBuilder(store.sessions_dir, workers=0, inline_bytes=0)
     inline = RolloutBuilder(store.sessions_dir, workers=0)
     try:
-        with TestClient(Starlette(routes=session_routes(lambda: store, lambda: spooling))) as spooled_client:
+        with TestClient(sessions_app(store, spooling)) as spooled_client:
             spooled = [spooled_client.get(f"/v1/sessions/big/{what}") for what in ("rollout", "completions")]
             missing = spooled_client.get("/v1/sessions/never/completions")
-        with TestClient(Starlette(routes=session_routes(lambda: store, lambda: inline))) as inline_client:
+        with TestClient(sessions_app(store, inline)) as inline_client:
             whole = [inline_client.get(f"/v1/sessions/big/{what}") for what in ("rollout", "completions")]
     finally:
         spooling.close()
@@ -459,7 +458,7 @@ def test_a_spooled_body_is_handed_to_a_server_that_sends_files_itself(store):
 
     add(store, call("big", response=chat_response(list(range(1, 4000)), [4000, 4001])))
     spooling = RolloutBuilder(store.sessions_dir, workers=0, inline_bytes=0)
-    app = Starlette(routes=session_routes(lambda: store, lambda: spooling))
+    app = sessions_app(store, spooling)
     sent: list[dict] = []
 
     async def receive():

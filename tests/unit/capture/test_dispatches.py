@@ -6,10 +6,8 @@ import copy
 
 import orjson
 import pytest
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from server.api.sessions import session_routes
 from server.capture.catalog import dispatches
 from server.capture.catalog.runs import RunChoice, narrow
 from server.capture.catalog.sessions import build_rollout
@@ -18,6 +16,7 @@ from server.capture.rollout import reconstruct_session
 from server.capture.rollout.breaks import message_break_kind
 from server.cli.sessions import main as sessions_main
 from tests.support.scripted_sessions import ScriptedSession
+from tests.support.session_apps import sessions_app
 from tests.unit.api.test_sessions import assert_openai_error
 
 SESSION = "0-0"  # a Gym rollout id: `<task>-<repeat>`, the same on every dispatch
@@ -270,7 +269,7 @@ def test_every_view_defaults_to_the_latest_dispatch_and_each_earlier_one_is_whol
 
 @pytest.fixture
 def client(reader):
-    app = Starlette(routes=session_routes(lambda: reader))
+    app = sessions_app(reader)
     with TestClient(app) as test_client:
         yield test_client
 

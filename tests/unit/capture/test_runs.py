@@ -6,10 +6,8 @@ import logging
 
 import orjson
 import pytest
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from server.api.sessions import session_routes
 from server.capture.catalog import runs
 from server.capture.catalog.index import TALLY_KEPT_S
 from server.capture.catalog.runs import RunChoice, UnknownRun
@@ -21,6 +19,7 @@ from server.cli.sessions import main as sessions_main
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response, two_turns
 from tests.support.captures import submit_all as add
+from tests.support.session_apps import sessions_app
 from tests.unit.api.test_sessions import assert_openai_error
 from tests.unit.capture.test_index import age_directories
 
@@ -242,7 +241,7 @@ def test_the_rebuild_worker_path_and_its_cache_tell_runs_apart(reader):
 
 @pytest.fixture
 def client(reader):
-    app = Starlette(routes=session_routes(lambda: reader))
+    app = sessions_app(reader)
     with TestClient(app) as test_client:
         yield test_client
 

@@ -245,9 +245,8 @@ SERVER_SCRIPT = """
 import contextlib
 import sys
 import uvicorn
-from starlette.applications import Starlette
 from server.capture.read.store import CaptureStore
-from server.api.sessions import session_routes
+from tests.support.session_apps import sessions_app
 
 store = CaptureStore(sys.argv[1])
 
@@ -259,7 +258,7 @@ async def lifespan(app):
     store.close()
 
 
-app = Starlette(routes=session_routes(lambda: store), lifespan=lifespan)
+app = sessions_app(store, lifespan=lifespan)
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 

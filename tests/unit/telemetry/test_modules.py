@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from types import SimpleNamespace
 
 from tests.support.procs import REPO
 
@@ -37,11 +38,13 @@ def test_metrics_route_serves_any_prometheus_text_source():
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
-    from server.telemetry.prometheus import metrics_route
+    from server.telemetry import prometheus
 
     class Source:
         def prometheus_text(self) -> str:
             return "# TYPE up gauge\nup 1\n"
 
-    with TestClient(Starlette(routes=[metrics_route(Source())])) as client:
+    app = Starlette(routes=prometheus.routes)
+    app.state.switchyard = SimpleNamespace(telemetry=Source())
+    with TestClient(app) as client:
         assert client.get("/metrics").text == "# TYPE up gauge\nup 1\n"

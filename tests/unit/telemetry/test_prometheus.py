@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from starlette.applications import Starlette
@@ -10,7 +11,7 @@ from starlette.testclient import TestClient
 
 from server.errors import OpenAIError
 from server.telemetry.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, CallMetrics
-from server.telemetry.prometheus import metrics_route, prometheus_name, prometheus_text
+from server.telemetry.prometheus import prometheus_name, prometheus_text, routes
 from server.telemetry.service import Telemetry
 from tests.support.telemetry import (
     REQUEST,
@@ -28,7 +29,8 @@ def test_metrics_route_serves_prometheus_histograms_with_the_conventions_buckets
     tel = Telemetry(settings())
     stats = {"written": 7, "failed": 1, "dropped": 2, "queue_depth": 3, "sessions": 4}
     tel.capture_stats_source(lambda: stats)
-    app = Starlette(routes=[metrics_route(tel)])
+    app = Starlette(routes=routes)
+    app.state.switchyard = SimpleNamespace(telemetry=tel)
 
     for seconds, prompt_tokens in ((0.05, 10), (3.0, 3000)):
         span = tel.start_call(
