@@ -27,7 +27,7 @@ from server.config import Settings
 from server.errors import OpenAIError, error_response, send_error
 from server.http import BodyBudget
 from server.lifespan import lifespan
-from server.owners import Owners
+from server.request_owner import Owners
 from server.state import AppState
 from server.switchyard.proxy import build_proxy
 from server.telemetry.prometheus import metrics_route

@@ -1,6 +1,6 @@
 """The one check every /v1/sessions route makes: the id is valid and the request's key may see that session.
 
-With `api_keys` set, a key sees the sessions its own calls wrote (`server.capture.catalog.owners`); an admin
+With `api_keys` set, a key sees the sessions its own calls wrote (`server.capture.catalog.session_owners`); an admin
 key (`session_api_keys`) sees them all. Any other session answers exactly as an unknown one does (a
 404), so a key learns nothing about sessions that are not its own. With no keys, everything is open.
 """
@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 from starlette.requests import Request
 
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.errors import OpenAIError
 from server.ids import is_valid_session_id
-from server.owners import Owners
+from server.request_owner import Owners
 
 
 class SessionAccess:

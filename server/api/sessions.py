@@ -29,7 +29,7 @@ from server.capture.catalog.runs import (
 from server.capture.catalog.sessions import build_tree, lost_session_envelope, lost_session_node
 from server.capture.catalog.summary import KINDS, STATUSES, ListQuery, SummaryCache, list_page
 from server.capture.read.rebuilds import CHAINS, RebuildUnavailable, RolloutBuilder, SessionBody, SpooledBody
-from server.capture.read.store import CaptureStore, UnknownSession
+from server.capture.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError, lost_session_rollout
 from server.capture.rollout.chains import lost_session_chains
 from server.capture.write.record import SCHEMA_VERSION

@@ -9,7 +9,7 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from server.api.sessions import session_routes
-from server.capture.read.store import CaptureStore, session_dir_name
+from server.capture.store import CaptureStore, session_dir_name
 from server.capture.rollout import reconstruct_envelope
 from server.capture.write.marks import LostRecords
 from server.cli.sessions import main

@@ -163,7 +163,7 @@ def test_a_timeline_is_built_in_the_rebuild_worker_and_matches_the_one_built_in_
     from server.api.session_views import view_routes
     from server.capture.catalog.summary import SummaryCache
     from server.capture.read.rebuilds import RolloutBuilder
-    from server.capture.read.store import CaptureStore
+    from server.capture.store import CaptureStore
 
     capture_dir = tmp_path / "captures"
     write_demo_sessions(capture_dir, fillers=FILLERS)

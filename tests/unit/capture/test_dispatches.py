@@ -13,7 +13,7 @@ from server.api.sessions import session_routes
 from server.capture.catalog import dispatches
 from server.capture.catalog.runs import RunChoice, narrow
 from server.capture.catalog.sessions import build_rollout
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.capture.rollout import reconstruct_session
 from server.capture.rollout.breaks import message_break_kind
 from server.cli.sessions import main as sessions_main

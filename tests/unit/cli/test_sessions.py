@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from server.capture.catalog import sessions as capture_sessions
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.capture.rollout import RolloutError
 from server.capture.write.record import RecordInput
 from server.cli.sessions import add_sessions_parser, main, run_sessions
@@ -238,7 +238,7 @@ import contextlib
 import sys
 import uvicorn
 from starlette.applications import Starlette
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.api.sessions import session_routes
 
 store = CaptureStore(sys.argv[1])

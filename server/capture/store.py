@@ -20,7 +20,7 @@ from typing import Any
 
 from server.capture.catalog.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, SessionIndex
 from server.capture.catalog.index_view import IndexView
-from server.capture.catalog.owners import Claim, SessionOwners
+from server.capture.catalog.session_owners import Claim, SessionOwners
 from server.capture.catalog.runs import LEGACY
 from server.capture.read.record_files import InvalidSessionId as InvalidSessionId
 from server.capture.read.record_files import UnknownSession as UnknownSession
