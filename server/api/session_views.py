@@ -17,8 +17,8 @@ from server.api.sessions import READ_SETTLE_TIMEOUT_S, json_bytes, worker_failed
 from server.capture.catalog.index_view import IndexView
 from server.capture.catalog.summary import SummaryCache
 from server.capture.read.rebuilds import RebuildUnavailable, RolloutBuilder
-from server.capture.store import CaptureStore, UnknownSession, read_session_records
 from server.capture.read.timeline import build_tree, link_children, lost_session_timeline, timeline_parts
+from server.capture.store import CaptureStore, UnknownSession, read_session_records
 from server.capture.write.record import SCHEMA_VERSION
 from server.errors import OpenAIError, with_error_responses
 from server.ids import is_valid_session_id

@@ -9,8 +9,8 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from server.api.sessions import session_routes
-from server.capture.store import CaptureStore, session_dir_name
 from server.capture.rollout import reconstruct_envelope
+from server.capture.store import CaptureStore, session_dir_name
 from server.capture.write.marks import LostRecords
 from server.cli.sessions import main
 from server.viewer.offline import create_view_app

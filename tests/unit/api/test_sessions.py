@@ -12,8 +12,8 @@ from starlette.testclient import TestClient
 
 from server.api.sessions import session_routes
 from server.capture.read import rebuilds
-from server.capture.store import CaptureStore
 from server.capture.rollout import RolloutError
+from server.capture.store import CaptureStore
 from server.capture.write.record import RecordInput
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response

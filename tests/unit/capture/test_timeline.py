@@ -6,8 +6,8 @@ import pytest
 
 from server.capture.catalog.runs import started_at
 from server.capture.catalog.summary import SummaryCache, session_facts
-from server.capture.store import CaptureStore
 from server.capture.read.timeline import build_timeline, build_tree, link_children, spawning_call
+from server.capture.store import CaptureStore
 from server.capture.write.record import build_record
 
 SYSTEM = {"role": "system", "content": "be brief"}
