@@ -24,7 +24,7 @@ from bench.harness import Bench
 from bench.procs import Server
 from bench.stats import median, verdict
 from server.capture.catalog.sessions import build_rollout
-from server.capture.read.store import CaptureStore, read_session_records, session_dir_name
+from server.capture.store import CaptureStore, read_session_records, session_dir_name
 from server.capture.write.diff import DiffEncoder
 
 

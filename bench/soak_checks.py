@@ -13,7 +13,7 @@ import orjson
 
 from bench.soak_load import OK, UNCERTAIN, CallResult, Options, fault_table
 from server.capture.read.diff_read import DiffFileError, parse_diff_file
-from server.capture.read.store import read_session_records
+from server.capture.store import read_session_records
 from server.capture.write.diff import DIFF_SUFFIX
 
 MiB = 1024 * 1024

@@ -26,7 +26,7 @@ from server.errors import OpenAIError, error_response, send_error
 from server.http import BodyBudget
 from server.http.admission import Admission, limits
 from server.lifespan import lifespan
-from server.owners import Owners
+from server.request_owner import Owners
 from server.state import AppState
 from server.switchyard.proxy import build_proxy
 from server.telemetry import prometheus
@@ -79,7 +79,7 @@ async def _unhandled(request: Request, exc: Exception) -> Response:
 
 
 class ServerApp(Starlette):
-    """Starlette, with the two model endpoints dispatched in one pure ASGI layer.
+    """Starlette, with the model calls (three APIs on four POST paths) dispatched in one pure ASGI layer.
 
     A model call goes from here straight to its handler: correlation, the Bearer check and the
     dispatch are done inline, instead of through Starlette's error middleware, two middlewares and
@@ -159,11 +159,9 @@ def create_app(
     state.owners = Owners(settings.api_keys, settings.session_api_keys)
     state.telemetry.refused_ids_source(state.refused_ids.counts)
 
-    model_handlers: dict[str, ASGIApp] = {
-        "/v1/chat/completions": ChatCompletions(state),
-        "/v1/responses": Responses(state),
-        **messages_handlers(state),
-    }
+    # The three model APIs on their four POST paths, each keyed by its handler's own `path`.
+    endpoints = (ChatCompletions(state), Responses(state), *messages_handlers(state).values())
+    model_handlers: dict[str, ASGIApp] = {endpoint.path: endpoint for endpoint in endpoints}
     routes = [
         *(Route(path, handler, methods=["POST"]) for path, handler in model_handlers.items()),
         *models.routes,

@@ -44,6 +44,11 @@ class ConfigError(ValueError):
     """A configuration the server cannot start with; the message is shown to the user as is."""
 
 
+# The engines token injection can send ids to (`injection_transport`); server.injection.id_fields
+# reads this list as its ENGINES.
+Engine = Literal["vllm", "sglang", "nemo_rl"]
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -117,7 +122,7 @@ class Settings(BaseModel):
     rollout_cache_mb: int = Field(default=64, ge=0)
     # Token-continuity injection (docs/injection.md): send the engine each session's token history.
     token_injection: bool = False
-    injection_transport: Literal["vllm", "sglang", "nemo_rl"] = "vllm"
+    injection_transport: Engine = "vllm"
     injection_vllm_field: str = Field(default="kv_transfer_params.prompt_token_ids", min_length=1)
     # Where the engine's /tokenize is (its root). Launch mode derives it from the deployment's target.
     injection_tokenize_base_url: str | None = None

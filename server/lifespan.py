@@ -64,7 +64,7 @@ async def lifespan(state: AppState) -> AsyncIterator[None]:
             except (ValueError, OSError) as exc:
                 raise RuntimeError(f"Gym's capture settings: {exc}") from exc
         if settings.capture:
-            from server.capture.read.store import CaptureStore
+            from server.capture.store import CaptureStore
             from server.capture.write.handoff import CaptureHandoff
 
             state.capture_store = CaptureStore(
@@ -181,9 +181,3 @@ async def shutdown(state: AppState) -> None:
         state.telemetry.shutdown()
     finally:
         await state.proxy.close()
-
-
-async def proxy_up(state: AppState) -> bool:
-    if not state.ready or state.upstream is None or state.proxy.is_known_down():
-        return False
-    return await state.upstream.healthy(state.proxy.root_url)

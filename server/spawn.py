@@ -242,9 +242,9 @@ def collect_rollouts(
     """Rebuild every top session's rollout from a capture directory, read-only; problems go to
     `errors`, and each top session's chains to `chains` when given."""
     from server.capture.catalog.sessions import build_rollout
-    from server.capture.read.store import CaptureStore, UnknownSession
     from server.capture.rollout import RolloutError
     from server.capture.rollout.items import failed_rollout
+    from server.capture.store import CaptureStore, UnknownSession
 
     store = CaptureStore.open_read_only(Path(capture_dir))
     view = store.index_view()

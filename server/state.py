@@ -12,7 +12,7 @@ from server.capture.catalog import inferred
 from server.capture.catalog.runs import new_run_id
 from server.config import Settings
 from server.errors import OpenAIError
-from server.owners import Owners
+from server.request_owner import Owners
 from server.switchyard.proxy import SwitchyardProxy
 from server.telemetry.service import Telemetry
 from server.upstream.client import Upstream
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from server.capture.gym.calls import GymCallLog
     from server.capture.gym.tokens import GymTokenCapture
     from server.capture.read.rebuilds import RolloutBuilder
-    from server.capture.read.store import CaptureStore
+    from server.capture.store import CaptureStore
     from server.capture.write.handoff import CaptureHandoff
     from server.injection.injector import Injector
     from server.stateful.service import Stateful

@@ -1,8 +1,9 @@
-"""What both model endpoints share: the Call, request preparation, the concurrency limit, guarded errors, capture hand-off.
+"""What the model endpoints share: the Call, request preparation, the concurrency limit, guarded errors, capture hand-off.
 
 `ModelEndpoint` is a raw ASGI app; a subclass implements `handle(body, corr, send, scope)` for one
-API (server.api.chat, server.api.responses). The upstream chat stream is read here too, as
-data events, because both APIs translate from it.
+POST path of one of the three APIs: chat (server.api.chat), Responses (server.api.responses) and
+Messages (server.api.messages: `/v1/messages` and `/v1/messages/count_tokens`). The upstream chat
+stream is read here too, as data events, because every API translates from it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,14 @@ from starlette.routing import Route
 
 from server.api.shared import app_state
 from server.errors import OpenAIError
-from server.lifespan import proxy_up
+from server.state import AppState
+
+
+async def proxy_up(state: AppState) -> bool:
+    """Switchyard is serving: started (not restarting), and answering its health check."""
+    if not state.ready or state.upstream is None or state.proxy.is_known_down():
+        return False
+    return await state.upstream.healthy(state.proxy.root_url)
 
 
 def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:

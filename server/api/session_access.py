@@ -2,7 +2,7 @@
 
 A session route starts with `reads, store, session_id = await readable_session(request)` (a list, with
 `capture_store(request)`): what the routes share lives in the app's `SessionReads`, never in closures.
-With `api_keys` set, a key sees the sessions its own calls wrote (`server.capture.catalog.owners`); an admin
+With `api_keys` set, a key sees the sessions its own calls wrote (`server.capture.catalog.session_owners`); an admin
 key (`session_api_keys`) sees them all. Any other session answers exactly as an unknown one does (a
 404), so a key learns nothing about sessions that are not its own. With no keys, everything is open.
 """
@@ -21,10 +21,10 @@ from starlette.requests import Request
 
 from server.capture.catalog.summary import SummaryCache
 from server.capture.read.rebuilds import RolloutBuilder
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.errors import OpenAIError
 from server.ids import is_valid_session_id
-from server.owners import Owners
+from server.request_owner import Owners
 
 
 class SessionAccess:

@@ -12,8 +12,8 @@ from server.api.session_access import readable_session, unknown_session
 from server.api.sessions import READ_SETTLE_TIMEOUT_S, json_bytes, worker_failed
 from server.capture.catalog.index_view import IndexView
 from server.capture.read.rebuilds import RebuildUnavailable
-from server.capture.read.store import UnknownSession, read_session_records
 from server.capture.read.timeline import build_tree, link_children, lost_session_timeline, timeline_parts
+from server.capture.store import UnknownSession, read_session_records
 from server.capture.write.record import SCHEMA_VERSION
 from server.errors import OpenAIError, with_error_responses
 from server.ids import is_valid_session_id

@@ -4,7 +4,7 @@ With `api_keys` set, a call writes into every session it names: its own session,
 session before each `/` of those ids (Claude Code's sub-agent `<session>/<agent>` is a child of
 `<session>`), and its Gym rollout id (Gym's token store and exchange log are keyed by it). It may do
 so only when its key owns each of them, or nobody does yet and the session holds nothing (then the
-call claims it for its key, `server.capture.catalog.owners`). A session that holds records but no
+call claims it for its key, `server.capture.catalog.session_owners`). A session that holds records but no
 owner (written before keys were set, by an older server, or an uncorrelated call, `uncorrelated-*`)
 is an admin key's alone: admins write into it without claiming it, every other key gets the 403.
 
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 from starlette.types import Scope
 
 from middleware.correlation import Correlation
-from server.capture.catalog.owners import Claim
+from server.capture.catalog.session_owners import Claim
 from server.errors import OpenAIError
 from server.ids import UNCORRELATED_PREFIX, is_valid_session_id
-from server.owners import Owners
+from server.request_owner import Owners
 
 if TYPE_CHECKING:
-    from server.capture.read.store import CaptureStore
+    from server.capture.store import CaptureStore
 
 
 def sessions_written(corr: Correlation) -> list[str]:

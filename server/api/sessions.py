@@ -35,9 +35,9 @@ from server.capture.catalog.runs import (
 from server.capture.catalog.sessions import build_tree, lost_session_envelope, lost_session_node
 from server.capture.catalog.summary import KINDS, STATUSES, ListQuery, list_page
 from server.capture.read.rebuilds import CHAINS, RebuildUnavailable, SessionBody, SpooledBody
-from server.capture.read.store import UnknownSession
 from server.capture.rollout import RolloutError, lost_session_rollout
 from server.capture.rollout.chains import lost_session_chains
+from server.capture.store import UnknownSession
 from server.capture.write.record import SCHEMA_VERSION
 from server.errors import OpenAIError, with_error_responses
 from server.ids import is_valid_session_id

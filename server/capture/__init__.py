@@ -1,4 +1,8 @@
-"""Token-exact capture, by job: write/, catalog/, read/, rollout/ and gym/; tokens.py the token triple rules they share."""
+"""Token-exact capture, by job: write/, catalog/, read/, rollout/ and gym/; store.py the capture store
+(writes and reads, so it sits above both); tokens.py the token triple rules they share.
+
+Its surface: the token triple names, and the `store` module (re-exporting its names here would import
+the whole store wherever a token rule is needed)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from server.capture.tokens import (
 )
 
 __all__ = [
+    "store",
     "TOKEN_REQUEST_FIELDS",
     "TokenTriple",
     "generation_token_texts",

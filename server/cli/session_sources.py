@@ -16,8 +16,8 @@ import orjson
 
 from server.capture.catalog.runs import ALL, LATEST, UnknownDispatch, UnknownRun
 from server.capture.catalog.sessions import build_rollout, build_tree, lost_session_envelope, lost_session_node
-from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError, lost_session_rollout
+from server.capture.store import CaptureStore, UnknownSession
 from server.urls import root_url
 
 _PAGE = 1000

@@ -10,13 +10,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 
+from server.config import Engine
 from server.injection.id_lists import begins_with, id_list_json
 
-ENGINES = ("vllm", "sglang", "nemo_rl")
+# The engines ids can be sent to, as the `injection_transport` setting's type lists them (the one list;
+# tests/test_lists.py checks id_field_for, the docs and the tests' toy engine against it).
+ENGINES: tuple[Engine, ...] = get_args(Engine)
 DEFAULT_VLLM_FIELD = "kv_transfer_params.prompt_token_ids"
 
 

@@ -5,13 +5,17 @@ its events to the store instead of a socket. The caller gets the queued response
 `stream: true`, the run's events as they land, followed from the store). Cancelling the task (the
 cancel endpoint, on any worker, or shutdown) cancels the upstream call; the run is then kept as
 `cancelled`.
+
+The Responses endpoint (`server.api.responses`) calls this, so this names what it needs of that
+endpoint and its call as protocols instead of importing them: no import circle, even for annotations.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
 
@@ -25,17 +29,42 @@ from server.translate.response import response_base
 if TYPE_CHECKING:
     from starlette.types import Message, Send
 
-    from server.api.call import Call
-    from server.api.responses import Responses
     from server.telemetry.spans import CallSpan
     from server.translate.tools import ToolMap
 
 log = logging.getLogger("switchyard_model.stateful")
 
 
+class RoutedCall(Protocol):
+    """What a run reads of its model call (`server.api.call.Call`): the route it answers as."""
+
+    route: str
+
+
+CallT = TypeVar("CallT", bound=RoutedCall, contravariant=True)
+
+
+class StreamingEndpoint(Protocol[CallT]):
+    """What a run needs of the Responses endpoint: its concurrency limit and its stream path."""
+
+    def limit(self) -> AbstractAsyncContextManager[object]: ...
+
+    async def stream(
+        self,
+        call: CallT,
+        body: dict[str, Any],
+        tool_map: ToolMap,
+        headers: dict[str, str],
+        send: Send,
+        span: CallSpan,
+        turn: Turn,
+        created_at: int,
+    ) -> None: ...
+
+
 async def start_background(
-    endpoints: Responses,
-    call: Call,
+    endpoints: StreamingEndpoint[CallT],
+    call: CallT,
     body: dict[str, Any],
     tool_map: ToolMap,
     headers: dict[str, str],

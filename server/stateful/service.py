@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from starlette.types import Scope
 
 from server.config import ConfigError
-from server.owners import Owners
+from server.request_owner import Owners
 from server.stateful.background import BackgroundRuns
 from server.stateful.conversations import ConversationStore
 from server.stateful.db import StateDB, setup_failure

@@ -1,7 +1,7 @@
 """`sessions view`: serve one capture directory, read-only, with the viewer and the session read API, on loopback.
 
 A folder written by a server with API keys holds every key's sessions, each marked with its owner
-tag (`server.owners`). Served as is, anyone who reaches the port would read them all; so on such a
+tag (`server.request_owner`). Served as is, anyone who reaches the port would read them all; so on such a
 folder every session request must present a key, and sees the sessions that key wrote (the tag of
 the presented key, computed here: the folder's keys need not be known). `--all-tenants` serves
 every session without a key, and says so at start.
@@ -29,11 +29,11 @@ from middleware.auth import presented_key, reject
 from middleware.hosts import HostAllowList, HostCheckMiddleware
 from server.api import session_views, sessions
 from server.api.session_access import FixedCapture, SessionAccess, SessionReads
-from server.capture.catalog.owners import OWNER_FILE
+from server.capture.catalog.session_owners import OWNER_FILE
 from server.capture.catalog.summary import SummaryCache
-from server.capture.read.store import SESSIONS_SUBDIR, CaptureStore
+from server.capture.store import SESSIONS_SUBDIR, CaptureStore
 from server.errors import OpenAIError, error_response
-from server.owners import Owners, owner_tag
+from server.request_owner import Owners, owner_tag
 from server.viewer import routes as ui_routes
 
 

@@ -13,7 +13,7 @@ import yaml
 from openai import OpenAI
 
 from server.capture.read.diff_read import parse_diff_file
-from server.capture.read.store import session_dir_name
+from server.capture.store import session_dir_name
 from server.capture.write.diff import DIFF_SUFFIX
 from tests.support.stack import launch_stack
 

@@ -15,7 +15,7 @@ import pytest
 
 from server.capture.catalog import runs
 from server.capture.catalog.sessions import build_rollout
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.cli.sessions import main as sessions_main
 
 TOOLS = [

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import yaml
 
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from tests.support.captures import captured_call, chat_response, records_in, submit_all
 from tests.support.memory import TreePeak
 from tests.support.procs import Proc, start_server, wait_for

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from server.api.chat import validate_chat
 from server.errors import OpenAIError
 from server.translate.request import ChatRequest, responses_to_chat
+from tests.support.model_paths import model_paths
 
 OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 # Examples per fuzz test are multiplied by this (e.g. SWITCHYARD_FUZZ_SCALE=20 for a long hunt).
@@ -370,7 +371,7 @@ except ImportError:  # the test extra pins it; without it only this part is skip
     schemathesis = None
 
 SCHEMATHESIS_EXAMPLES = int(25 * SCALE)  # per operation and generation mode
-MODEL_ENDPOINTS = {"/v1/responses", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens"}
+MODEL_ENDPOINTS = set(model_paths())
 
 if schemathesis is None:
 

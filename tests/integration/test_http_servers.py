@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from server.capture.read.rebuilds import rollout_json
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.capture.write.record import RecordInput
 from tests.support.procs import start_server, wait_for
 from tests.support.tcp import NaglingStreamServer, delayed_acks

@@ -17,8 +17,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from server.injection.id_fields import ENGINES
 from tests.support.procs import start_mock_upstream, start_server, start_switchyard_host
 from tests.support.stack import Stack, launch_stack, token_breaks
+from tests.support.toy_engine import ENGINE_FIELDS
 
 TOOLS = [
     {
@@ -408,7 +410,7 @@ def test_an_engine_that_ignores_the_field_gets_fallbacks_and_the_rollout_reports
     assert 'outcome="echo_mismatch"' in metrics and "switchyard_model_injection_calls_total" in metrics
 
 
-@pytest.mark.parametrize("transport", ["sglang", "nemo_rl"])
+@pytest.mark.parametrize("transport", [engine for engine in ENGINES if engine != "vllm"])
 def test_the_other_transports_cross_switchyard_and_keep_the_chain(upstream, tmp_path, transport):
     """SGLang's input_ids and NeMo-RL's required_prefix_token_ids (the engine splices) reach the engine intact."""
     config = tmp_path / "settings.yaml"
@@ -418,7 +420,7 @@ def test_the_other_transports_cross_switchyard_and_keep_the_chain(upstream, tmp_
     try:
         chat_session(lambda turn: stack, session, stream=False)
         assert_one_chain(stack, upstream, session)
-        field = "input_ids" if transport == "sglang" else "required_prefix_token_ids"
+        (field,) = ENGINE_FIELDS[transport]
         sent = [c["body"].get(field) for c in engine_calls(upstream)]
         assert sent[0] is None and all(isinstance(ids, list) and ids for ids in sent[1:])
         assert {r["injection"]["transport"] for r in stack.records(session)} == {transport}

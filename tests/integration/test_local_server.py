@@ -13,7 +13,7 @@ import orjson
 import psutil
 import pytest
 
-from server.capture.read.store import session_dir_name
+from server.capture.store import session_dir_name
 from server.spawn import LocalServer, ServerStartError
 from tests.support import scripted_agent
 from tests.support.procs import wait_for

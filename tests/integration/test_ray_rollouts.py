@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from server.capture.catalog.sessions import build_rollout
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from tests.support import scripted_agent
 
 # Before Ray is imported (it reads them then): keep every Ray process on loopback, and let nothing of

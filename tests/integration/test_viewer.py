@@ -20,7 +20,7 @@ import openai
 import pytest
 import yaml
 
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from tests.support.procs import Proc, start_server, wait_for
 from tests.support.viewer_data import XSS_MARKUP, write_demo_sessions
 

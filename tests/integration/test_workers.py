@@ -18,7 +18,7 @@ import orjson
 import psutil
 import yaml
 
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.cli.workers import READY_DIR_PREFIX
 from server.files import process_temp_dir
 from server.switchyard import profiles
@@ -164,7 +164,7 @@ def test_a_killed_supervisor_takes_its_workers_and_switchyard_with_it(tmp_path, 
 # Writes one record through a store in this process, journaling or not (as a server before the journal).
 WRITER = """
 import sys
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.capture.write.record import RecordInput
 from tests.support.captures import captured_call as call
 store = CaptureStore(sys.argv[1], change_journal=sys.argv[3] == "journal")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.capture.write.record import RecordInput
 
 

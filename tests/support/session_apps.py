@@ -11,7 +11,7 @@ from starlette.routing import BaseRoute
 from server.api import sessions
 from server.api.session_access import FixedCapture, SessionReads
 from server.capture.read.rebuilds import RolloutBuilder
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 
 
 def sessions_app(

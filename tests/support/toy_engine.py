@@ -100,14 +100,18 @@ class ToyEngine:
         }
 
 
+# Where each engine reads the ids, written down here independently of server.injection.id_fields (so a
+# wrong field there fails the tests); one entry per engine of id_fields.ENGINES (tests/test_lists.py).
+ENGINE_FIELDS: dict[str, tuple[str, ...]] = {
+    "vllm": ("kv_transfer_params", "prompt_token_ids"),
+    "sglang": ("input_ids",),
+    "nemo_rl": ("required_prefix_token_ids",),
+}
+
+
 def engine_for(transport: str, mode: str = "honor") -> ToyEngine:
     """A ToyEngine reading the field `transport` sends (and splicing, as NeMo-RL's engine does, for `nemo_rl`)."""
-    fields = {"vllm": ("kv_transfer_params", "prompt_token_ids"), "sglang": ("input_ids",)}
-    return ToyEngine(
-        mode=mode,
-        field_path=fields.get(transport, ("required_prefix_token_ids",)),
-        history_only=transport == "nemo_rl",
-    )
+    return ToyEngine(mode=mode, field_path=ENGINE_FIELDS[transport], history_only=transport == "nemo_rl")
 
 
 class ToyTokenizer:

@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.capture.write.record import build_record
 from server.dev.mock_upstream.app import create_app
 

@@ -105,7 +105,7 @@ def test_a_killed_parents_working_folder_is_removed_by_the_next_server_and_a_liv
 
 
 def test_collect_carries_every_sessions_chains(tmp_path):
-    from server.capture.read.store import CaptureStore
+    from server.capture.store import CaptureStore
     from tests.support.scripted_sessions import scripted
 
     store = CaptureStore(tmp_path / "capture")

@@ -7,10 +7,10 @@ from typing import Any, Literal, overload
 
 from server.capture.catalog.index_view import IndexView
 from server.capture.catalog.runs import ALL, LATEST, Narrowed, RunChoice, Scope, children_in, choose, narrow
-from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import reconstruct_tree
 from server.capture.rollout.chains import ChainsEnvelope, chains_tree
 from server.capture.rollout.items import Rollout
+from server.capture.store import CaptureStore, UnknownSession
 from server.capture.write.record import SCHEMA_VERSION, CaptureRecord
 
 

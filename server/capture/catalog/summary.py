@@ -21,10 +21,10 @@ from server.capture.catalog.runs import (
     parse_time,
     started_at,
 )
-from server.capture.read.store import CaptureStore, UnknownSession
 from server.capture.rollout import RolloutError
 from server.capture.rollout.chains import SessionChains, session_chains
 from server.capture.rollout.reconstruct import CAPTURE_FAILED
+from server.capture.store import CaptureStore, UnknownSession
 from server.capture.write.record import CaptureRecord, RecordHead
 
 # What `status=` may ask for. `whole`: the rollout is not masked; `partial`: a valid prefix was kept

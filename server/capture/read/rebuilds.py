@@ -43,9 +43,9 @@ import orjson
 from server.capture.catalog.index_view import IndexView
 from server.capture.catalog.runs import LATEST, RunChoice, children_in
 from server.capture.catalog.sessions import in_scope, pick, tree_records
-from server.capture.read.store import UnknownSession, read_session_records
 from server.capture.rollout import reconstruct_tree
 from server.capture.rollout.chains import ChainsEnvelope, chains_tree
+from server.capture.store import UnknownSession, read_session_records
 from server.capture.write.record import SCHEMA_VERSION
 from server.files import process_temp_dir
 

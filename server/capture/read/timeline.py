@@ -18,9 +18,9 @@ from server.capture.catalog.summary import (
     tokens_out,
 )
 from server.capture.read.contiguity import compare_calls
-from server.capture.read.store import CaptureStore, read_session_records
 from server.capture.rollout.chains import Break, CallDecision, ChainBody, SessionChains
 from server.capture.rollout.reconstruct import CAPTURE_FAILED
+from server.capture.store import CaptureStore, read_session_records
 from server.capture.write.record import CaptureRecord
 
 CONTEXT_WINDOW = 8

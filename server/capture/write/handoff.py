@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.capture.write.record import RecordInput
 from server.config import Settings
 from server.errors import OpenAIError

@@ -7,8 +7,8 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from server.capture.read.store import CaptureStore, session_dir_name
 from server.capture.rollout import reconstruct_envelope
+from server.capture.store import CaptureStore, session_dir_name
 from server.capture.write.marks import LostRecords
 from server.cli.sessions import main
 from server.viewer.offline import create_view_app

@@ -161,7 +161,7 @@ def test_a_timeline_is_built_in_the_rebuild_worker_and_matches_the_one_built_in_
     compared in the worker process; the answer is the same as the thread-built one."""
     from server.api import session_views
     from server.capture.read.rebuilds import RolloutBuilder
-    from server.capture.read.store import CaptureStore
+    from server.capture.store import CaptureStore
     from tests.support.session_apps import sessions_app
 
     capture_dir = tmp_path / "captures"

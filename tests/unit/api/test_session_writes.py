@@ -10,10 +10,10 @@ import pytest
 
 from middleware.correlation import Correlation
 from server.api.session_writes import admit_writes, sessions_written
-from server.capture.catalog.owners import OWNER_FILE, Claim, SessionOwners
+from server.capture.catalog.session_owners import OWNER_FILE, Claim, SessionOwners
 from server.capture.read.record_files import session_dir_name
 from server.errors import OpenAIError
-from server.owners import Owners, owner_tag
+from server.request_owner import Owners, owner_tag
 
 
 def test_a_call_writes_its_session_its_parent_the_sessions_before_each_slash_and_its_rollout():

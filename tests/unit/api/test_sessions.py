@@ -10,8 +10,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from server.capture.read import rebuilds
-from server.capture.read.store import CaptureStore
 from server.capture.rollout import RolloutError
+from server.capture.store import CaptureStore
 from server.capture.write.record import RecordInput
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response

@@ -12,7 +12,7 @@ from server.capture.catalog.sessions import build_rollout
 from server.capture.read import diff_read as diff_module
 from server.capture.read import record_files as record_files_module
 from server.capture.read.diff_read import parse_diff_file
-from server.capture.read.store import CaptureStore, session_dir_name
+from server.capture.store import CaptureStore, session_dir_name
 from server.capture.write import diff as diff_encoder
 from server.capture.write.diff import DIFF_SUFFIX
 from server.capture.write.record import RecordInput

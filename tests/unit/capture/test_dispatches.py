@@ -11,9 +11,9 @@ from starlette.testclient import TestClient
 from server.capture.catalog import dispatches
 from server.capture.catalog.runs import RunChoice, narrow
 from server.capture.catalog.sessions import build_rollout
-from server.capture.read.store import CaptureStore
 from server.capture.rollout import reconstruct_session
 from server.capture.rollout.breaks import message_break_kind
+from server.capture.store import CaptureStore
 from server.cli.sessions import main as sessions_main
 from tests.support.scripted_sessions import ScriptedSession
 from tests.support.session_apps import sessions_app

@@ -7,11 +7,11 @@ import random
 
 import pytest
 
+from server.capture import store as store_module
 from server.capture.catalog.index import SessionIndex
 from server.capture.catalog.index_view import IndexView, RecordHeader, SessionEntry, SessionTally
 from server.capture.read import record_files as record_files_module
-from server.capture.read import store as store_module
-from server.capture.read.store import CaptureStore, session_dir_name
+from server.capture.store import CaptureStore, session_dir_name
 from server.capture.write import journal as journal_module
 from server.capture.write.record import RecordInput
 from tests.support.captures import captured_call as call

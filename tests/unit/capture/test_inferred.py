@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from server.capture.catalog.inferred import ConversationMap, digest_answer, digest_prompt, new_session_id
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.ids import valid_rollout_id
 from tests.support.captures import captured_call, submit_all
 

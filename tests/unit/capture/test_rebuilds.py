@@ -14,7 +14,7 @@ import pytest
 
 from server.capture.read import rebuilds
 from server.capture.read.rebuilds import RolloutBuilder, rollout_json, tree_of
-from server.capture.read.store import CaptureStore, UnknownSession
+from server.capture.store import CaptureStore, UnknownSession
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response, two_turns
 from tests.support.captures import submit_all as add

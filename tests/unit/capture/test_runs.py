@@ -14,7 +14,7 @@ from server.capture.catalog.runs import RunChoice, UnknownRun
 from server.capture.catalog.sessions import build_rollout, build_tree
 from server.capture.read import record_files as record_files_module
 from server.capture.read.rebuilds import RolloutBuilder
-from server.capture.read.store import CaptureStore, session_dir_name
+from server.capture.store import CaptureStore, session_dir_name
 from server.cli.sessions import main as sessions_main
 from tests.support.captures import captured_call as call
 from tests.support.captures import chat_response, two_turns

@@ -12,9 +12,9 @@ import time
 import orjson
 import pytest
 
+from server.capture import store as store_module
 from server.capture.read import record_files as record_files_module
-from server.capture.read import store as store_module
-from server.capture.read.store import CaptureStore, InvalidSessionId, UnknownSession, session_dir_name
+from server.capture.store import CaptureStore, InvalidSessionId, UnknownSession, session_dir_name
 from server.capture.write import writer as writer_module
 from server.capture.write.record import RecordInput, build_record, record_of
 from tests.support.captures import captured_call as call

@@ -6,8 +6,8 @@ import pytest
 
 from server.capture.catalog.runs import started_at
 from server.capture.catalog.summary import SummaryCache, session_facts
-from server.capture.read.store import CaptureStore
 from server.capture.read.timeline import build_timeline, build_tree, link_children, spawning_call
+from server.capture.store import CaptureStore
 from server.capture.write.record import build_record
 
 SYSTEM = {"role": "system", "content": "be brief"}
@@ -259,7 +259,7 @@ def test_the_status_filter_never_sees_pending(tree_store):
 
 
 def test_record_heads_refuse_files_they_cannot_vouch_for(tree_store, tmp_path):
-    from server.capture.read.store import session_dir_name
+    from server.capture.store import session_dir_name
 
     assert len(tree_store.read_record_heads("s")) == 2
     # A record written by something else (keys in another order) is not read by its first block.

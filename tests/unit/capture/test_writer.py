@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from server.capture.write import writer as writer_module
 from server.capture.write.durable import GroupSync
 from server.capture.write.marks import MARK_NAME

@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from server.capture.catalog import sessions as capture_sessions
-from server.capture.read.store import CaptureStore
 from server.capture.rollout import RolloutError
+from server.capture.store import CaptureStore
 from server.capture.write.record import RecordInput
 from server.cli.sessions import add_sessions_parser, main, run_sessions
 from tests.support.captures import captured_call as call
@@ -245,7 +245,7 @@ SERVER_SCRIPT = """
 import contextlib
 import sys
 import uvicorn
-from server.capture.read.store import CaptureStore
+from server.capture.store import CaptureStore
 from tests.support.session_apps import sessions_app
 
 store = CaptureStore(sys.argv[1])

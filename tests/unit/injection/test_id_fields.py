@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from server.injection.id_fields import id_field_for
+from server.injection.id_fields import ENGINES, id_field_for
 
 
 def test_vllm_merges_into_the_callers_kv_transfer_params():
@@ -68,8 +68,8 @@ def test_unknown_transport_and_empty_field_are_rejected():
 
 @pytest.mark.parametrize(
     "transport",
-    [id_field_for("vllm"), id_field_for("vllm", "prompt_token_ids"), id_field_for("vllm", "a.b.c")]
-    + [id_field_for("sglang"), id_field_for("nemo_rl")],
+    [id_field_for("vllm", "prompt_token_ids"), id_field_for("vllm", "a.b.c")]
+    + [id_field_for(engine) for engine in ENGINES],
 )
 @pytest.mark.parametrize("request_body", [{"model": "m", "messages": [{"role": "user", "content": "hé}"}]}, {}])
 def test_splicing_the_ids_into_the_payload_is_serialising_the_attached_body(transport, request_body):

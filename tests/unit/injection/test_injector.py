@@ -14,7 +14,7 @@ import pytest
 from server.injection import injector as inj
 from server.injection.breaker import RouteBreaker
 from server.injection.histories import HistoryCache, prefix_hash
-from server.injection.id_fields import id_field_for
+from server.injection.id_fields import ENGINES, id_field_for
 from server.injection.injector import Injector
 from server.injection.tokenize import Render
 from tests.support.toy_engine import ToyEngine, ToyTokenizer, assistant_turn, engine_for, extends
@@ -65,7 +65,7 @@ def agent_session(injector: Injector, engine: ToyEngine) -> list[tuple[Any, dict
     return out
 
 
-@pytest.mark.parametrize("transport", ["vllm", "sglang", "nemo_rl"])
+@pytest.mark.parametrize("transport", ENGINES)
 def test_every_call_extends_the_previous_prompt_and_generation(transport):
     engine = engine_for(transport)
     calls = agent_session(make(engine, transport), engine)

@@ -14,6 +14,7 @@ from middleware.correlation import (
     resolve,
 )
 from server.ids import valid_id
+from tests.support.model_paths import model_paths
 
 
 def h(**headers: str) -> list[tuple[bytes, bytes]]:
@@ -28,7 +29,7 @@ def test_path_prefix_wins_and_is_stripped():
     assert not corr.training_capture
 
 
-@pytest.mark.parametrize("route", ["/v1/responses", "/v1/chat/completions", "/v1/messages"])
+@pytest.mark.parametrize("route", model_paths())
 def test_gym_training_segment_is_stripped_and_flagged(route):
     corr, path = resolve(f"/ng-rollout/task0-r1/training-token-capture{route}", h(x_session_id="hdr"))
     assert path == route

@@ -1,4 +1,6 @@
-"""Durable capture store: one file per call under sessions/<sha256(id)>/, its index, reads and deletes.
+"""The capture store: one file per call under sessions/<sha256(id)>/, written, indexed, read back, deleted.
+
+It both writes (through write/) and reads (through read/), so it sits above both, in capture/.
 
 Writing (the queue, the writer thread, syncs, failure marks) is `writer.RecordWriter`'s job; the
 `.delta` file format (a record as what it adds to an earlier one) is `diff`'s; reading record
@@ -20,8 +22,8 @@ from typing import Any
 
 from server.capture.catalog.index import FULL_REVALIDATION_S, KEEP_UP_INTERVAL_S, SessionIndex
 from server.capture.catalog.index_view import IndexView
-from server.capture.catalog.owners import Claim, SessionOwners
 from server.capture.catalog.runs import LEGACY
+from server.capture.catalog.session_owners import Claim, SessionOwners
 from server.capture.read.record_files import InvalidSessionId as InvalidSessionId
 from server.capture.read.record_files import UnknownSession as UnknownSession
 from server.capture.read.record_files import check_session_id as check_session_id

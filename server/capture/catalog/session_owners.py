@@ -1,7 +1,7 @@
 """Which key wrote each session: an owner tag file in the session's folder, claimed once its first call is admitted.
 
 The file is `sessions/<sha256(id)>/.owner`, created exclusively, so of two keys racing for one new
-session id (in any worker) exactly one wins. It holds the owner tag (`server.owners`), never a key.
+session id (in any worker) exactly one wins. It holds the owner tag (`server.request_owner`), never a key.
 It is hidden, so the record readers never see it, and it goes with the folder when the session is
 deleted. A session whose folder holds records but no such file (written while no keys were set, by
 an older server, or an uncorrelated call) belongs to no key and can never be claimed: only an admin
