@@ -178,7 +178,7 @@ class ResponseStore:
         now = self.clock()
         rows = []
         oversized = []
-        large: list[tuple[str, bytes]] = []
+        large: dict[str, bytes] = {}  # by id: the body its row ends the batch with, when that is large
         by_owner_items: dict[str, list[tuple[str, str, str]]] = {}
         for put in puts:
             if len(put.body) > self.bounds.max_bytes:
@@ -186,9 +186,10 @@ class ResponseStore:
                 continue
             by_owner_items.setdefault(put.owner, []).extend((put.owner, item_id, put.id) for item_id in put.item_ids)
             if len(put.body) >= LARGE_BODY_BYTES:
-                large.append((put.id, put.body))
+                large[put.id] = put.body
                 body: bytes | int = len(put.body)  # the zeroblob's length; the bytes follow by blob I/O
             else:
+                large.pop(put.id, None)  # a later put of the same id replaces it
                 body = put.body
             rows.append(
                 (put.id, put.owner, put.session_id, put.status, int(put.background), now, now, len(put.body), body)
@@ -204,15 +205,15 @@ class ResponseStore:
             for owner, owned in by_owner.items():
                 # New ids (nearly all) are one INSERT; replacing keeps the row's age and its events,
                 # whose bytes stay counted in its size (a delete would drop them with it).
-                if large:
-                    conn.executemany(_UPSERT, [row for row in owned if isinstance(row[8], bytes)])
-                    conn.executemany(_UPSERT_ZEROBLOB, [row for row in owned if isinstance(row[8], int)])
+                if large:  # one by one, in order: a batch may put one id twice
+                    for row in owned:
+                        conn.execute(_UPSERT_ZEROBLOB if isinstance(row[8], int) else _UPSERT, row)
                 else:
                     conn.executemany(_UPSERT, owned)
                 conn.executemany(_INDEX_ITEMS, by_owner_items.get(owner, ()))
                 dropped |= self._make_room(conn, owner)
             if large:
-                _write_large_bodies(conn, [(rid, body) for rid, body in large if rid not in dropped])
+                _write_large_bodies(conn, [(rid, body) for rid, body in large.items() if rid not in dropped])
         dropped.update(row[0] for row in oversized)
         return [put.id not in dropped for put in puts]
 

@@ -373,3 +373,19 @@ def test_a_large_body_is_not_kept_by_sqlite_after_its_write(tmp_path, monkeypatc
     monkeypatch.setattr(responses, "LARGE_BODY_BYTES", 1 << 40)  # every body bound to the upsert
     held, peak, size = held_and_peak(tmp_path / "bound")
     assert held >= size and peak >= 2 * size, (held, peak, size)
+
+
+@pytest.mark.parametrize("sizes", [("large", "small"), ("small", "large"), ("large", "larger"), ("larger", "large")])
+def test_one_id_put_twice_in_a_batch_keeps_the_later_body(tmp_path, sizes):
+    store = make(tmp_path)
+    size = {"small": 100, "large": responses.LARGE_BODY_BYTES + 50_000, "larger": 2 * responses.LARGE_BODY_BYTES}
+    inputs = [large_items(size[which]) if which != "small" else [{"role": "user", "content": "q"}] for which in sizes]
+    batch = [
+        Put.of(response("resp_x", which), owner="a", session_id=None, input_items=items)
+        for which, items in zip(sizes, inputs)
+    ]
+    assert store.put_many(batch) == [True, True]
+    got = store.get("resp_x", "a")
+    assert got.response == response("resp_x", sizes[1]) and got.input == inputs[1]
+    kept, summed = owner_totals(store)
+    assert kept == summed == {"a": (1, len(batch[1].body))}
