@@ -5,7 +5,8 @@ Usage: python bench/bodies.py [--quick] [--counts 1,4,8] [--json PATH]
 The stack: the mock upstream, and `serve --deployment demo` (Switchyard hosted in the server's
 process, capture on). For each N, N clients at once each send one chat body of 19,999 messages just
 under `max_body_bytes` (32 MiB), on one session each (so each call is captured); `--api responses`
-sends the same as 19,999 Responses input items. The server's RSS
+sends the same as 19,999 Responses input items (stored: the response store keeps each), `--api
+messages` as an Anthropic Messages body. The server's RSS
 (its process and its children) is sampled every 10 ms from before the first byte until every call
 has answered; "held" is its RSS once they all answered and the server went idle for a moment.
 
@@ -66,15 +67,22 @@ def log(message: str) -> None:
     print(f"[bodies] {message}", file=sys.stderr, flush=True)
 
 
-# The path of each API, and the field its list of messages (or input items) goes in.
-APIS = {"chat": ("/v1/chat/completions", "messages"), "responses": ("/v1/responses", "input")}
+# The path of each API, the field its list of messages (or input items) goes in, and the other fields it needs.
+APIS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", "messages", {}),
+    "responses": ("/v1/responses", "input", {}),
+    "messages": ("/v1/messages", "messages", {"max_tokens": 16}),
+}
 
 
-def max_body(limit: int = MAX_BODY_BYTES, messages: int = MESSAGES, field: str = "messages") -> bytes:
+def max_body(
+    limit: int = MAX_BODY_BYTES, messages: int = MESSAGES, field: str = "messages", extra: dict[str, Any] | None = None
+) -> bytes:
     """A body of `messages` messages (or input items), as close under `limit` bytes as one word each allows."""
-    shell = orjson.dumps({"model": "demo", field: [{"role": "user", "content": ""}] * messages})
+    fields = {"model": "demo", **(extra or {})}
+    shell = orjson.dumps({**fields, field: [{"role": "user", "content": ""}] * messages})
     word = (limit - len(shell) - 64) // messages
-    body = orjson.dumps({"model": "demo", field: [{"role": "user", "content": "w" * word}] * messages})
+    body = orjson.dumps({**fields, field: [{"role": "user", "content": "w" * word}] * messages})
     assert len(body) <= limit, len(body)
     return body
 
@@ -226,8 +234,8 @@ def main() -> int:
     counts = [1, 4] if args.quick else [int(c) for c in args.counts.split(",")]
     settings = {key: orjson.loads(value) for key, _, value in (s.partition("=") for s in args.setting)}
     log_dir = make_log_dir()
-    path, field = APIS[args.api]
-    body = max_body(field=field)
+    path, field, extra = APIS[args.api]
+    body = max_body(field=field, extra=extra)
     log(f"{path} body: {MESSAGES} {field}, {len(body):,} bytes; logs in {log_dir}")
     mock = BigMock(log_dir)
     rounds = []

@@ -68,6 +68,17 @@ _UPSERT = (
 )
 
 
+# A body of this many bytes or more is written through blob I/O instead of bound to the upsert.
+# SQLite copies a bound blob into the statement and keeps the copy until the statement is bound
+# again, and Python keeps its statements cached: the last large input stayed resident in every
+# process that stored one (one to two bodies' bytes), and the row's record was built whole in memory
+# on the way in (one more). A `zeroblob` of the body's length is written in place and then filled,
+# page by page. Below the threshold the one bound upsert stays: two more statements per response
+# would cost CPU on every ordinary call, and a small bound value held is no matter.
+LARGE_BODY_BYTES = 1 << 20
+_UPSERT_ZEROBLOB = _UPSERT.replace("?)", "zeroblob(?))", 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Put:
     """One response to store, already encoded (by its caller: an object that cannot be encoded fails that call alone)."""
@@ -116,10 +127,19 @@ _IDS_PER_QUERY = 500
 
 
 def _body(response: dict[str, Any], input_items: list[dict[str, Any]], encoded: bytes | None = None) -> bytes:
-    # Spliced, byte for byte what orjson.dumps({"response": response, "input": input_items}) gives.
+    # One serialisation into one buffer (the response already encoded goes in as is): the input of a
+    # maximum-size request is not encoded on its own and then copied again into the row.
     if encoded is None:
-        encoded = orjson.dumps(response)
-    return b'{"response":' + encoded + b',"input":' + orjson.dumps(input_items) + b"}"
+        return orjson.dumps({"response": response, "input": input_items})
+    return orjson.dumps({"response": orjson.Fragment(encoded), "input": input_items})
+
+
+def _write_large_bodies(conn: sqlite3.Connection, table_rows: list[tuple[str, bytes]]) -> None:
+    """Fill in the bodies of rows written with `zeroblob` (see `LARGE_BODY_BYTES`), through SQLite's blob I/O."""
+    for response_id, body in table_rows:
+        (rowid,) = conn.execute("SELECT rowid FROM responses WHERE id = ?", (response_id,)).fetchone()
+        with conn.blobopen("responses", "body", rowid) as blob:
+            blob.write(body)
 
 
 class ResponseStore:
@@ -158,14 +178,21 @@ class ResponseStore:
         now = self.clock()
         rows = []
         oversized = []
+        large: dict[str, bytes] = {}  # by id: the body its row ends the batch with, when that is large
         by_owner_items: dict[str, list[tuple[str, str, str]]] = {}
         for put in puts:
             if len(put.body) > self.bounds.max_bytes:
                 oversized.append((put.id,))
                 continue
             by_owner_items.setdefault(put.owner, []).extend((put.owner, item_id, put.id) for item_id in put.item_ids)
+            if len(put.body) >= LARGE_BODY_BYTES:
+                large[put.id] = put.body
+                body: bytes | int = len(put.body)  # the zeroblob's length; the bytes follow by blob I/O
+            else:
+                large.pop(put.id, None)  # a later put of the same id replaces it
+                body = put.body
             rows.append(
-                (put.id, put.owner, put.session_id, put.status, int(put.background), now, now, len(put.body), put.body)
+                (put.id, put.owner, put.session_id, put.status, int(put.background), now, now, len(put.body), body)
             )
         # Each key's responses go in, then that key makes room for them (so one key never evicts another's).
         by_owner: dict[str, list[tuple[Any, ...]]] = {}
@@ -178,9 +205,15 @@ class ResponseStore:
             for owner, owned in by_owner.items():
                 # New ids (nearly all) are one INSERT; replacing keeps the row's age and its events,
                 # whose bytes stay counted in its size (a delete would drop them with it).
-                conn.executemany(_UPSERT, owned)
+                if large:  # one by one, in order: a batch may put one id twice
+                    for row in owned:
+                        conn.execute(_UPSERT_ZEROBLOB if isinstance(row[8], int) else _UPSERT, row)
+                else:
+                    conn.executemany(_UPSERT, owned)
                 conn.executemany(_INDEX_ITEMS, by_owner_items.get(owner, ()))
                 dropped |= self._make_room(conn, owner)
+            if large:
+                _write_large_bodies(conn, [(rid, body) for rid, body in large.items() if rid not in dropped])
         dropped.update(row[0] for row in oversized)
         return [put.id not in dropped for put in puts]
 
@@ -194,10 +227,21 @@ class ResponseStore:
             ).fetchone()
             if row is None:
                 return False
+            large = len(body) >= LARGE_BODY_BYTES
             conn.execute(
-                "UPDATE responses SET status = ?, heartbeat = ?, size = ?, body = ? WHERE id = ?",
-                (response.get("status") or "completed", now, row[0] + len(body), body, response["id"]),
+                "UPDATE responses SET status = ?, heartbeat = ?, size = ?, body = "
+                + ("zeroblob(?)" if large else "?")
+                + " WHERE id = ?",
+                (
+                    response.get("status") or "completed",
+                    now,
+                    row[0] + len(body),
+                    len(body) if large else body,
+                    response["id"],
+                ),
             )
+            if large:
+                _write_large_bodies(conn, [(response["id"], body)])
             conn.executemany(
                 _INDEX_ITEMS, [(row[1], item_id, response["id"]) for item_id in item_ids(response, input_items)]
             )

@@ -100,6 +100,10 @@ class StoreWriter:
                 self._commit(jobs)
             if stop:
                 return
+            # Not kept while the thread waits for the next batch: a batch holds its responses'
+            # bodies (a maximum-size input is tens of MiB), which an idle writer would keep resident.
+            first = more = None
+            jobs = []
 
     def _commit(self, jobs: list[tuple[Put, Waiter]]) -> None:
         results: list[bool] | BaseException

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from server.stateful.responses import LARGE_BODY_BYTES
 from tests.support.stack import launch_stack
 
 WEATHER = {
@@ -189,6 +190,19 @@ def test_sdk_retrieve_input_items_delete(sdk):
         sdk.responses.retrieve(first.id)
     with pytest.raises(openai.BadRequestError):
         sdk.responses.input_items.list(sdk.responses.create(model="x", input="y").id, limit=101)
+
+
+def test_a_large_stored_input_reads_back_whole(chain, sdk):
+    """An input past the store's blob-I/O threshold (its row written as a zeroblob, then filled in)
+    comes back byte for byte: to the follow-up that names it, and in its listed input items."""
+    words = [f"{i}" + "w" * 40_000 for i in range(2 * LARGE_BODY_BYTES // 40_000)]
+    first = sdk.responses.create(model="x", input=[{"role": "user", "content": word} for word in words])
+    assert first.store is True
+    follow = sdk.responses.create(model="x", input="and the large-input marker", previous_response_id=first.id)
+    sent = upstream_messages(chain, "the large-input marker")
+    assert [m["content"] for m in sent if m["role"] == "user"][:-1] == words
+    listed = [item.content[0].text for item in sdk.responses.input_items.list(follow.id, limit=100, order="asc")]
+    assert listed[: len(words)] == words
 
 
 def test_retrieve_stream_replays_with_starting_after(chain, sdk):

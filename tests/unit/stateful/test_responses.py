@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing
 import os
 import stat
@@ -11,6 +13,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 
+from server.stateful import responses
 from server.stateful.db import StateDB
 from server.stateful.responses import Bounds, Put, ResponseStore
 
@@ -306,3 +309,83 @@ def test_a_body_spliced_from_the_encoded_response_is_the_one_encoded_whole():
     # The bytes given are the ones stored (not encoded again): what the client got is what is kept.
     other = Put.of(answer, owner="", session_id=None, input_items=items, encoded=orjson.dumps(response("resp_t")))
     assert orjson.loads(other.body)["response"]["id"] == "resp_t"
+
+
+def large_items(size: int) -> list[dict]:
+    """Input items of about `size` bytes once encoded."""
+    return [{"type": "message", "role": "user", "content": "w" * 4000}] * (size // 4030)
+
+
+def test_large_bodies_round_trip_and_are_counted_on_every_kind_of_write(tmp_path):
+    """A body of `LARGE_BODY_BYTES` or more is written through blob I/O: a batch mixing small and large,
+    a large one replacing another, and a background run's update all read back as written, sized right."""
+    store = make(tmp_path)
+    big = large_items(responses.LARGE_BODY_BYTES + 50_000)
+    other = large_items(responses.LARGE_BODY_BYTES * 2)
+    batch = [put("resp_s1", "a"), Put.of(response("resp_l1"), owner="a", session_id="s", input_items=big)]
+    batch += [put("resp_s2", "b"), Put.of(response("resp_l2"), owner="b", session_id=None, input_items=other)]
+    assert len(batch[1].body) >= responses.LARGE_BODY_BYTES > len(batch[0].body)
+    assert store.put_many(batch) == [True] * 4
+    assert store.get("resp_l1", "a").input == big and store.get("resp_l1", "a").session_id == "s"
+    assert store.get("resp_l2", "b").input == other and store.get("resp_s2", "b").input == []
+    # Replaced by a large body of another length (the upsert's conflict path), then by a small one.
+    assert store.put(response("resp_l1", "again"), owner="a", session_id="s", input_items=other)
+    assert store.get("resp_l1", "a").input == other and store.get("resp_l1", "a").response == response(
+        "resp_l1", "again"
+    )
+    # A background run: stored small while running, its final object large.
+    store.put(response("resp_r", status="in_progress"), owner="c", session_id=None, input_items=[])
+    store.append_events("resp_r", [(1, b"data: 1")])
+    assert store.update_running(response("resp_r", "done"), big)
+    assert store.get("resp_r", "c").input == big and store.get("resp_r", "c").response == response("resp_r", "done")
+    kept, summed = owner_totals(store)
+    assert kept == summed
+    conn = store.db.connection()
+    assert conn.execute("SELECT COUNT(*) FROM responses WHERE size < LENGTH(body)").fetchone() == (0,)
+    assert store.totals()[1] == conn.execute("SELECT SUM(size) FROM responses").fetchone()[0]
+
+
+def test_a_large_body_is_not_kept_by_sqlite_after_its_write(tmp_path, monkeypatch):
+    """SQLite keeps a copy of a blob bound to a statement until the statement is bound again, and Python
+    caches its statements: a large body bound to the upsert stayed resident after the write (and was
+    copied once more into the row's record on the way in). Measured with SQLite's own memory counters
+    (the library `sqlite3` uses); with the blob path turned off, the copy shows."""
+    sqlite = ctypes.CDLL(ctypes.util.find_library("sqlite3") or "libsqlite3.so.0")
+    sqlite.sqlite3_memory_used.restype = ctypes.c_int64
+    sqlite.sqlite3_memory_highwater.restype = ctypes.c_int64
+    sqlite.sqlite3_memory_highwater.argtypes = [ctypes.c_int]
+    items = large_items(8 << 20)
+
+    def held_and_peak(directory) -> tuple[int, int, int]:
+        store = make(directory)
+        store.put(response("resp_0"), owner="", session_id=None, input_items=[])  # the statements prepared
+        before = sqlite.sqlite3_memory_used()
+        sqlite.sqlite3_memory_highwater(1)  # reset the peak to the present
+        body = Put.of(response("resp_1"), owner="", session_id=None, input_items=items).body
+        assert store.put_many([Put.of(response("resp_1"), owner="", session_id=None, input_items=items)]) == [True]
+        held, peak = sqlite.sqlite3_memory_used() - before, sqlite.sqlite3_memory_highwater(0) - before
+        assert store.get("resp_1", "").input == items
+        store.db.close()
+        return held, peak, len(body)
+
+    held, peak, size = held_and_peak(tmp_path / "blob")
+    assert held < size / 2 and peak < size / 2, (held, peak, size)
+    monkeypatch.setattr(responses, "LARGE_BODY_BYTES", 1 << 40)  # every body bound to the upsert
+    held, peak, size = held_and_peak(tmp_path / "bound")
+    assert held >= size and peak >= 2 * size, (held, peak, size)
+
+
+@pytest.mark.parametrize("sizes", [("large", "small"), ("small", "large"), ("large", "larger"), ("larger", "large")])
+def test_one_id_put_twice_in_a_batch_keeps_the_later_body(tmp_path, sizes):
+    store = make(tmp_path)
+    size = {"small": 100, "large": responses.LARGE_BODY_BYTES + 50_000, "larger": 2 * responses.LARGE_BODY_BYTES}
+    inputs = [large_items(size[which]) if which != "small" else [{"role": "user", "content": "q"}] for which in sizes]
+    batch = [
+        Put.of(response("resp_x", which), owner="a", session_id=None, input_items=items)
+        for which, items in zip(sizes, inputs)
+    ]
+    assert store.put_many(batch) == [True, True]
+    got = store.get("resp_x", "a")
+    assert got.response == response("resp_x", sizes[1]) and got.input == inputs[1]
+    kept, summed = owner_totals(store)
+    assert kept == summed == {"a": (1, len(batch[1].body))}

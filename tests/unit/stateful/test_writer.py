@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import pytest
@@ -141,3 +142,17 @@ def test_close_commits_what_is_queued_then_refuses(tmp_path):
     asyncio.run(scenario())
     assert writer.store.totals()[0] == 10
     db.close()
+
+
+def test_an_idle_writer_keeps_no_response_it_stored(writer):
+    """The thread drops its last batch before it waits for the next one: a batch holds its responses'
+    bodies (tens of MiB for a maximum-size input), which stayed resident while the server was idle."""
+    stored = put("resp_big", "x" * 100_000)
+    body = stored.body
+    alone = sys.getrefcount(body)  # `body`, `stored` and getrefcount's argument
+    assert asyncio.run(writer.put(stored))
+    del stored
+    deadline = time.monotonic() + 10.0  # the thread answers first, then lets go of the batch
+    while sys.getrefcount(body) >= alone and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sys.getrefcount(body) == alone - 1, "the idle writer still holds the batch it committed"
