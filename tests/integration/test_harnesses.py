@@ -128,8 +128,13 @@ ADD_TASK = 'What is 2 + 3? [[mock:tool add {"x": 2, "y": 3}]]'
 def test_inspect_ai_recipe_gives_each_sample_its_own_whole_session(chain, tmp_path):
     new, out = run_recipe(chain, "inspect-ai", ADD_TASK, tmp_path)
     run = out.split()[0]
-    assert new == {f"{run}-s1-e1", f"{run}-s2-e1"}
-    for session in new:
+    # Inspect checks the model first with a call of its own, sent with no session id: it is recorded
+    # in a session inferred for it (docs/capture.md#calls-without-a-session-id), apart from the samples.
+    (probe,) = {session for session in new if session.startswith("inferred-")}
+    assert "hello, world" in chain.records(probe)[0]["messages"][0]["content"]
+    samples = new - {probe}
+    assert samples == {f"{run}-s1-e1", f"{run}-s2-e1"}
+    for session in samples:
         records = chain.records(session)
         assert records[-1]["messages"][-1]["content"].startswith("Done. The tool said: 5")
         assert_whole_rollout(chain, session, calls=2)
