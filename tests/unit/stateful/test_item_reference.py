@@ -124,7 +124,7 @@ def test_a_state_file_from_before_the_item_index_gets_it(tmp_path):
     service.open()
     store(service, "resp_old", output=(ANSWER,), input_items=(USER,))
     service.db.connection().executescript(
-        "DROP TRIGGER response_items_removed; DROP TABLE response_items;"
+        "DROP TRIGGER response_items_dropped; DROP TABLE response_items;"
         " DELETE FROM facts WHERE name = 'response_items_indexed';"
     )
     service.close()
@@ -165,3 +165,65 @@ def test_what_references_become_counts_against_the_body_limit(tmp_path):
         assert (caught.value.status, caught.value.code) == (413, "request_too_large")
     finally:
         service.close()
+
+
+def _index_rows(service):
+    return set(service.db.connection().execute("SELECT owner, id, response_id FROM response_items"))
+
+
+def test_the_item_index_holds_only_stored_responses_items(tmp_path):
+    """Evicted and deleted responses take their index rows with them (the index stays bounded by the
+    store), except rows a later carrier took over; each key's rows alone."""
+    service = Stateful(stateful_settings(tmp_path, response_store_max_count=2))
+    service.open()
+    try:
+        store(service, "resp_a", output=(ANSWER,), input_items=(USER,))
+        store(service, "resp_c", owner="bob", output=(ANSWER,), input_items=(USER,))  # another key's, same ids
+        store(service, "resp_b", output=(CALL,), input_items=(USER, ANSWER))  # carries msg_u1 and msg_a1 on
+        assert _index_rows(service) == {
+            ("alice", "fc_1", "resp_b"),
+            ("alice", "msg_u1", "resp_b"),
+            ("alice", "msg_a1", "resp_b"),
+            ("bob", "msg_u1", "resp_c"),
+            ("bob", "msg_a1", "resp_c"),
+        }
+        assert service.responses.delete("resp_b", "alice")
+        assert _index_rows(service) == {("bob", "msg_u1", "resp_c"), ("bob", "msg_a1", "resp_c")}
+        for n in range(3):  # bob's store share fills: his oldest are evicted, and their rows with them
+            store(service, f"resp_{n}", owner="bob", output=({**ANSWER, "id": f"msg_{n}"},), input_items=())
+        assert _index_rows(service) == {("bob", "msg_1", "resp_1"), ("bob", "msg_2", "resp_2")}
+    finally:
+        service.close()
+
+
+def test_an_index_of_the_first_form_is_replaced_in_place(tmp_path):
+    """A state file whose item index has the trigger and index by response id: both give way, its rows stay."""
+    service = Stateful(stateful_settings(tmp_path))
+    service.open()
+    store(service, "resp_old", output=(ANSWER,), input_items=(USER,))
+    service.db.connection().executescript(
+        "DROP TRIGGER response_items_dropped;"
+        " CREATE INDEX response_items_by_response ON response_items(response_id);"
+        " CREATE TRIGGER response_items_removed AFTER DELETE ON responses BEGIN"
+        " DELETE FROM response_items WHERE response_id = OLD.id; END;"
+    )
+    service.close()
+    service = Stateful(stateful_settings(tmp_path))
+    service.open()
+    try:
+        names = {row[0] for row in service.db.connection().execute("SELECT name FROM sqlite_master")}
+        assert "response_items_dropped" in names
+        assert not names & {"response_items_removed", "response_items_by_response"}
+        assert run(expand({"input": refs("msg_a1")}, service, "alice", has_session=True)).body["input"] == [ANSWER]
+        assert service.responses.delete("resp_old", "alice")
+        assert _index_rows(service) == set()
+    finally:
+        service.close()
+
+
+def test_without_the_trigger_a_deleted_responses_rows_stay(stateful):
+    """Negative control for the two tests above: it is the trigger that drops the rows."""
+    stateful.db.connection().execute("DROP TRIGGER response_items_dropped")
+    store(stateful, "resp_a", output=(ANSWER,), input_items=(USER,))
+    assert stateful.responses.delete("resp_a", "alice")
+    assert _index_rows(stateful) == {("alice", "msg_u1", "resp_a"), ("alice", "msg_a1", "resp_a")}
