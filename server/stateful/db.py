@@ -97,22 +97,16 @@ CREATE TRIGGER IF NOT EXISTS responses_changed_by_owner AFTER UPDATE OF owner, s
         ON CONFLICT (name) DO UPDATE SET count = count + 1, bytes = bytes + NEW.size;
 END;
 -- Where a stored item is found by its id, for `item_reference` input items: for each key, the newest
--- stored response that carries the item (in its input or its output). A response's rows go with it,
--- found by the ids its body holds (those it was indexed under), each by its key: an index by
--- response id, which an earlier form kept for this, cost every write two more random pages (one to
--- add the response's entry, one to drop its evicted predecessor's), ~25% of a one-response commit.
+-- stored response that carries the item (in its input or its output). A response's rows go with it.
 CREATE TABLE IF NOT EXISTS response_items (
     owner TEXT NOT NULL,
     id TEXT NOT NULL,
     response_id TEXT NOT NULL,
     PRIMARY KEY (owner, id)
 ) WITHOUT ROWID;
-DROP TRIGGER IF EXISTS response_items_removed;
-DROP INDEX IF EXISTS response_items_by_response;
-CREATE TRIGGER IF NOT EXISTS response_items_dropped AFTER DELETE ON responses BEGIN
-    DELETE FROM response_items WHERE owner = OLD.owner AND response_id = OLD.id AND id IN (
-        SELECT json_extract(value, '$.id') FROM json_each(CAST(OLD.body AS TEXT), '$.response.output')
-        UNION ALL SELECT json_extract(value, '$.id') FROM json_each(CAST(OLD.body AS TEXT), '$.input'));
+CREATE INDEX IF NOT EXISTS response_items_by_response ON response_items(response_id);
+CREATE TRIGGER IF NOT EXISTS response_items_removed AFTER DELETE ON responses BEGIN
+    DELETE FROM response_items WHERE response_id = OLD.id;
 END;
 -- A state file from before the item index gets its responses' items indexed, once (newest carrier first).
 INSERT OR IGNORE INTO response_items (owner, id, response_id)

@@ -124,7 +124,7 @@ def test_a_state_file_from_before_the_item_index_gets_it(tmp_path):
     service.open()
     store(service, "resp_old", output=(ANSWER,), input_items=(USER,))
     service.db.connection().executescript(
-        "DROP TRIGGER response_items_dropped; DROP TABLE response_items;"
+        "DROP TRIGGER response_items_removed; DROP TABLE response_items;"
         " DELETE FROM facts WHERE name = 'response_items_indexed';"
     )
     service.close()
@@ -196,34 +196,9 @@ def test_the_item_index_holds_only_stored_responses_items(tmp_path):
         service.close()
 
 
-def test_an_index_of_the_first_form_is_replaced_in_place(tmp_path):
-    """A state file whose item index has the trigger and index by response id: both give way, its rows stay."""
-    service = Stateful(stateful_settings(tmp_path))
-    service.open()
-    store(service, "resp_old", output=(ANSWER,), input_items=(USER,))
-    service.db.connection().executescript(
-        "DROP TRIGGER response_items_dropped;"
-        " CREATE INDEX response_items_by_response ON response_items(response_id);"
-        " CREATE TRIGGER response_items_removed AFTER DELETE ON responses BEGIN"
-        " DELETE FROM response_items WHERE response_id = OLD.id; END;"
-    )
-    service.close()
-    service = Stateful(stateful_settings(tmp_path))
-    service.open()
-    try:
-        names = {row[0] for row in service.db.connection().execute("SELECT name FROM sqlite_master")}
-        assert "response_items_dropped" in names
-        assert not names & {"response_items_removed", "response_items_by_response"}
-        assert run(expand({"input": refs("msg_a1")}, service, "alice", has_session=True)).body["input"] == [ANSWER]
-        assert service.responses.delete("resp_old", "alice")
-        assert _index_rows(service) == set()
-    finally:
-        service.close()
-
-
 def test_without_the_trigger_a_deleted_responses_rows_stay(stateful):
-    """Negative control for the two tests above: it is the trigger that drops the rows."""
-    stateful.db.connection().execute("DROP TRIGGER response_items_dropped")
+    """Negative control for the test above: it is the trigger that drops the rows."""
+    stateful.db.connection().execute("DROP TRIGGER response_items_removed")
     store(stateful, "resp_a", output=(ANSWER,), input_items=(USER,))
     assert stateful.responses.delete("resp_a", "alice")
     assert _index_rows(stateful) == {("alice", "msg_u1", "resp_a"), ("alice", "msg_a1", "resp_a")}
