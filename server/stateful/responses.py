@@ -100,7 +100,7 @@ class Put:
 def item_ids(response: dict[str, Any], input_items: list[dict[str, Any]]) -> tuple[str, ...]:
     """The ids of a response's items that the item index holds (what an `item_reference` may name):
     its input items' and its output items', but for those named after the response itself, which
-    `find_items` finds by their name (two index pages less to write, and to drop, per response)."""
+    `find_items` finds by their name (each row costs a commit a page to write, and its eviction one)."""
     ids = {item["id"]: None for item in input_items if isinstance(item, dict) and isinstance(item.get("id"), str)}
     output = response.get("output")
     if isinstance(output, list):
