@@ -1,7 +1,7 @@
 """Two builds of the server side by side: CPU per call of the whole server process and of its event loop.
 
-Usage: python bench/ab_cpu.py OTHER_CHECKOUT [--rounds N] [--kinds chat,responses] [--settings-a YAML]
-       [--concurrency C] [--session]
+Usage: python bench/ab_cpu.py OTHER_CHECKOUT [--this CHECKOUT] [--rounds N] [--kinds chat,responses]
+       [--settings-a YAML] [--concurrency C] [--session]
 
 Starts this checkout's server ("a") and the one in OTHER_CHECKOUT ("b", e.g. a `git worktree` or a
 `git archive` of another commit) on one mock upstream, sends each the same load (c=64) in interleaved
@@ -10,7 +10,8 @@ as a whole and its event-loop (main) thread. CPU per call moves far less than th
 tenants load the machine, so it is what this prints first. `--settings-a`/`--settings-b` give
 either server extra settings (a YAML mapping), e.g. `response_store: false`. `--concurrency 1`
 compares sequential latency (the p50 is printed too); `--session` sends a session id with every
-call, so each is captured (its record in its file before the answer).
+call, so each is captured (its record in its file before the answer). `--this` runs "a" from another
+checkout too (bisecting two older commits with this one's load generator and mock).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/ab_cpu.py", description=__doc__.splitlines()[0])
     parser.add_argument("other", help="the other checkout's directory (its server is 'b')")
+    parser.add_argument("--this", default="", help="the checkout whose server is 'a' (default: this one)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--kinds", default="chat,responses")
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(mock.proc)
         servers = {}
         here = bench_procs.REPO
-        for name, directory, extra in (("a", here, args.settings_a), ("b", Path(args.other), args.settings_b)):
+        this = Path(args.this) if args.this else here
+        for name, directory, extra in (("a", this, args.settings_a), ("b", Path(args.other), args.settings_b)):
             bench_procs.REPO = directory.resolve()  # the server runs from this checkout's code
             try:
                 settings = yaml.safe_load(extra) if extra else None
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                         acc["all"] += used
                         acc[role] = acc.get(role, 0.0) + used
         print(
-            f"a = {here}, b = {Path(args.other).resolve()}; c={args.concurrency}, {args.rounds} rounds of"
+            f"a = {this.resolve()}, b = {Path(args.other).resolve()}; c={args.concurrency}, {args.rounds} rounds of"
             f" {args.seconds:.0f} s{', captured' if args.session else ''}"
         )
         for (kind, name), acc in sorted(totals.items()):

@@ -109,10 +109,27 @@ class Put:
 
 
 def item_ids(response: dict[str, Any], input_items: list[dict[str, Any]]) -> tuple[str, ...]:
-    """The ids of a response's input and output items (what an `item_reference` may name)."""
+    """The ids of a response's items that the item index holds (what an `item_reference` may name):
+    its input items' and its output items', but for those named after the response itself, which
+    `find_items` finds by their name (each row costs a commit a page to write, and its eviction one)."""
+    ids = {item["id"]: None for item in input_items if isinstance(item, dict) and isinstance(item.get("id"), str)}
     output = response.get("output")
-    items = input_items + output if isinstance(output, list) else input_items
-    return tuple({item["id"]: None for item in items if isinstance(item, dict) and isinstance(item.get("id"), str)})
+    if isinstance(output, list):
+        own = response.get("id")
+        for item in output:
+            if isinstance(item, dict) and isinstance(item.get("id"), str) and named_after(item["id"]) != own:
+                ids[item["id"]] = None
+    return tuple(ids)
+
+
+def named_after(item_id: str) -> str | None:
+    """The response an output item's id names, when it has the shape the translator gives it
+    (`translate.response.item_id`: `<prefix>_<the response id's hex>_<output index>`); else None."""
+    prefix, _, rest = item_id.partition("_")
+    base, _, index = rest.rpartition("_")
+    if not (prefix and base and index.isdigit()):
+        return None
+    return "resp_" + base
 
 
 # An item id points at the newest response that carries it: a response evicted (oldest first) leaves
@@ -341,14 +358,25 @@ class ResponseStore:
         one read is a whole body parsed: a request may not make the server read a key's whole store)."""
         wanted = set(item_ids)
         carriers: set[str] = set()
+        indexed: set[str] = set()
         conn = self.db.connection()
         ordered = list(wanted)
         for start in range(0, len(ordered), _IDS_PER_QUERY):
             chunk = ordered[start : start + _IDS_PER_QUERY]
+            for item_id, response_id in conn.execute(
+                f"SELECT id, response_id FROM response_items WHERE owner = ? AND id IN ({','.join('?' * len(chunk))})",
+                (owner, *chunk),
+            ):
+                indexed.add(item_id)
+                carriers.add(response_id)
+        # The rest may be output items named after their response (not indexed): that one, where it is stored.
+        named = list({origin for item_id in wanted - indexed if (origin := named_after(item_id)) is not None})
+        for start in range(0, len(named), _IDS_PER_QUERY):
+            chunk = named[start : start + _IDS_PER_QUERY]
             carriers.update(
                 row[0]
                 for row in conn.execute(
-                    f"SELECT response_id FROM response_items WHERE owner = ? AND id IN ({','.join('?' * len(chunk))})",
+                    f"SELECT id FROM responses WHERE owner = ? AND id IN ({','.join('?' * len(chunk))})",
                     (owner, *chunk),
                 )
             )

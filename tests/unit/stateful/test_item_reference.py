@@ -165,3 +165,70 @@ def test_what_references_become_counts_against_the_body_limit(tmp_path):
         assert (caught.value.status, caught.value.code) == (413, "request_too_large")
     finally:
         service.close()
+
+
+def _index_rows(service):
+    return set(service.db.connection().execute("SELECT owner, id, response_id FROM response_items"))
+
+
+def test_the_item_index_holds_only_stored_responses_items(tmp_path):
+    """Evicted and deleted responses take their index rows with them (the index stays bounded by the
+    store), except rows a later carrier took over; each key's rows alone."""
+    service = Stateful(stateful_settings(tmp_path, response_store_max_count=2))
+    service.open()
+    try:
+        store(service, "resp_a", output=(ANSWER,), input_items=(USER,))
+        store(service, "resp_c", owner="bob", output=(ANSWER,), input_items=(USER,))  # another key's, same ids
+        store(service, "resp_b", output=(CALL,), input_items=(USER, ANSWER))  # carries msg_u1 and msg_a1 on
+        assert _index_rows(service) == {
+            ("alice", "fc_1", "resp_b"),
+            ("alice", "msg_u1", "resp_b"),
+            ("alice", "msg_a1", "resp_b"),
+            ("bob", "msg_u1", "resp_c"),
+            ("bob", "msg_a1", "resp_c"),
+        }
+        assert service.responses.delete("resp_b", "alice")
+        assert _index_rows(service) == {("bob", "msg_u1", "resp_c"), ("bob", "msg_a1", "resp_c")}
+        for n in range(3):  # bob's store share fills: his oldest are evicted, and their rows with them
+            store(service, f"resp_{n}", owner="bob", output=({**ANSWER, "id": f"msg_{n}"},), input_items=())
+        assert _index_rows(service) == {("bob", "msg_1", "resp_1"), ("bob", "msg_2", "resp_2")}
+    finally:
+        service.close()
+
+
+def test_without_the_trigger_a_deleted_responses_rows_stay(stateful):
+    """Negative control for the test above: it is the trigger that drops the rows."""
+    stateful.db.connection().execute("DROP TRIGGER response_items_removed")
+    store(stateful, "resp_a", output=(ANSWER,), input_items=(USER,))
+    assert stateful.responses.delete("resp_a", "alice")
+    assert _index_rows(stateful) == {("alice", "msg_u1", "resp_a"), ("alice", "msg_a1", "resp_a")}
+
+
+def test_output_items_named_after_their_response_are_found_without_index_rows(stateful):
+    """The translator names output items after their response (`msg_<hex>_0`): found by that name, not by
+    an index row; carried on into a later turn they are indexed there, and outlive their first response."""
+    from server.translate.response import id_base, item_id
+
+    named = {**ANSWER, "id": item_id("msg", id_base("resp_0af1"), 0)}
+    store(stateful, "resp_0af1", output=(named, CALL), input_items=(USER,))
+    assert {row[1] for row in _index_rows(stateful)} == {"msg_u1", "fc_1"}
+    assert run(expand({"input": refs(named["id"])}, stateful, "alice", has_session=True)).body["input"] == [named]
+    with pytest.raises(OpenAIError) as caught:  # another key's
+        run(expand({"input": refs(named["id"])}, stateful, "bob", has_session=True))
+    assert caught.value.status == 404
+    store(stateful, "resp_0bf2", output=(), input_items=(USER, named))
+    assert stateful.responses.delete("resp_0af1", "alice")
+    assert run(expand({"input": refs(named["id"])}, stateful, "alice", has_session=True)).body["input"] == [named]
+    assert stateful.responses.delete("resp_0bf2", "alice")
+    with pytest.raises(OpenAIError) as caught:
+        run(expand({"input": refs(named["id"])}, stateful, "alice", has_session=True))
+    assert caught.value.status == 404 and named["id"] in caught.value.message
+
+
+def test_names_of_unstored_responses_count_for_nothing_in_the_read_bound(stateful, monkeypatch):
+    from server.stateful import context
+
+    monkeypatch.setattr(context, "MAX_RESPONSES_READ", 2)
+    with pytest.raises(OpenAIError) as caught:  # three well-shaped names, none stored: 404, not the bound's 400
+        run(expand({"input": refs("msg_01_0", "msg_02_0", "msg_03_0")}, stateful, "alice", has_session=True))
+    assert caught.value.status == 404
