@@ -1,11 +1,12 @@
 // A three-turn conversation with a tool through the Vercel AI SDK, with the provider's defaults.
 //
-// usage: node ai_sdk_chat.mjs <base URL> <provider> <stream: 0|1> <session id>
+// usage: node ai_sdk_chat.mjs <base URL> <provider> <stream: 0|1> <session id, or "" for none>
 //   provider: responses (createOpenAI, its default model: the Responses API), chat (createOpenAI .chat()),
 //   compatible (@ai-sdk/openai-compatible), anthropic (@ai-sdk/anthropic).
 // Each turn's user message asks the mock upstream for one tool call; the SDK runs the tool and sends
 // the result back, and the next turn carries the whole conversation so far, as the SDK sends it.
-// Prints one JSON line per HTTP request the SDK made ({"request": body}), then {"turns": [text, ...]}.
+// Prints one JSON line per HTTP request the SDK made ({"request": body}) and one per answer ({"answered":
+// the session and capture headers the server sent}), then {"turns": [text, ...]}.
 import { createAnthropic } from "@ai-sdk/anthropic";
 import { createOpenAI } from "@ai-sdk/openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
@@ -13,15 +14,21 @@ import { generateText, jsonSchema, stepCountIs, streamText, tool } from "ai";
 
 const [baseURL, provider, streamFlag, sessionId] = process.argv.slice(2);
 const stream = streamFlag === "1";
-const headers = { "x-session-id": sessionId };
+const headers = sessionId ? { "x-session-id": sessionId } : {};
 const apiKey = process.env.SWITCHYARD_MODEL_KEY || "dummy";
 
-// Every request body the SDK sends, so the test sees what went over the wire.
+// Every request body the SDK sends, and the session each answer names.
 async function loggingFetch(url, init) {
   if (init && typeof init.body === "string") {
     console.log(JSON.stringify({ request: JSON.parse(init.body) }));
   }
-  return fetch(url, init);
+  const response = await fetch(url, init);
+  const answered = {
+    session: response.headers.get("x-switchyard-session-id"),
+    capture: response.headers.get("x-switchyard-model-capture"),
+  };
+  console.log(JSON.stringify({ answered }));
+  return response;
 }
 
 function model(route) {

@@ -26,17 +26,20 @@ pytestmark = [
 ]
 
 
-def run_ai_sdk(chain, tmp_path, base_url: str, provider: str, stream: bool, session_id: str):
-    """(the request bodies the SDK sent, the text of each turn)."""
+def run_ai_sdk(chain, tmp_path, base_url: str, provider: str, stream: bool, session_id: str, answers=None):
+    """(the request bodies the SDK sent, the text of each turn); `answers`, if given, gets the session
+    and capture headers of each answer. An empty `session_id` sends no session header."""
     node = shutil.which("node")
     assert node is not None
     run = run_client(
         [node, str(SCRIPT), base_url, provider, "1" if stream else "0", session_id],
         cwd=CLIENTS_DIR,
-        env=client_env(tmp_path / f"home-{session_id}"),
+        env=client_env(tmp_path / f"home-{session_id or 'none'}"),
     )
     assert run.returncode == 0, run.describe(chain.proc.output())
     lines = [orjson.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    if answers is not None:
+        answers.extend(line["answered"] for line in lines if "answered" in line)
     return [line["request"] for line in lines if "request" in line], lines[-1]["turns"]
 
 
@@ -71,6 +74,21 @@ def test_responses_default_multi_turn_with_tools_resolves_item_references(chain,
     }
     assert set(references) <= set(by_id)
     assert all(by_id[ref]["role"] == "assistant" and by_id[ref]["content"][0]["text"] for ref in references)
+    assert_captured_whole(chain, session_id, calls=6)
+
+
+@pytest.mark.parametrize("provider", ["responses", "chat"])
+@pytest.mark.parametrize("stream", [False, True], ids=["generate", "stream"])
+def test_with_no_session_header_each_conversation_is_one_inferred_session(chain, tmp_path, provider, stream):
+    """No setup at all: the SDK's defaults and no header. The server infers the session from the
+    conversation, names it on every answer, and the three turns are one whole chain."""
+    answers: list[dict] = []
+    before = {s["session_id"] for s in get_json(f"{chain.v1}/sessions")["sessions"]}
+    _, turns = run_ai_sdk(chain, tmp_path, chain.v1, provider, stream, "", answers)
+    assert turns == [f"Done. The tool said: sunny in {city}" for city in CITIES]
+    assert len(answers) == 6 and all(answer["capture"] == "recorded" for answer in answers), answers
+    (session_id,) = {answer["session"] for answer in answers}
+    assert session_id.startswith("inferred-") and session_id not in before
     assert_captured_whole(chain, session_id, calls=6)
 
 
