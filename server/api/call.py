@@ -8,14 +8,15 @@ stream is read here too, as data events, because every API translates from it.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -28,18 +29,21 @@ from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.capture.write.record import RecordInput
 from server.errors import OpenAIError, send_error
 from server.http import sse
-from server.http.asgi import ClientGone, parse_json_object, read_body, run_until_disconnect
+from server.http.asgi import SSE_HEADERS, ClientGone, parse_json_object, read_body, run_until_disconnect, send_json
 from server.ids import uncorrelated_session_id
 from server.state import AppState
 from server.translate.accumulate import ChatStreamAccumulator, chunks_from_completion
 from server.translate.checks import check_counts
-from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamReply, UpstreamStream
+from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamReply, UpstreamStream, relayed_headers
 
 if TYPE_CHECKING:
     from server.injection.injector import Plan
     from server.telemetry.spans import CallSpan
 
 log = logging.getLogger("switchyard_model.calls")
+translate_log = logging.getLogger("switchyard_model.translate")  # what translation reports (`warn_once`)
+
+_Sent = TypeVar("_Sent")  # what sending a call upstream gives back: a reply or an open stream
 
 
 @dataclass(slots=True)
@@ -60,6 +64,50 @@ class Call:
     response_id: str | None = None  # a Responses call's id, which its record carries too
     developer_messages: list[int] | None = None  # `request` messages the client sent as `developer`
     inference: inference.Inference | None = None  # set when the session was inferred from the conversation
+
+
+class Exchange:
+    """One model call in flight, as the template (`ModelEndpoint.run`) drives it: the per-call context.
+
+    It holds the call, its span, its upstream headers and the client's `send`; an API subclasses it with
+    what it alone knows: its answer (`answer`) and its stream events (`opening` .. `failed`), built from
+    the chat answer. The template owns everything else (post or stream, injection, the record's
+    timing, the span, errors), so the three APIs differ only where their wire formats do.
+    """
+
+    __slots__ = ("accumulator", "call", "endpoint", "headers", "send", "span")
+
+    def __init__(self, endpoint: ModelEndpoint, call: Call, span: CallSpan, headers: dict[str, str], send: Send):
+        self.endpoint = endpoint
+        self.call = call
+        self.span = span
+        self.headers = headers
+        self.send = send
+        # What the stream's chat chunks add up to (set by `opening`; chat keeps none when nothing reads it).
+        self.accumulator: ChatStreamAccumulator | None = None
+
+    async def answer(self, chat: dict[str, Any], reply: bytes) -> bytes:
+        """The non-stream answer's body in this API's shape; saves the record (`save_record`) first."""
+        raise NotImplementedError
+
+    def opening(self, stream: UpstreamStream | BufferedStream) -> bytes:
+        """Sets up the stream's translation; the events that open the stream (b"" for none)."""
+        raise NotImplementedError
+
+    def feed(self, batch: list[tuple[sse.Event, bytes]]) -> list[Any]:
+        """The events (or wire parts) that one upstream read's chat chunks become."""
+        raise NotImplementedError
+
+    def encode(self, events: list[Any]) -> bytes:
+        raise NotImplementedError
+
+    async def completed(self, result: dict[str, Any] | None, last: list[Any]) -> bytes:
+        """A whole stream: saves its record; the stream's end (`last`: events that came with [DONE])."""
+        raise NotImplementedError
+
+    async def failed(self, error: OpenAIError, last: list[Any]) -> bytes:
+        """The end of a stream that broke off: `last` and the in-band error, in this API's shape."""
+        raise NotImplementedError
 
 
 # What a Call's payload becomes once it went upstream (a large body is not kept for the whole call).
@@ -99,6 +147,7 @@ class ModelEndpoint:
 
     def __init__(self, state: AppState) -> None:
         self.state = state
+        self._warned: set[str] = set()  # see warn_once
 
     async def handle(self, body: dict[str, Any], corr: Correlation, send: Send, scope: Scope) -> None:
         raise NotImplementedError
@@ -232,14 +281,21 @@ class ModelEndpoint:
         call.payload = orjson.dumps(call.request)
         return True
 
-    async def post_chat(self, call: Call, headers: dict[str, str], span: CallSpan) -> UpstreamReply:
-        """POST the chat call upstream (once more, plainly, if the engine refused injected ids)."""
+    async def _plainly_if_refused(self, call: Call, send: Callable[[], Awaitable[_Sent]]) -> _Sent:
+        """`send()` the call upstream; if the engine refused its injected ids, once more without them.
+
+        `send` reads `call.payload` (or `call.request`) when called, so the second try sends the plain call."""
         try:
-            reply = await self.state.require_upstream().post("/chat/completions", call.payload, headers)
+            return await send()
         except OpenAIError as error:
             if not self._reissue_plain(call, error):
                 raise
-            reply = await self.state.require_upstream().post("/chat/completions", call.payload, headers)
+            return await send()
+
+    async def post_chat(self, call: Call, headers: dict[str, str], span: CallSpan) -> UpstreamReply:
+        """POST the chat call upstream (once more, plainly, if the engine refused injected ids)."""
+        upstream = self.state.require_upstream()
+        reply = await self._plainly_if_refused(call, lambda: upstream.post("/chat/completions", call.payload, headers))
         call.payload = _SENT  # nothing sends it again: not kept alive beside the record being built
         span.answered_by(reply.headers.get(SELECTED_MODEL))
         return reply
@@ -342,6 +398,97 @@ class ModelEndpoint:
         if accumulator is not None and not kept:
             self.save_record_later(call, accumulator.result(), status)
 
+    # ---- the template: one flow for every API's model call ---------------------------------------
+    async def begin(
+        self, call: Call, scope: Scope, client_request: dict[str, Any], stream: bool | None = None
+    ) -> CallSpan:
+        """Admit the call (nothing is created for a refused one), inject its token history, start its span
+        (`client_request`: the request as the client sent it; `stream`: as it asked, if not the call's)."""
+        await self.admit(call, scope)
+        await self.inject(call)
+        return self.state.telemetry.start_call(
+            api=self.api,
+            route=call.route,
+            request=call.request,
+            correlation=call.correlation,
+            stream=call.stream if stream is None else stream,
+            scope=scope,
+            client_request=client_request,
+        )
+
+    async def run(self, exchange: Exchange) -> None:
+        """Under the concurrency limit: the answer or the stream; the span ends however the call does."""
+        span = exchange.span
+        try:
+            async with self.limit():
+                span.upstream_headers(exchange.headers)  # the CLIENT span starts once the call may go out
+                if exchange.call.stream:
+                    await self.relay_stream(exchange)
+                else:
+                    await self.answer(exchange)
+        except BaseException as exc:
+            span.finish(None, exc)
+            raise
+
+    async def answer(self, exchange: Exchange) -> None:
+        """A non-stream call: post, commit injection, the API's answer (its record saved first), send."""
+        call, span = exchange.call, exchange.span
+        reply = await self.post_chat(call, exchange.headers, span)
+        chat = parse_reply(reply.body)
+        self.injection_done(call, chat, span)
+        await send_json(exchange.send, 200, await exchange.answer(chat, reply.body), relayed_headers(reply.headers))
+        span.finish(chat)
+
+    async def relay_stream(self, exchange: Exchange) -> None:
+        """A stream call: the upstream's chat stream relayed as the API's events (also a background run's,
+        whose `send` keeps the events). What arrived in one upstream read leaves in one write; the events
+        that came with [DONE] leave with the stream's end, after injection is committed and the record
+        saved. A stream that breaks off ends with the API's in-band error and a "failed" record; a client
+        that goes leaves a "partial" one."""
+        call, span, send = exchange.call, exchange.span, exchange.send
+        stream = await self.open_chat_stream(call, exchange.headers, span)
+        injection_finished = kept = False
+        last: list[Any] = []
+        try:
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
+            )
+            opening = exchange.opening(stream)
+            if opening:
+                await send({"type": "http.response.body", "body": opening, "more_body": True})
+            async for batch, finished in chat_event_batches(stream, span):
+                events = exchange.feed(batch)
+                if finished:
+                    last = events  # they arrived with [DONE]: they go out with the stream's end
+                elif events:
+                    await send({"type": "http.response.body", "body": exchange.encode(events), "more_body": True})
+            accumulator = exchange.accumulator
+            result = accumulator.result() if accumulator is not None else None
+            self.injection_done(call, result, span)  # committed before the client sees the end
+            injection_finished = kept = True  # once queued, the completed record is the call's only one
+            await send({"type": "http.response.body", "body": await exchange.completed(result, last)})
+            span.finish(result)
+        except OpenAIError as error:
+            # Mid-stream: the status line is gone, so the error travels in-band, as Switchyard does.
+            await send({"type": "http.response.body", "body": await exchange.failed(error, last)})
+            self.stream_ended_early(
+                call, span, exchange.accumulator, "failed", injection_finished=injection_finished, kept=kept
+            )
+            span.finish(None, error)
+        except asyncio.CancelledError:
+            self.stream_ended_early(
+                call, span, exchange.accumulator, "partial", injection_finished=injection_finished, kept=kept
+            )
+            raise
+        finally:
+            await stream.aclose()
+
+    def warn_once(self, key: str, message: str, *args: Any) -> None:
+        """Log what translation reported once per server, not once per call."""
+        if key not in self._warned:
+            self._warned.add(key)
+            translate_log.warning(message, *args)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The raw ASGI app: 503 until the lifespan has brought Switchyard up (and after it went down);
         errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""
@@ -395,24 +542,16 @@ class ModelEndpoint:
         return stream
 
     async def _open_chat_stream(self, call: Call, headers: dict[str, str]) -> UpstreamStream | BufferedStream:
+        upstream = self.state.require_upstream()
         if self.state.settings.buffer_upstream_streams and call.capture:
-            try:
-                reply = await self.state.require_upstream().post(
-                    "/chat/completions", orjson.dumps({**call.request, "stream": False}), headers
-                )
-            except OpenAIError as error:
-                if not self._reissue_plain(call, error):
-                    raise
-                reply = await self.state.require_upstream().post(
-                    "/chat/completions", orjson.dumps({**call.request, "stream": False}), headers
-                )
+            reply = await self._plainly_if_refused(
+                call,
+                lambda: upstream.post("/chat/completions", orjson.dumps({**call.request, "stream": False}), headers),
+            )
             return BufferedStream(reply, chunks_from_completion(parse_reply(reply.body)))
-        try:
-            stream = await self.state.require_upstream().open_stream("/chat/completions", call.payload, headers)
-        except OpenAIError as error:
-            if not self._reissue_plain(call, error):
-                raise
-            stream = await self.state.require_upstream().open_stream("/chat/completions", call.payload, headers)
+        stream = await self._plainly_if_refused(
+            call, lambda: upstream.open_stream("/chat/completions", call.payload, headers)
+        )
         call.payload = _SENT  # as in post_chat: sent, and not needed while the stream runs
         return stream
 
