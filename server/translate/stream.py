@@ -25,6 +25,7 @@ from server.translate.response import (
     status_for,
     text_part,
 )
+from server.translate.tool_calls import ToolCallDeltas
 from server.translate.tools import ToolMap
 
 # `Response.error.code` is a closed set in the openai SDK; other codes are reported as server_error
@@ -81,6 +82,10 @@ class _StreamItem:
         self.status: str | None = None  # set when output_item.done has been sent
         self.decoder: InputDecoder | None = None  # a custom call's input, decoded as the arguments stream
 
+    @property
+    def started(self) -> bool:
+        return self.output_index is not None
+
     def snapshot(self, status: str, seal: Sealer | None = None) -> dict[str, Any]:
         """The item as `output_item.added` shows it (nothing generated yet) or, closed, in full."""
         closing = status != "in_progress"
@@ -104,7 +109,7 @@ class _StreamItem:
 _ITEM_PREFIX = {"text": "msg", "refusal": "msg", "reasoning": "rs", "call": "fc", "custom": "ctc"}
 
 
-class ResponsesStreamTranslator:
+class ResponsesStreamTranslator(ToolCallDeltas[_StreamItem]):
     """Turns upstream chat chunks into Responses stream events (dicts, numbered) as they arrive.
 
     start() -> created + in_progress; feed(chunk) -> the events that chunk causes (maybe none);
@@ -343,6 +348,12 @@ class ResponsesStreamTranslator:
         else:
             self._emit(out, {"type": "response.reasoning_text.delta", **ids, "delta": delta})
 
+    def _name_arrived(self, out: list[dict[str, Any]], item: _StreamItem, name: str) -> None:
+        item.name, item.namespace = self._tool_map.response_name(name)
+        if self._tool_map.is_custom(name):
+            item.kind = "custom"
+        self._open_call(out, item)
+
     def _open_call(self, out: list[dict[str, Any]], item: _StreamItem) -> None:
         if item.kind == "custom":
             item.decoder = InputDecoder()
@@ -382,29 +393,5 @@ class ResponsesStreamTranslator:
             },
         )
 
-    def _tool_call_delta(self, out: list[dict[str, Any]], position: int, delta: dict[str, Any]) -> None:
-        index = delta.get("index", position)
-        item = self._calls.get(index)
-        if item is None:
-            item = self._calls[index] = _StreamItem("call")
-        if delta.get("id") and item.call_id is None:
-            item.call_id = delta["id"]
-        function = delta.get("function") or {}
-        arguments = function.get("arguments") or ""
-        if item.output_index is None:
-            name = function.get("name")
-            if arguments:
-                item.parts.append(arguments)
-            if name:
-                item.name, item.namespace = self._tool_map.response_name(name)
-                if self._tool_map.is_custom(name):
-                    item.kind = "custom"
-                self._open_call(out, item)
-            return
-        if not arguments:
-            return
-        item.parts.append(arguments)
-        if item is self._open:
-            self._arguments_delta(out, item, arguments)
-        else:
-            self.late_tool_deltas += 1
+    def _new_call(self) -> _StreamItem:
+        return _StreamItem("call")
