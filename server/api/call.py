@@ -15,8 +15,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -66,6 +66,14 @@ class Call:
     inference: inference.Inference | None = None  # set when the session was inferred from the conversation
 
 
+class Translated(Protocol):
+    """A request of another API translated to chat (`server.translate`): the chat body, what was dropped."""
+
+    body: dict[str, Any]
+    dropped_tool_types: list[str]
+
+
+@dataclass(slots=True, eq=False)
 class Exchange:
     """One model call in flight, as the template (`ModelEndpoint.run`) drives it: the per-call context.
 
@@ -75,16 +83,13 @@ class Exchange:
     timing, the span, errors), so the three APIs differ only where their wire formats do.
     """
 
-    __slots__ = ("accumulator", "call", "endpoint", "headers", "send", "span")
-
-    def __init__(self, endpoint: ModelEndpoint, call: Call, span: CallSpan, headers: dict[str, str], send: Send):
-        self.endpoint = endpoint
-        self.call = call
-        self.span = span
-        self.headers = headers
-        self.send = send
-        # What the stream's chat chunks add up to (set by `opening`; chat keeps none when nothing reads it).
-        self.accumulator: ChatStreamAccumulator | None = None
+    endpoint: ModelEndpoint
+    call: Call
+    span: CallSpan
+    headers: dict[str, str]  # sent upstream with the call
+    send: Send  # the client's (a background run's: its event log's)
+    # What the stream's chat chunks add up to (set by `opening`; chat keeps none when nothing reads it).
+    accumulator: ChatStreamAccumulator | None = field(default=None, init=False)
 
     async def answer(self, chat: dict[str, Any], reply: bytes) -> bytes:
         """The non-stream answer's body in this API's shape; saves the record (`save_record`) first."""
@@ -240,6 +245,23 @@ class ModelEndpoint:
         if wants_token_ids:
             added.clear()  # the client asked for them: nothing to strip from its answer
         return self.new_call(corr, route, request, stream, frozenset(added), wants_token_ids)
+
+    def prepare_translated(
+        self,
+        translated: Translated,
+        body: dict[str, Any],
+        corr: Correlation,
+        stream: bool,
+        wants_token_ids: bool,
+        extra_body: dict[str, Any],
+    ) -> Call:
+        """`prepare` for a request translated to chat from the API's `body` (Responses, Messages); the
+        tools the translation had to drop are warned about once per server."""
+        for kind in translated.dropped_tool_types:
+            self.warn_once(
+                f"tool:{kind}", "dropping tools of type %r: a chat completions upstream cannot serve them", kind
+            )
+        return self.prepare(translated.body, corr, stream, wants_token_ids, body.get("model"), extra_body)
 
     def gym_items(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """The items of a request as received that Gym's lineage reads on its training path."""
@@ -402,10 +424,16 @@ class ModelEndpoint:
     async def begin(
         self, call: Call, scope: Scope, client_request: dict[str, Any], stream: bool | None = None
     ) -> CallSpan:
-        """Admit the call (nothing is created for a refused one), inject its token history, start its span
-        (`client_request`: the request as the client sent it; `stream`: as it asked, if not the call's)."""
+        """Admit the call (nothing is created for a refused one), inject its token history, start its span."""
         await self.admit(call, scope)
         await self.inject(call)
+        return self.start_span(call, scope, client_request, stream)
+
+    def start_span(
+        self, call: Call, scope: Scope, client_request: dict[str, Any], stream: bool | None = None
+    ) -> CallSpan:
+        """The call's root span (`client_request`: the request as the client sent it; `stream`: as it
+        asked, where that is not the call's)."""
         return self.state.telemetry.start_call(
             api=self.api,
             route=call.route,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Scope, Send
 
 from middleware.correlation import Correlation
-from server.api.call import Call, Exchange, ModelEndpoint
+from server.api.call import Exchange, ModelEndpoint
 from server.capture.gym.tokens import chat_with_gym_tokens
 from server.capture.tokens import strip_token_fields
 from server.errors import OpenAIError
@@ -17,7 +18,7 @@ from server.translate.accumulate import ChatStreamAccumulator
 from server.upstream.client import BufferedStream, UpstreamStream
 
 if TYPE_CHECKING:
-    from server.telemetry.spans import CallSpan
+    pass
 
 
 class ChatCompletions(ModelEndpoint):
@@ -40,24 +41,13 @@ class ChatCompletions(ModelEndpoint):
         await self.run(_ChatExchange(self, call, span, self.upstream_headers(call, scope), send, drop_usage_chunk))
 
 
+@dataclass(slots=True, eq=False)
 class _ChatExchange(Exchange):
     """A chat call's answer: the upstream's, relayed as is but for the token fields we added (and, on a
     stream, the usage chunk we asked for)."""
 
-    __slots__ = ("drop_usage_chunk", "parse")
-
-    def __init__(
-        self,
-        endpoint: ModelEndpoint,
-        call: Call,
-        span: CallSpan,
-        headers: dict[str, str],
-        send: Send,
-        drop_usage_chunk: bool,
-    ) -> None:
-        super().__init__(endpoint, call, span, headers, send)
-        self.drop_usage_chunk = drop_usage_chunk
-        self.parse = False
+    drop_usage_chunk: bool  # the usage chunk was asked for by us, not by the client
+    parse: bool = field(default=False, init=False)  # the chunks must be read, not only relayed
 
     async def answer(self, chat: dict[str, Any], reply: bytes) -> bytes:
         call = self.call

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -25,7 +26,7 @@ from server.translate.messages_stream import MessagesStreamTranslator, encode_ev
 from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamStream
 
 if TYPE_CHECKING:
-    from server.telemetry.spans import CallSpan
+    pass
 
 
 class _Seals:
@@ -104,18 +105,7 @@ class Messages(_AnthropicErrors):
             body = {**self._extra_for_messages, **body}
         owner = self.state.owners.tag(scope)
         translated = messages_to_chat(body, self._seals.opener(owner))
-        for kind in translated.dropped_tool_types:
-            self.warn_once(
-                f"tool:{kind}", "dropping tools of type %r: a chat completions upstream cannot serve them", kind
-            )
-        call = self.prepare(
-            translated.body,
-            corr,
-            stream,
-            wants_token_ids=wants_token_ids,
-            requested_model=body.get("model"),
-            extra_body=self._extra_for_chat,
-        )
+        call = self.prepare_translated(translated, body, corr, stream, wants_token_ids, self._extra_for_chat)
         self._clamp(call)
         # The Messages request as sent on the root span: the chat request goes on the CLIENT span.
         span = await self.begin(call, scope, body)
@@ -141,27 +131,15 @@ class Messages(_AnthropicErrors):
             call.payload = orjson.dumps(call.request)
 
 
+@dataclass(slots=True, eq=False)
 class _MessagesExchange(Exchange):
     """A Messages call's answer: the chat answer as a Message, or its stream as Messages events."""
 
-    __slots__ = ("body", "created_at", "seal", "translated", "writer")
-
-    def __init__(
-        self,
-        endpoint: Messages,
-        call: Call,
-        span: CallSpan,
-        headers: dict[str, str],
-        send: Send,
-        body: dict[str, Any],
-        translated: MessagesChatRequest,
-        seal: Callable[[str], str],
-    ) -> None:
-        super().__init__(endpoint, call, span, headers, send)
-        self.body = body
-        self.translated = translated
-        self.seal = seal
-        self.created_at = int(time.time())
+    body: dict[str, Any]  # the Messages request
+    translated: MessagesChatRequest
+    seal: Callable[[str], str]
+    created_at: int = field(default_factory=lambda: int(time.time()), init=False)
+    writer: MessagesStreamTranslator = field(init=False)  # a stream's, from `opening`
 
     def _message(self, chat: dict[str, Any]) -> dict[str, Any]:
         return chat_to_message(

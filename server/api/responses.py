@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import aclosing
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -27,7 +27,7 @@ from server.translate.tools import ToolMap
 from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamStream, relayed_headers
 
 if TYPE_CHECKING:
-    from server.telemetry.spans import CallSpan
+    pass
 
 
 _TERMINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -63,17 +63,13 @@ class Responses(ModelEndpoint):
             corr = replace(corr, session_id=expanded.session_id, source="stored:" + expanded.session_source)
         body = expanded.body
         translated = responses_to_chat(body)
-        for kind in translated.dropped_tool_types:
-            self.warn_once(
-                f"tool:{kind}", "dropping tools of type %r: a chat completions upstream cannot serve them", kind
-            )
-        call = self.prepare(
-            translated.body,
+        call = self.prepare_translated(
+            translated,
+            body,
             corr,
             stream or expanded.background,  # a background run always streams: its events are kept
-            wants_token_ids=wants_token_ids,
-            requested_model=body.get("model"),
-            extra_body=self._extra_for_translated_chat,
+            wants_token_ids,
+            self._extra_for_translated_chat,
         )
         call.developer_messages = translated.developer_messages or None
         corr = call.correlation  # with its session, if one was inferred from the conversation
@@ -91,7 +87,10 @@ class Responses(ModelEndpoint):
             # From here start_background gives the place back.
             if call.inference is not None:
                 call.inference.detached = True  # the run registers its answer when it completes
-            await start_background(self, call, body, translated.tool_map, headers, span, turn, int(time.time()), send)
+            exchange = _ResponsesExchange(
+                self, call, span, headers, send, body, translated.tool_map, turn, int(time.time())
+            )
+            await start_background(self, exchange)
             return
         span = await self.begin(call, scope, sent)
         headers = self.upstream_headers(call, scope)
@@ -100,20 +99,6 @@ class Responses(ModelEndpoint):
         await self.run(
             _ResponsesExchange(self, call, span, headers, send, body, translated.tool_map, turn, int(time.time()))
         )
-
-    async def stream(
-        self,
-        call: Call,
-        body: dict[str, Any],
-        tool_map: ToolMap,
-        headers: dict[str, str],
-        send: Send,
-        span: CallSpan,
-        turn: Turn,
-        created_at: int,
-    ) -> None:
-        """A background run's stream (`server.stateful.runner`), with a `send` that keeps the events."""
-        await self.relay_stream(_ResponsesExchange(self, call, span, headers, send, body, tool_map, turn, created_at))
 
     # ---- upstream_api: responses --------------------------------------------------------------
 
@@ -131,15 +116,7 @@ class Responses(ModelEndpoint):
         call = self.new_call(corr, route, request, stream)
         await self.admit(call, scope)
         headers = self.upstream_headers(call, scope)
-        span = self.state.telemetry.start_call(
-            api="responses",
-            route=route,
-            request=request,
-            correlation=corr,
-            stream=stream,
-            scope=scope,
-            client_request=body,
-        )
+        span = self.start_span(call, scope, body)
         try:
             async with self.limit():
                 span.upstream_headers(headers)
@@ -195,29 +172,20 @@ class Responses(ModelEndpoint):
         return final
 
 
+@dataclass(slots=True, eq=False)
 class _ResponsesExchange(Exchange):
     """A Responses call's answer: the chat answer as a Responses object, or its stream as Responses
     events; stored (`Turn.keep`) before the client sees its end."""
 
-    __slots__ = ("body", "created_at", "tool_map", "turn", "writer")
+    body: dict[str, Any]  # the Responses request, expanded
+    tool_map: ToolMap
+    turn: Turn
+    created_at: int
+    writer: ResponsesStreamTranslator = field(init=False)  # a stream's, from `opening`
 
-    def __init__(
-        self,
-        endpoint: Responses,
-        call: Call,
-        span: CallSpan,
-        headers: dict[str, str],
-        send: Send,
-        body: dict[str, Any],
-        tool_map: ToolMap,
-        turn: Turn,
-        created_at: int,
-    ) -> None:
-        super().__init__(endpoint, call, span, headers, send)
-        self.body = body
-        self.tool_map = tool_map
-        self.turn = turn
-        self.created_at = created_at
+    def redirect(self, send: Send) -> None:
+        """A background run's: its events go to its event log (`server.stateful.runner`)."""
+        self.send = send
 
     def _served(self, chat: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         """For Gym's token store: the answer as a Responses object with its token triple."""
