@@ -19,6 +19,13 @@ class _ToolCallParts:
         self.argument_parts: list[str] = []
 
 
+def first_choice_delta(choice: dict[str, Any]) -> dict[str, Any] | None:
+    """A chunk choice's delta if it is choice 0 (this server never asks for n > 1) and not empty."""
+    if choice.get("index", 0) != 0:
+        return None
+    return choice.get("delta") or None
+
+
 class ChatStreamAccumulator:
     """Feed each parsed upstream chunk with `feed`; `result()` gives the non-stream equivalent.
 

@@ -8,7 +8,7 @@ import orjson
 
 from server.capture.tokens import reasoning_of, token_triple
 from server.errors import OpenAIError, anthropic_error_dict
-from server.translate.accumulate import ChatStreamAccumulator
+from server.translate.accumulate import ChatStreamAccumulator, first_choice_delta
 from server.translate.messages_response import (
     Sealer,
     attach_triple,
@@ -90,10 +90,8 @@ class MessagesStreamTranslator(ToolCallDeltas[_Block]):
             ids = chunk.get("prompt_token_ids")
             out.extend(self.start(len(ids) if isinstance(ids, list) else 0))
         for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            if not delta:
+            delta = first_choice_delta(choice)
+            if delta is None:
                 continue
             reasoning = reasoning_of(delta)
             if reasoning:

@@ -6,7 +6,7 @@ from typing import Any
 
 from server.capture.tokens import reasoning_of, token_triple
 from server.http.sse import responses_error_event
-from server.translate.accumulate import ChatStreamAccumulator
+from server.translate.accumulate import ChatStreamAccumulator, first_choice_delta
 from server.translate.custom_tools import InputDecoder, decode_input
 from server.translate.request import wants_output_logprobs
 from server.translate.response import (
@@ -183,10 +183,8 @@ class ResponsesStreamTranslator(ToolCallDeltas[_StreamItem]):
             out.extend(self.start())
         self.accumulator.feed(chunk)
         for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            if not delta:
+            delta = first_choice_delta(choice)
+            if delta is None:
                 continue
             reasoning = reasoning_of(delta)
             if reasoning:
@@ -207,9 +205,7 @@ class ResponsesStreamTranslator(ToolCallDeltas[_StreamItem]):
         """The closing events; `completed_at` is the caller's clock (Unix seconds)."""
         if self._ended:
             return []
-        out: list[dict[str, Any]] = []
-        if not self._started:
-            out.extend(self.start())
+        out = self.start()  # [] once started
         self._ended = True
         for item in self._calls.values():
             if item.output_index is None:  # a call whose name never came: still the model's output
@@ -238,9 +234,7 @@ class ResponsesStreamTranslator(ToolCallDeltas[_StreamItem]):
     def fail(self, message: str, code: str | None = None) -> list[dict[str, Any]]:
         if self._ended:
             return []
-        out: list[dict[str, Any]] = []
-        if not self._started:
-            out.extend(self.start())
+        out = self.start()  # [] once started
         self._ended = True
         self._emit(out, responses_error_event(message, code))
         # Items still open are left unfinished: a client (Codex) keeps every item it saw
