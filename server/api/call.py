@@ -1,9 +1,15 @@
-"""What the model endpoints share: the Call, request preparation, the concurrency limit, guarded errors, capture hand-off.
+"""The model-call template: one flow for every model endpoint, the per-call context, and what they share.
 
-`ModelEndpoint` is a raw ASGI app; a subclass implements `handle(body, corr, send, scope)` for one
-POST path of one of the three APIs: chat (server.api.chat), Responses (server.api.responses) and
-Messages (server.api.messages: `/v1/messages` and `/v1/messages/count_tokens`). The upstream chat
-stream is read here too, as data events, because every API translates from it.
+`ModelEndpoint` is a raw ASGI app, one per POST path of the three APIs: chat (server.api.chat),
+Responses (server.api.responses) and Messages (server.api.messages: `/v1/messages` and
+`/v1/messages/count_tokens`). It owns the flow once: read the body and its correlation, prepare the
+chat call (`Call`), admit it, inject token ids, post or stream it (`answer`, `relay_stream`), commit
+injection, save the record before the answer's end, finish the span, map errors. An API's `handle`
+translates its request and hands the template an `Exchange`, the per-call context, which supplies
+only its answer and its stream events; its error shape is `send_error`/`stream_error`.
+
+Longer than 500 lines because the flow is kept whole in one place: a reader follows a call from the
+body to its record here, and what each API adds stays in its own module.
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -24,6 +30,7 @@ from starlette.types import Message, Receive, Scope, Send
 from middleware.correlation import Correlation, current_correlation, id_rule
 from server.api import gym_hooks, inference
 from server.api.session_writes import admit_writes
+from server.api.upstream_chat import chat_event_batches, parse_reply
 from server.capture.gym.tokens import request_items
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.capture.write.record import RecordInput
@@ -582,82 +589,3 @@ class ModelEndpoint:
         )
         call.payload = _SENT  # as in post_chat: sent, and not needed while the stream runs
         return stream
-
-
-async def chat_event_batches(
-    stream: UpstreamStream | BufferedStream, span: CallSpan
-) -> AsyncIterator[tuple[list[tuple[sse.Event, bytes]], bool]]:
-    """The data events of an upstream chat stream with their data (one chunk's JSON each), up to `[DONE]`.
-
-    One list per upstream read, so a relay can send what arrived together as one write, with True
-    for the read that held `[DONE]` (the last list; it may be empty), so the relay can send its
-    events together with its own end. An in-band error (Switchyard's `data: {"error": ...}`) or a
-    stream that ends without `[DONE]` raises, after the events before it, so the client gets an
-    error event, never a silent cut.
-    """
-    first = True
-    done = False
-    # aclosing: the generators below must be closed here, not whenever they are collected, or the
-    # upstream connection under them stays checked out.
-    async with aclosing(stream.event_batches()) as batches:
-        async for events in batches:
-            if first:
-                span.first_chunk()
-                first = False
-            if done:
-                continue  # read to the end, so the connection is released cleanly
-            out: list[tuple[sse.Event, bytes]] = []
-            for event in events:
-                data = event.data
-                if data is None:
-                    continue
-                if data == sse.DONE_DATA:
-                    done = True
-                    break
-                if data.startswith(b'{"error"'):
-                    if out:
-                        yield out, False
-                    raise _in_band_error(orjson.loads(data))
-                out.append((event, data))
-            if out or done:
-                yield out, done
-    if not done:
-        raise OpenAIError(502, "the upstream's stream ended early, before its final [DONE]", code="upstream_stream_cut")
-
-
-# How Switchyard reports, in-band, a model server whose stream broke off mid-answer (a cut
-# connection, a truncated chunk): "upstream transport error: error decoding response body". Said as
-# it is, that reads as malformed data; what happened is that the engine's stream ended early.
-_SWITCHYARD_TRANSPORT_ERROR = "upstream transport error"
-
-
-def _in_band_error(chunk: dict[str, Any]) -> OpenAIError:
-    err = chunk.get("error")
-    message = err.get("message") if isinstance(err, dict) else str(err)
-    if isinstance(message, str) and message.startswith(_SWITCHYARD_TRANSPORT_ERROR):
-        return OpenAIError(
-            502,
-            f"the engine's stream ended early: the model server's answer broke off mid-stream (Switchyard: {message})",
-            code="upstream_stream_cut",
-        )
-    return OpenAIError(502, message or "upstream stream failed", code="upstream_stream_error")
-
-
-def parse_reply(raw: bytes) -> dict[str, Any]:
-    """A non-stream upstream answer as a chat completion dict; 502 when it is not one."""
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise OpenAIError(502, f"the upstream answered with invalid JSON: {exc}", code="upstream_invalid_json") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
-        raise OpenAIError(502, "the upstream answer is not a chat completion", code="upstream_invalid_response")
-    return doc
-
-
-def parse_json(raw: bytes | None) -> dict[str, Any] | None:
-    """A JSON object, or None for anything else (absent, invalid, or not an object)."""
-    try:
-        doc = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
-        return None
-    return doc if isinstance(doc, dict) else None

@@ -12,7 +12,8 @@ import orjson
 from starlette.types import Scope, Send
 
 from middleware.correlation import Correlation
-from server.api.call import Call, Exchange, ModelEndpoint, new_id, parse_json
+from server.api.call import Call, Exchange, ModelEndpoint, new_id
+from server.api.upstream_chat import parse_json
 from server.errors import OpenAIError
 from server.http import sse
 from server.http.asgi import SSE_HEADERS, send_json
