@@ -26,6 +26,15 @@ def first_choice_delta(choice: dict[str, Any]) -> dict[str, Any] | None:
     return choice.get("delta") or None
 
 
+def chunk_delta(chunk: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A stream chunk's choice 0 and its delta, if it has a delta that is not empty."""
+    for choice in chunk.get("choices") or ():
+        delta = first_choice_delta(choice)
+        if delta is not None:
+            return choice, delta
+    return None
+
+
 class ChatStreamAccumulator:
     """Feed each parsed upstream chunk with `feed`; `result()` gives the non-stream equivalent.
 

@@ -8,7 +8,7 @@ import orjson
 
 from server.capture.tokens import reasoning_of, token_triple
 from server.errors import OpenAIError, anthropic_error_dict
-from server.translate.accumulate import ChatStreamAccumulator, first_choice_delta
+from server.translate.accumulate import ChatStreamAccumulator, chunk_delta
 from server.translate.messages_response import (
     Sealer,
     attach_triple,
@@ -89,18 +89,18 @@ class MessagesStreamTranslator(ToolCallDeltas[_Block]):
         if not self._started:
             ids = chunk.get("prompt_token_ids")
             out.extend(self.start(len(ids) if isinstance(ids, list) else 0))
-        for choice in chunk.get("choices") or ():
-            delta = first_choice_delta(choice)
-            if delta is None:
-                continue
-            reasoning = reasoning_of(delta)
-            if reasoning:
-                self._append(out, "thinking", reasoning)
-            text = delta.get("content") or delta.get("refusal")
-            if text:
-                self._append(out, "text", text)
-            for position, call in enumerate(delta.get("tool_calls") or ()):
-                self._tool_call_delta(out, position, call)
+        found = chunk_delta(chunk)
+        if found is None:
+            return out
+        delta = found[1]
+        reasoning = reasoning_of(delta)
+        if reasoning:
+            self._append(out, "thinking", reasoning)
+        text = delta.get("content") or delta.get("refusal")
+        if text:
+            self._append(out, "text", text)
+        for position, call in enumerate(delta.get("tool_calls") or ()):
+            self._tool_call_delta(out, position, call)
         return out
 
     def finish(self) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from typing import Any
 
 from server.capture.tokens import reasoning_of, token_triple
 from server.http.sse import responses_error_event
-from server.translate.accumulate import ChatStreamAccumulator, first_choice_delta
+from server.translate.accumulate import ChatStreamAccumulator, chunk_delta
 from server.translate.custom_tools import InputDecoder, decode_input
 from server.translate.request import wants_output_logprobs
 from server.translate.response import (
@@ -182,23 +182,23 @@ class ResponsesStreamTranslator(ToolCallDeltas[_StreamItem]):
         if not self._started:
             out.extend(self.start())
         self.accumulator.feed(chunk)
-        for choice in chunk.get("choices") or ():
-            delta = first_choice_delta(choice)
-            if delta is None:
-                continue
-            reasoning = reasoning_of(delta)
-            if reasoning:
-                self._append(out, "reasoning", reasoning, None)
-            content = delta.get("content")
-            if content:
-                self._append(out, "text", content, choice.get("logprobs"))
-            refusal = delta.get("refusal")
-            if refusal:
-                self._append(out, "refusal", refusal, None)
-            tool_calls = delta.get("tool_calls")
-            if tool_calls:
-                for position, call in enumerate(tool_calls):
-                    self._tool_call_delta(out, position, call)
+        found = chunk_delta(chunk)
+        if found is None:
+            return out
+        choice, delta = found
+        reasoning = reasoning_of(delta)
+        if reasoning:
+            self._append(out, "reasoning", reasoning, None)
+        content = delta.get("content")
+        if content:
+            self._append(out, "text", content, choice.get("logprobs"))
+        refusal = delta.get("refusal")
+        if refusal:
+            self._append(out, "refusal", refusal, None)
+        tool_calls = delta.get("tool_calls")
+        if tool_calls:
+            for position, call in enumerate(tool_calls):
+                self._tool_call_delta(out, position, call)
         return out
 
     def finish(self, completed_at: int) -> list[dict[str, Any]]:
