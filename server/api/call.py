@@ -1,21 +1,28 @@
-"""What the model endpoints share: the Call, request preparation, the concurrency limit, guarded errors, capture hand-off.
+"""The model-call template: one flow for every model endpoint, the per-call context, and what they share.
 
-`ModelEndpoint` is a raw ASGI app; a subclass implements `handle(body, corr, send, scope)` for one
-POST path of one of the three APIs: chat (server.api.chat), Responses (server.api.responses) and
-Messages (server.api.messages: `/v1/messages` and `/v1/messages/count_tokens`). The upstream chat
-stream is read here too, as data events, because every API translates from it.
+`ModelEndpoint` is a raw ASGI app, one per POST path of the three APIs: chat (server.api.chat),
+Responses (server.api.responses) and Messages (server.api.messages: `/v1/messages` and
+`/v1/messages/count_tokens`). It owns the flow once: read the body and its correlation, prepare the
+chat call (`Call`), admit it, inject token ids, post or stream it (`answer`, `relay_stream`), commit
+injection, save the record before the answer's end, finish the span, map errors. An API's `handle`
+translates its request and hands the template an `Exchange`, the per-call context, which supplies
+only its answer and its stream events; its error shape is `send_error`/`stream_error`.
+
+Longer than 500 lines because the flow is kept whole in one place: a reader follows a call from the
+body to its record here, and what each API adds stays in its own module.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -23,23 +30,27 @@ from starlette.types import Message, Receive, Scope, Send
 from middleware.correlation import Correlation, current_correlation, id_rule
 from server.api import gym_hooks, inference
 from server.api.session_writes import admit_writes
+from server.api.upstream_chat import chat_event_batches, parse_reply
 from server.capture.gym.tokens import request_items
 from server.capture.tokens import TOKEN_REQUEST_FIELDS
 from server.capture.write.record import RecordInput
 from server.errors import OpenAIError, send_error
 from server.http import sse
-from server.http.asgi import ClientGone, parse_json_object, read_body, run_until_disconnect
+from server.http.asgi import SSE_HEADERS, ClientGone, parse_json_object, read_body, run_until_disconnect, send_json
 from server.ids import uncorrelated_session_id
 from server.state import AppState
 from server.translate.accumulate import ChatStreamAccumulator, chunks_from_completion
 from server.translate.checks import check_counts
-from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamReply, UpstreamStream
+from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamReply, UpstreamStream, relayed_headers
 
 if TYPE_CHECKING:
     from server.injection.injector import Plan
     from server.telemetry.spans import CallSpan
 
 log = logging.getLogger("switchyard_model.calls")
+translate_log = logging.getLogger("switchyard_model.translate")  # what translation reports (`warn_once`)
+
+_Sent = TypeVar("_Sent")  # what sending a call upstream gives back: a reply or an open stream
 
 
 @dataclass(slots=True)
@@ -60,6 +71,55 @@ class Call:
     response_id: str | None = None  # a Responses call's id, which its record carries too
     developer_messages: list[int] | None = None  # `request` messages the client sent as `developer`
     inference: inference.Inference | None = None  # set when the session was inferred from the conversation
+
+
+class Translated(Protocol):
+    """A request of another API translated to chat (`server.translate`): the chat body, what was dropped."""
+
+    body: dict[str, Any]
+    dropped_tool_types: list[str]
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    """One model call in flight, as the template (`ModelEndpoint.run`) drives it: the per-call context.
+
+    It holds the call, its span, its upstream headers and the client's `send`; an API subclasses it with
+    what it alone knows: its answer (`answer`) and its stream events (`opening` .. `failed`), built from
+    the chat answer. The template owns everything else (post or stream, injection, the record's
+    timing, the span, errors), so the three APIs differ only where their wire formats do.
+    """
+
+    endpoint: ModelEndpoint
+    call: Call
+    span: CallSpan
+    headers: dict[str, str]  # sent upstream with the call
+    send: Send  # the client's (a background run's: its event log's)
+    # What the stream's chat chunks add up to (set by `opening`; chat keeps none when nothing reads it).
+    accumulator: ChatStreamAccumulator | None = field(default=None, init=False)
+
+    async def answer(self, chat: dict[str, Any], reply: bytes) -> bytes:
+        """The non-stream answer's body in this API's shape; saves the record (`save_record`) first."""
+        raise NotImplementedError
+
+    def opening(self, stream: UpstreamStream | BufferedStream) -> bytes:
+        """Sets up the stream's translation; the events that open the stream (b"" for none)."""
+        raise NotImplementedError
+
+    def feed(self, batch: list[tuple[sse.Event, bytes]]) -> list[Any]:
+        """The events (or wire parts) that one upstream read's chat chunks become."""
+        raise NotImplementedError
+
+    def encode(self, events: list[Any]) -> bytes:
+        raise NotImplementedError
+
+    async def completed(self, result: dict[str, Any] | None, last: list[Any]) -> bytes:
+        """A whole stream: saves its record; the stream's end (`last`: events that came with [DONE])."""
+        raise NotImplementedError
+
+    async def failed(self, error: OpenAIError, last: list[Any]) -> bytes:
+        """The end of a stream that broke off: `last` and the in-band error, in this API's shape."""
+        raise NotImplementedError
 
 
 # What a Call's payload becomes once it went upstream (a large body is not kept for the whole call).
@@ -99,6 +159,7 @@ class ModelEndpoint:
 
     def __init__(self, state: AppState) -> None:
         self.state = state
+        self._warned: set[str] = set()  # see warn_once
 
     async def handle(self, body: dict[str, Any], corr: Correlation, send: Send, scope: Scope) -> None:
         raise NotImplementedError
@@ -192,6 +253,23 @@ class ModelEndpoint:
             added.clear()  # the client asked for them: nothing to strip from its answer
         return self.new_call(corr, route, request, stream, frozenset(added), wants_token_ids)
 
+    def prepare_translated(
+        self,
+        translated: Translated,
+        body: dict[str, Any],
+        corr: Correlation,
+        stream: bool,
+        wants_token_ids: bool,
+        extra_body: dict[str, Any],
+    ) -> Call:
+        """`prepare` for a request translated to chat from the API's `body` (Responses, Messages); the
+        tools the translation had to drop are warned about once per server."""
+        for kind in translated.dropped_tool_types:
+            self.warn_once(
+                f"tool:{kind}", "dropping tools of type %r: a chat completions upstream cannot serve them", kind
+            )
+        return self.prepare(translated.body, corr, stream, wants_token_ids, body.get("model"), extra_body)
+
     def gym_items(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """The items of a request as received that Gym's lineage reads on its training path."""
         return request_items(body)
@@ -232,14 +310,21 @@ class ModelEndpoint:
         call.payload = orjson.dumps(call.request)
         return True
 
-    async def post_chat(self, call: Call, headers: dict[str, str], span: CallSpan) -> UpstreamReply:
-        """POST the chat call upstream (once more, plainly, if the engine refused injected ids)."""
+    async def _plainly_if_refused(self, call: Call, send: Callable[[], Awaitable[_Sent]]) -> _Sent:
+        """`send()` the call upstream; if the engine refused its injected ids, once more without them.
+
+        `send` reads `call.payload` (or `call.request`) when called, so the second try sends the plain call."""
         try:
-            reply = await self.state.require_upstream().post("/chat/completions", call.payload, headers)
+            return await send()
         except OpenAIError as error:
             if not self._reissue_plain(call, error):
                 raise
-            reply = await self.state.require_upstream().post("/chat/completions", call.payload, headers)
+            return await send()
+
+    async def post_chat(self, call: Call, headers: dict[str, str], span: CallSpan) -> UpstreamReply:
+        """POST the chat call upstream (once more, plainly, if the engine refused injected ids)."""
+        upstream = self.state.require_upstream()
+        reply = await self._plainly_if_refused(call, lambda: upstream.post("/chat/completions", call.payload, headers))
         call.payload = _SENT  # nothing sends it again: not kept alive beside the record being built
         span.answered_by(reply.headers.get(SELECTED_MODEL))
         return reply
@@ -342,6 +427,103 @@ class ModelEndpoint:
         if accumulator is not None and not kept:
             self.save_record_later(call, accumulator.result(), status)
 
+    # ---- the template: one flow for every API's model call ---------------------------------------
+    async def begin(
+        self, call: Call, scope: Scope, client_request: dict[str, Any], stream: bool | None = None
+    ) -> CallSpan:
+        """Admit the call (nothing is created for a refused one), inject its token history, start its span."""
+        await self.admit(call, scope)
+        await self.inject(call)
+        return self.start_span(call, scope, client_request, stream)
+
+    def start_span(
+        self, call: Call, scope: Scope, client_request: dict[str, Any], stream: bool | None = None
+    ) -> CallSpan:
+        """The call's root span (`client_request`: the request as the client sent it; `stream`: as it
+        asked, where that is not the call's)."""
+        return self.state.telemetry.start_call(
+            api=self.api,
+            route=call.route,
+            request=call.request,
+            correlation=call.correlation,
+            stream=call.stream if stream is None else stream,
+            scope=scope,
+            client_request=client_request,
+        )
+
+    async def run(self, exchange: Exchange) -> None:
+        """Under the concurrency limit: the answer or the stream; the span ends however the call does."""
+        span = exchange.span
+        try:
+            async with self.limit():
+                span.upstream_headers(exchange.headers)  # the CLIENT span starts once the call may go out
+                if exchange.call.stream:
+                    await self.relay_stream(exchange)
+                else:
+                    await self.answer(exchange)
+        except BaseException as exc:
+            span.finish(None, exc)
+            raise
+
+    async def answer(self, exchange: Exchange) -> None:
+        """A non-stream call: post, commit injection, the API's answer (its record saved first), send."""
+        call, span = exchange.call, exchange.span
+        reply = await self.post_chat(call, exchange.headers, span)
+        chat = parse_reply(reply.body)
+        self.injection_done(call, chat, span)
+        await send_json(exchange.send, 200, await exchange.answer(chat, reply.body), relayed_headers(reply.headers))
+        span.finish(chat)
+
+    async def relay_stream(self, exchange: Exchange) -> None:
+        """A stream call: the upstream's chat stream relayed as the API's events (also a background run's,
+        whose `send` keeps the events). What arrived in one upstream read leaves in one write; the events
+        that came with [DONE] leave with the stream's end, after injection is committed and the record
+        saved. A stream that breaks off ends with the API's in-band error and a "failed" record; a client
+        that goes leaves a "partial" one."""
+        call, span, send = exchange.call, exchange.span, exchange.send
+        stream = await self.open_chat_stream(call, exchange.headers, span)
+        injection_finished = kept = False
+        last: list[Any] = []
+        try:
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
+            )
+            opening = exchange.opening(stream)
+            if opening:
+                await send({"type": "http.response.body", "body": opening, "more_body": True})
+            async for batch, finished in chat_event_batches(stream, span):
+                events = exchange.feed(batch)
+                if finished:
+                    last = events  # they arrived with [DONE]: they go out with the stream's end
+                elif events:
+                    await send({"type": "http.response.body", "body": exchange.encode(events), "more_body": True})
+            accumulator = exchange.accumulator
+            result = accumulator.result() if accumulator is not None else None
+            self.injection_done(call, result, span)  # committed before the client sees the end
+            injection_finished = kept = True  # once queued, the completed record is the call's only one
+            await send({"type": "http.response.body", "body": await exchange.completed(result, last)})
+            span.finish(result)
+        except OpenAIError as error:
+            # Mid-stream: the status line is gone, so the error travels in-band, as Switchyard does.
+            await send({"type": "http.response.body", "body": await exchange.failed(error, last)})
+            self.stream_ended_early(
+                call, span, exchange.accumulator, "failed", injection_finished=injection_finished, kept=kept
+            )
+            span.finish(None, error)
+        except asyncio.CancelledError:
+            self.stream_ended_early(
+                call, span, exchange.accumulator, "partial", injection_finished=injection_finished, kept=kept
+            )
+            raise
+        finally:
+            await stream.aclose()
+
+    def warn_once(self, key: str, message: str, *args: Any) -> None:
+        """Log what translation reported once per server, not once per call."""
+        if key not in self._warned:
+            self._warned.add(key)
+            translate_log.warning(message, *args)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The raw ASGI app: 503 until the lifespan has brought Switchyard up (and after it went down);
         errors before the response starts become OpenAI-shaped JSON; a gone client cancels upstream."""
@@ -395,102 +577,15 @@ class ModelEndpoint:
         return stream
 
     async def _open_chat_stream(self, call: Call, headers: dict[str, str]) -> UpstreamStream | BufferedStream:
+        upstream = self.state.require_upstream()
         if self.state.settings.buffer_upstream_streams and call.capture:
-            try:
-                reply = await self.state.require_upstream().post(
-                    "/chat/completions", orjson.dumps({**call.request, "stream": False}), headers
-                )
-            except OpenAIError as error:
-                if not self._reissue_plain(call, error):
-                    raise
-                reply = await self.state.require_upstream().post(
-                    "/chat/completions", orjson.dumps({**call.request, "stream": False}), headers
-                )
+            reply = await self._plainly_if_refused(
+                call,
+                lambda: upstream.post("/chat/completions", orjson.dumps({**call.request, "stream": False}), headers),
+            )
             return BufferedStream(reply, chunks_from_completion(parse_reply(reply.body)))
-        try:
-            stream = await self.state.require_upstream().open_stream("/chat/completions", call.payload, headers)
-        except OpenAIError as error:
-            if not self._reissue_plain(call, error):
-                raise
-            stream = await self.state.require_upstream().open_stream("/chat/completions", call.payload, headers)
+        stream = await self._plainly_if_refused(
+            call, lambda: upstream.open_stream("/chat/completions", call.payload, headers)
+        )
         call.payload = _SENT  # as in post_chat: sent, and not needed while the stream runs
         return stream
-
-
-async def chat_event_batches(
-    stream: UpstreamStream | BufferedStream, span: CallSpan
-) -> AsyncIterator[tuple[list[tuple[sse.Event, bytes]], bool]]:
-    """The data events of an upstream chat stream with their data (one chunk's JSON each), up to `[DONE]`.
-
-    One list per upstream read, so a relay can send what arrived together as one write, with True
-    for the read that held `[DONE]` (the last list; it may be empty), so the relay can send its
-    events together with its own end. An in-band error (Switchyard's `data: {"error": ...}`) or a
-    stream that ends without `[DONE]` raises, after the events before it, so the client gets an
-    error event, never a silent cut.
-    """
-    first = True
-    done = False
-    # aclosing: the generators below must be closed here, not whenever they are collected, or the
-    # upstream connection under them stays checked out.
-    async with aclosing(stream.event_batches()) as batches:
-        async for events in batches:
-            if first:
-                span.first_chunk()
-                first = False
-            if done:
-                continue  # read to the end, so the connection is released cleanly
-            out: list[tuple[sse.Event, bytes]] = []
-            for event in events:
-                data = event.data
-                if data is None:
-                    continue
-                if data == sse.DONE_DATA:
-                    done = True
-                    break
-                if data.startswith(b'{"error"'):
-                    if out:
-                        yield out, False
-                    raise _in_band_error(orjson.loads(data))
-                out.append((event, data))
-            if out or done:
-                yield out, done
-    if not done:
-        raise OpenAIError(502, "the upstream's stream ended early, before its final [DONE]", code="upstream_stream_cut")
-
-
-# How Switchyard reports, in-band, a model server whose stream broke off mid-answer (a cut
-# connection, a truncated chunk): "upstream transport error: error decoding response body". Said as
-# it is, that reads as malformed data; what happened is that the engine's stream ended early.
-_SWITCHYARD_TRANSPORT_ERROR = "upstream transport error"
-
-
-def _in_band_error(chunk: dict[str, Any]) -> OpenAIError:
-    err = chunk.get("error")
-    message = err.get("message") if isinstance(err, dict) else str(err)
-    if isinstance(message, str) and message.startswith(_SWITCHYARD_TRANSPORT_ERROR):
-        return OpenAIError(
-            502,
-            f"the engine's stream ended early: the model server's answer broke off mid-stream (Switchyard: {message})",
-            code="upstream_stream_cut",
-        )
-    return OpenAIError(502, message or "upstream stream failed", code="upstream_stream_error")
-
-
-def parse_reply(raw: bytes) -> dict[str, Any]:
-    """A non-stream upstream answer as a chat completion dict; 502 when it is not one."""
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise OpenAIError(502, f"the upstream answered with invalid JSON: {exc}", code="upstream_invalid_json") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
-        raise OpenAIError(502, "the upstream answer is not a chat completion", code="upstream_invalid_response")
-    return doc
-
-
-def parse_json(raw: bytes | None) -> dict[str, Any] | None:
-    """A JSON object, or None for anything else (absent, invalid, or not an object)."""
-    try:
-        doc = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
-        return None
-    return doc if isinstance(doc, dict) else None

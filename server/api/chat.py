@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Scope, Send
 
 from middleware.correlation import Correlation
-from server.api.call import Call, ModelEndpoint, chat_event_batches, parse_reply
+from server.api.call import Exchange, ModelEndpoint
 from server.capture.gym.tokens import chat_with_gym_tokens
 from server.capture.tokens import strip_token_fields
 from server.errors import OpenAIError
 from server.http import sse
-from server.http.asgi import SSE_HEADERS, send_json
 from server.translate.accumulate import ChatStreamAccumulator
-from server.upstream.client import relayed_headers
+from server.upstream.client import BufferedStream, UpstreamStream
 
 if TYPE_CHECKING:
-    from server.telemetry.spans import CallSpan
+    pass
 
 
 class ChatCompletions(ModelEndpoint):
@@ -38,93 +37,63 @@ class ChatCompletions(ModelEndpoint):
             requested_model=body.get("model"),
             extra_body=self.state.settings.extra_body,
         )
-        corr = call.correlation  # with its session, if one was inferred from the conversation
-        await self.admit(call, scope)
-        await self.inject(call)
-        span = self.state.telemetry.start_call(
-            api="chat",
-            route=call.route,
-            request=call.request,
-            correlation=corr,
-            stream=call.stream,
-            scope=scope,
-            client_request=sent,
-        )
-        headers = self.upstream_headers(call, scope)
-        try:
-            async with self.limit():
-                span.upstream_headers(headers)  # the CLIENT span starts once the call may go out
-                if call.stream:
-                    await self._stream(call, headers, send, span, drop_usage_chunk)
-                else:
-                    reply = await self.post_chat(call, headers, span)
-                    chat = parse_reply(reply.body)
-                    self.injection_done(call, chat, span)
-                    await self.save_record(call, chat)  # the record in its file before the answer goes out
-                    out = reply.body
-                    if call.added_fields:
-                        out = orjson.dumps(strip_token_fields(chat, call.added_fields))
-                    elif call.wants_token_ids and self.state.settings.gym is not None:
-                        out = orjson.dumps(chat_with_gym_tokens(chat))  # where Gym reads them, as its vllm_model
-                    await send_json(send, 200, out, relayed_headers(reply.headers))
-                    span.finish(chat)
-        except BaseException as exc:
-            span.finish(None, exc)
-            raise
+        span = await self.begin(call, scope, sent)
+        await self.run(_ChatExchange(self, call, span, self.upstream_headers(call, scope), send, drop_usage_chunk))
 
-    async def _stream(
-        self, call: Call, headers: dict[str, str], send: Send, span: CallSpan, drop_usage_chunk: bool
-    ) -> None:
-        stream = await self.open_chat_stream(call, headers, span)
+
+@dataclass(slots=True, eq=False)
+class _ChatExchange(Exchange):
+    """A chat call's answer: the upstream's, relayed as is but for the token fields we added (and, on a
+    stream, the usage chunk we asked for)."""
+
+    drop_usage_chunk: bool  # the usage chunk was asked for by us, not by the client
+    parse: bool = field(default=False, init=False)  # the chunks must be read, not only relayed
+
+    async def answer(self, chat: dict[str, Any], reply: bytes) -> bytes:
+        call = self.call
+        await self.endpoint.save_record(call, chat)  # the record in its file before the answer goes out
+        if call.added_fields:
+            return orjson.dumps(strip_token_fields(chat, call.added_fields))
+        if call.wants_token_ids and self.endpoint.state.settings.gym is not None:
+            return orjson.dumps(chat_with_gym_tokens(chat))  # where Gym reads them, as its vllm_model
+        return reply
+
+    def opening(self, stream: UpstreamStream | BufferedStream) -> bytes:
         # Telemetry wants the finish reason and usage even of calls that are not recorded.
-        accumulator = ChatStreamAccumulator() if call.capture or self.state.telemetry.enabled else None
-        parse = accumulator is not None or bool(call.added_fields)
-        injection_finished = kept = False
-        last = b""  # the events that arrived with [DONE]: they go out with it, after the record
-        try:
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
-            )
-            async for batch, finished in chat_event_batches(stream, span):
-                parts = []
-                for event, data in batch:
-                    if parse or (drop_usage_chunk and _USAGE_ONLY_MARK in data):
-                        chunk = orjson.loads(data)
-                        if accumulator is not None:
-                            accumulator.feed(chunk)  # the usage chunk too: capture and spans keep the usage
-                        if drop_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:
-                            continue  # asked for by us (or by Switchyard), not by the client
-                        if call.added_fields:
-                            # Edited in place: fed already, the chunk itself is not kept.
-                            parts.append(sse.encode_json(strip_token_fields(chunk, call.added_fields, in_place=True)))
-                        else:
-                            parts.append(event.wire())
-                    else:
-                        parts.append(event.wire())
-                if finished:
-                    last = b"".join(parts)
-                elif parts:  # what arrived in one read leaves in one write
-                    await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
-            result = accumulator.result() if accumulator is not None else None
-            self.injection_done(call, result, span)  # committed before the client sees [DONE]
-            injection_finished = True
-            if result is not None:
-                kept = True  # once queued, the completed record is the call's only one
-                await self.save_record(call, result)  # and the record is in its file
-            await send({"type": "http.response.body", "body": last + sse.DONE})
-            span.finish(result)
-        except OpenAIError as error:
-            # Mid-stream: the status line is gone, so the error travels in-band, as Switchyard does.
-            await send({"type": "http.response.body", "body": last + sse.chat_error(error)})
-            self.stream_ended_early(call, span, accumulator, "failed", injection_finished=injection_finished, kept=kept)
-            span.finish(None, error)
-        except asyncio.CancelledError:
-            self.stream_ended_early(
-                call, span, accumulator, "partial", injection_finished=injection_finished, kept=kept
-            )
-            raise
-        finally:
-            await stream.aclose()
+        if self.call.capture or self.endpoint.state.telemetry.enabled:
+            self.accumulator = ChatStreamAccumulator()
+        self.parse = self.accumulator is not None or bool(self.call.added_fields)
+        return b""
+
+    def feed(self, batch: list[tuple[sse.Event, bytes]]) -> list[bytes]:
+        accumulator, added, drop_usage_chunk = self.accumulator, self.call.added_fields, self.drop_usage_chunk
+        parts = []
+        for event, data in batch:
+            if self.parse or (drop_usage_chunk and _USAGE_ONLY_MARK in data):
+                chunk = orjson.loads(data)
+                if accumulator is not None:
+                    accumulator.feed(chunk)  # the usage chunk too: capture and spans keep the usage
+                if drop_usage_chunk and chunk.get("choices") == [] and "usage" in chunk:
+                    continue  # asked for by us (or by Switchyard), not by the client
+                if added:
+                    # Edited in place: fed already, the chunk itself is not kept.
+                    parts.append(sse.encode_json(strip_token_fields(chunk, added, in_place=True)))
+                else:
+                    parts.append(event.wire())
+            else:
+                parts.append(event.wire())
+        return parts
+
+    def encode(self, events: list[bytes]) -> bytes:
+        return b"".join(events)
+
+    async def completed(self, result: dict[str, Any] | None, last: list[bytes]) -> bytes:
+        if result is not None:
+            await self.endpoint.save_record(self.call, result)  # the record in its file before [DONE]
+        return b"".join(last) + sse.DONE
+
+    async def failed(self, error: OpenAIError, last: list[bytes]) -> bytes:
+        return b"".join(last) + sse.chat_error(error)
 
 
 # A usage-only chunk has `"choices": []`; only chunks holding this are parsed to check (compact JSON,

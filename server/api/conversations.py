@@ -11,7 +11,7 @@ from starlette.routing import Route
 
 from server.api.cursor import list_params, not_found, object_id
 from server.api.models import json_response
-from server.api.shared import app_state
+from server.api.shared import app_state, response_store
 from server.errors import OpenAIError
 from server.http.asgi import parse_json_object, read_body
 from server.stateful.context import check_items, open_sealed_reasoning, resolve_references
@@ -20,18 +20,6 @@ from server.stateful.service import Stateful
 from server.translate.checks import check_metadata
 
 MAX_ITEMS_PER_CALL = 20
-
-
-def _stateful(request: Request) -> Stateful:
-    """The response store that holds conversations; a 404 while it is turned off."""
-    stateful = app_state(request).response_store
-    if stateful is None:
-        raise OpenAIError(
-            404,
-            "conversations need the response store, which is turned off (response_store: false)",
-            code="response_store_disabled",
-        )
-    return stateful
 
 
 async def _body_of(request: Request, *, required: bool) -> dict[str, Any]:
@@ -60,12 +48,12 @@ async def _new_items(stateful: Stateful, owner: str, value: Any, *, required: bo
 def _target(request: Request) -> tuple[Stateful, str, str]:
     """The dependency of the routes on one conversation: the store, the caller's owner tag and the
     path's conversation id (a malformed one is not found)."""
-    stateful = _stateful(request)
+    stateful = response_store(request, "conversations")
     return stateful, stateful.owner(request.scope), object_id(request, "conversation_id", "conversation")
 
 
 async def create_conversation(request: Request) -> Response:
-    stateful = _stateful(request)
+    stateful = response_store(request, "conversations")
     body = await _body_of(request, required=False)
     metadata = check_metadata(body.get("metadata"))
     owner = stateful.owner(request.scope)

@@ -2,33 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Scope, Send
 
 from middleware.correlation import Correlation
-from server.api.call import Call, ModelEndpoint, chat_event_batches, new_id, parse_reply
+from server.api.call import Call, Exchange, ModelEndpoint, new_id
 from server.capture.gym.messages import responses_request, served_response, with_call_ids
 from server.capture.gym.tokens import request_items
 from server.errors import OpenAIError, anthropic_error_dict, send_error
-from server.http.asgi import SSE_HEADERS, send_json
+from server.http import sse
+from server.http.asgi import send_json
 from server.state import AppState
 from server.stateful.sealing import ReasoningSeal, SealError, load_key
 from server.translate.messages_request import MESSAGES_FIELDS, MessagesChatRequest, messages_to_chat
 from server.translate.messages_response import chat_to_message
 from server.translate.messages_stream import MessagesStreamTranslator, encode_events
-from server.upstream.client import SELECTED_MODEL, relayed_headers
+from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamStream
 
 if TYPE_CHECKING:
-    from server.telemetry.spans import CallSpan
-
-log = logging.getLogger("switchyard_model.translate")
+    pass
 
 
 class _Seals:
@@ -94,7 +92,6 @@ class Messages(_AnthropicErrors):
         extra = state.settings.extra_body
         self._extra_for_messages = {k: v for k, v in extra.items() if k in MESSAGES_FIELDS}
         self._extra_for_chat = {k: v for k, v in extra.items() if k not in MESSAGES_FIELDS}
-        self._warned: set[str] = set()
         self._context_windows: dict[str, int] | None = None  # read from the deployment on first use
 
     def gym_items(self, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -108,44 +105,13 @@ class Messages(_AnthropicErrors):
             body = {**self._extra_for_messages, **body}
         owner = self.state.owners.tag(scope)
         translated = messages_to_chat(body, self._seals.opener(owner))
-        for kind in translated.dropped_tool_types:
-            if kind not in self._warned:
-                self._warned.add(kind)
-                log.warning("dropping tools of type %r: a chat completions upstream cannot serve them", kind)
-        call = self.prepare(
-            translated.body,
-            corr,
-            stream,
-            wants_token_ids=wants_token_ids,
-            requested_model=body.get("model"),
-            extra_body=self._extra_for_chat,
-        )
+        call = self.prepare_translated(translated, body, corr, stream, wants_token_ids, self._extra_for_chat)
         self._clamp(call)
-        corr = call.correlation  # with its session, if one was inferred from the conversation
-        await self.admit(call, scope)
-        await self.inject(call)
-        span = self.state.telemetry.start_call(
-            api="messages",
-            route=call.route,
-            request=call.request,
-            correlation=corr,
-            stream=stream,
-            scope=scope,
-            client_request=body,  # the Messages request as sent: the chat request goes on the CLIENT span
-        )
+        # The Messages request as sent on the root span: the chat request goes on the CLIENT span.
+        span = await self.begin(call, scope, body)
         headers = self.upstream_headers(call, scope)
         call.response_id = new_id("msg")
-        try:
-            async with self.limit():
-                span.upstream_headers(headers)
-                seal = self._seals.sealer(owner)
-                if stream:
-                    await self._stream(call, body, translated, headers, send, span, seal)
-                else:
-                    await self._answer(call, body, translated, headers, send, span, seal)
-        except BaseException as exc:
-            span.finish(None, exc)
-            raise
+        await self.run(_MessagesExchange(self, call, span, headers, send, body, translated, self._seals.sealer(owner)))
 
     def _context_length(self, route: str) -> int | None:
         """The route's context length: its deployment `context_window`, else what vLLM said at startup."""
@@ -164,112 +130,73 @@ class Messages(_AnthropicErrors):
             call.request["max_tokens"] = limit
             call.payload = orjson.dumps(call.request)
 
-    async def _answer(
-        self,
-        call: Call,
-        body: dict[str, Any],
-        translated: MessagesChatRequest,
-        headers: dict[str, str],
-        send: Send,
-        span: CallSpan,
-        seal: Callable[[str], str],
-    ) -> None:
-        created_at = int(time.time())
-        reply = await self.post_chat(call, headers, span)
-        chat = parse_reply(reply.body)
-        self.injection_done(call, chat, span)
-        message = chat_to_message(
+
+@dataclass(slots=True, eq=False)
+class _MessagesExchange(Exchange):
+    """A Messages call's answer: the chat answer as a Message, or its stream as Messages events."""
+
+    body: dict[str, Any]  # the Messages request
+    translated: MessagesChatRequest
+    seal: Callable[[str], str]
+    created_at: int = field(default_factory=lambda: int(time.time()), init=False)
+    writer: MessagesStreamTranslator = field(init=False)  # a stream's, from `opening`
+
+    def _message(self, chat: dict[str, Any]) -> dict[str, Any]:
+        return chat_to_message(
             chat,
-            message_id=call.response_id or "",
-            seal=seal,
-            show_thinking=translated.show_thinking,
-            stop_sequences=translated.stop_sequences,
-            token_ids=call.wants_token_ids,
+            message_id=self.call.response_id or "",
+            seal=self.seal,
+            show_thinking=self.translated.show_thinking,
+            stop_sequences=self.translated.stop_sequences,
+            token_ids=self.call.wants_token_ids,
         )
+
+    def _served(self, chat: dict[str, Any], call_ids: Sequence[str | None]) -> Callable[[], dict[str, Any]]:
+        """For Gym's token store: the answer as Gym's own /v1/messages captures it (a Responses object)."""
+        return lambda: served_response(chat, self.body, self.call.response_id or "", call_ids, self.created_at)
+
+    async def answer(self, chat: dict[str, Any], reply: bytes) -> bytes:
+        message = self._message(chat)
         call_ids = [block["id"] for block in message["content"] if block["type"] == "tool_use"]
-        # The record in its file before the answer goes out; on Gym's training path, the answer as
-        # Gym's own /v1/messages captures it (a Responses object) into Gym's token store.
-        await self.save_record(
-            call,
-            chat,
-            served=lambda: served_response(chat, body, message["id"], call_ids, created_at),
-            shown=lambda: message,
+        # The record in its file before the answer goes out (and Gym's token store, see _served).
+        await self.endpoint.save_record(self.call, chat, served=self._served(chat, call_ids), shown=lambda: message)
+        return orjson.dumps(message)
+
+    def opening(self, stream: UpstreamStream | BufferedStream) -> bytes:
+        self.writer = writer = MessagesStreamTranslator(
+            message_id=self.call.response_id or "",
+            model=stream.headers.get(SELECTED_MODEL) or self.call.route,
+            seal=self.seal,
+            show_thinking=self.translated.show_thinking,
+            stop_sequences=self.translated.stop_sequences,
+            token_ids=self.call.wants_token_ids,
         )
-        await send_json(send, 200, orjson.dumps(message), relayed_headers(reply.headers))
-        span.finish(chat)
+        self.accumulator = writer.accumulator
+        return b""
 
-    async def _stream(
-        self,
-        call: Call,
-        body: dict[str, Any],
-        translated: MessagesChatRequest,
-        headers: dict[str, str],
-        send: Send,
-        span: CallSpan,
-        seal: Callable[[str], str],
-    ) -> None:
-        created_at = int(time.time())
-        stream = await self.open_chat_stream(call, headers, span)
-        writer = MessagesStreamTranslator(
-            message_id=call.response_id or "",
-            model=stream.headers.get(SELECTED_MODEL) or call.route,
-            seal=seal,
-            show_thinking=translated.show_thinking,
-            stop_sequences=translated.stop_sequences,
-            token_ids=call.wants_token_ids,
-        )
-        injection_finished = kept = False
-        last: list[dict[str, Any]] = []
-        try:
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
-            )
-            async for batch, finished in chat_event_batches(stream, span):
-                events = [event for _, data in batch for event in writer.feed(orjson.loads(data))]
-                if finished:
-                    last = events  # they arrived with [DONE]: they go out with the closing events
-                elif events:  # what arrived in one read leaves in one write
-                    await send({"type": "http.response.body", "body": encode_events(events), "more_body": True})
-            result = writer.accumulator.result()
-            self.injection_done(call, result, span)  # committed before the client sees the end
-            injection_finished = kept = True  # once queued, the completed record is the call's only one
-            call_ids = writer.tool_use_ids()
-            message_id = call.response_id or ""
+    def feed(self, batch: list[tuple[sse.Event, bytes]]) -> list[dict[str, Any]]:
+        feed = self.writer.feed
+        return [event for _, data in batch for event in feed(orjson.loads(data))]
 
-            def shown() -> dict[str, Any]:  # for Gym's evaluation exchange: the message the events make up
-                return chat_to_message(
-                    with_call_ids(result, call_ids),
-                    message_id=message_id,
-                    seal=seal,
-                    show_thinking=translated.show_thinking,
-                    stop_sequences=translated.stop_sequences,
-                    token_ids=call.wants_token_ids,
-                )
+    def encode(self, events: list[dict[str, Any]]) -> bytes:
+        return encode_events(events)
 
-            await self.save_record(  # and the record is in its file (see _answer)
-                call,
-                result,
-                served=lambda: served_response(result, body, message_id, call_ids, created_at),
-                shown=shown,
+    async def completed(self, result: dict[str, Any] | None, last: list[dict[str, Any]]) -> bytes:
+        assert result is not None  # the writer always accumulates
+        writer = self.writer
+        call_ids = writer.tool_use_ids()
+        # For Gym's evaluation exchange: the message the events make up.
+        shown = lambda: self._message(with_call_ids(result, call_ids))  # noqa: E731
+        await self.endpoint.save_record(self.call, result, served=self._served(result, call_ids), shown=shown)
+        if writer.late_tool_deltas:
+            self.endpoint.warn_once(
+                "late-tool-delta",
+                "upstream interleaved tool-call deltas; a closed call's late arguments were not streamed",
             )
-            await send({"type": "http.response.body", "body": encode_events(last + writer.finish())})
-            if writer.late_tool_deltas and "late-tool-delta" not in self._warned:
-                self._warned.add("late-tool-delta")
-                log.warning("upstream interleaved tool-call deltas; a closed call's late arguments were not streamed")
-            span.finish(result)
-        except OpenAIError as error:
-            await send({"type": "http.response.body", "body": encode_events(last + writer.fail(error))})
-            self.stream_ended_early(
-                call, span, writer.accumulator, "failed", injection_finished=injection_finished, kept=kept
-            )
-            span.finish(None, error)
-        except asyncio.CancelledError:
-            self.stream_ended_early(
-                call, span, writer.accumulator, "partial", injection_finished=injection_finished, kept=kept
-            )
-            raise
-        finally:
-            await stream.aclose()
+        return encode_events(last + writer.finish())
+
+    async def failed(self, error: OpenAIError, last: list[dict[str, Any]]) -> bytes:
+        return encode_events(last + self.writer.fail(error))
 
 
 class CountTokens(_AnthropicErrors):

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Callable
 from contextlib import aclosing
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Scope, Send
 
 from middleware.correlation import Correlation
-from server.api.call import Call, ModelEndpoint, chat_event_batches, new_id, parse_json, parse_reply
+from server.api.call import Call, Exchange, ModelEndpoint, new_id
+from server.api.upstream_chat import parse_json
 from server.errors import OpenAIError
 from server.http import sse
 from server.http.asgi import SSE_HEADERS, send_json
@@ -26,12 +25,11 @@ from server.translate.request import RESPONSES_FIELDS, responses_to_chat
 from server.translate.response import chat_to_response, response_to_chat
 from server.translate.stream import ResponsesStreamTranslator
 from server.translate.tools import ToolMap
-from server.upstream.client import SELECTED_MODEL, relayed_headers
+from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamStream, relayed_headers
 
 if TYPE_CHECKING:
-    from server.telemetry.spans import CallSpan
+    pass
 
-log = logging.getLogger("switchyard_model.translate")
 
 _TERMINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _TERMINAL_MARKERS = tuple(kind.encode() for kind in _TERMINAL_RESPONSE_EVENTS)
@@ -49,13 +47,6 @@ class Responses(ModelEndpoint):
         extra = state.settings.extra_body
         self._extra_for_responses = {k: v for k, v in extra.items() if k in RESPONSES_FIELDS}
         self._extra_for_translated_chat = {k: v for k, v in extra.items() if k not in RESPONSES_FIELDS}
-        # What translation reported and was logged once per server (not once per call).
-        self._warned: set[str] = set()
-
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, *args)
 
     async def handle(self, body: dict[str, Any], corr: Correlation, send: Send, scope: Scope) -> None:
         wants_token_ids = self.wants_token_ids(body)
@@ -73,17 +64,13 @@ class Responses(ModelEndpoint):
             corr = replace(corr, session_id=expanded.session_id, source="stored:" + expanded.session_source)
         body = expanded.body
         translated = responses_to_chat(body)
-        for kind in translated.dropped_tool_types:
-            self._warn_once(
-                f"tool:{kind}", "dropping tools of type %r: a chat completions upstream cannot serve them", kind
-            )
-        call = self.prepare(
-            translated.body,
+        call = self.prepare_translated(
+            translated,
+            body,
             corr,
             stream or expanded.background,  # a background run always streams: its events are kept
-            wants_token_ids=wants_token_ids,
-            requested_model=body.get("model"),
-            extra_body=self._extra_for_translated_chat,
+            wants_token_ids,
+            self._extra_for_translated_chat,
         )
         call.developer_messages = translated.developer_messages or None
         corr = call.correlation  # with its session, if one was inferred from the conversation
@@ -91,9 +78,7 @@ class Responses(ModelEndpoint):
             assert stateful is not None  # expand() refuses background without the store
             stateful.runs.reserve(expanded.owner)
             try:
-                await self.admit(call, scope)
-                await self.inject(call)
-                span = self._start_span(call, corr, stream, scope, sent)
+                span = await self.begin(call, scope, sent, stream)
                 turn = Turn(stateful, expanded, new_id("resp"), corr.session_id)
             except BaseException:
                 stateful.runs.release(expanded.owner)
@@ -103,168 +88,18 @@ class Responses(ModelEndpoint):
             # From here start_background gives the place back.
             if call.inference is not None:
                 call.inference.detached = True  # the run registers its answer when it completes
-            await start_background(self, call, body, translated.tool_map, headers, span, turn, int(time.time()), send)
+            exchange = _ResponsesExchange(
+                self, call, span, headers, send, body, translated.tool_map, turn, int(time.time())
+            )
+            await start_background(self, exchange)
             return
-        await self.admit(call, scope)
-        await self.inject(call)
-        span = self._start_span(call, corr, stream, scope, sent)
+        span = await self.begin(call, scope, sent)
         headers = self.upstream_headers(call, scope)
         response_id = call.response_id = new_id("resp")
-        created_at = int(time.time())
         turn = Turn(stateful, expanded, response_id, corr.session_id)
-        try:
-            async with self.limit():
-                span.upstream_headers(headers)
-                if stream:
-                    await self.stream(call, body, translated.tool_map, headers, send, span, turn, created_at)
-                else:
-                    await self._answer(call, body, translated.tool_map, headers, send, span, turn, created_at)
-        except BaseException as exc:
-            span.finish(None, exc)
-            raise
-
-    def _start_span(self, call: Call, corr: Correlation, stream: bool, scope: Scope, sent: dict[str, Any]) -> CallSpan:
-        return self.state.telemetry.start_call(
-            api="responses",
-            route=call.route,
-            request=call.request,
-            correlation=corr,
-            stream=stream,
-            scope=scope,
-            client_request=sent,
+        await self.run(
+            _ResponsesExchange(self, call, span, headers, send, body, translated.tool_map, turn, int(time.time()))
         )
-
-    async def _answer(
-        self,
-        call: Call,
-        body: dict[str, Any],
-        tool_map: ToolMap,
-        headers: dict[str, str],
-        send: Send,
-        span: CallSpan,
-        turn: Turn,
-        created_at: int,
-    ) -> None:
-        reply = await self.post_chat(call, headers, span)
-        chat = parse_reply(reply.body)
-        self.injection_done(call, chat, span)
-        response = chat_to_response(
-            chat,
-            body,
-            tool_map,
-            response_id=turn.response_id,
-            created_at=created_at,
-            token_ids=call.wants_token_ids,
-            completed_at=int(time.time()),
-            echo=turn.echo,
-            seal=turn.seal,
-        )
-        encoded = orjson.dumps(response)  # serialised once: stored, and (most often) the answer as is
-        echoed_store = response["store"]
-        await turn.keep(response, encoded)  # before the answer: a follow-up sent at once finds it
-
-        def served() -> dict[str, Any]:  # for Gym's token store: the answer with its triple
-            if call.wants_token_ids:
-                return response
-            return chat_to_response(
-                chat,
-                body,
-                tool_map,
-                response_id=turn.response_id,
-                created_at=created_at,
-                token_ids=True,
-                completed_at=int(time.time()),
-            )
-
-        await self.save_record(call, chat, served=served)  # the record in its file before the answer goes out
-        # Encoded again only if it changed since: keep reports a failed store on it, and the object
-        # itself went to Gym's token store when the client asked for its triple.
-        if response["store"] != echoed_store or call.wants_token_ids:
-            encoded = orjson.dumps(response)
-        await send_json(send, 200, encoded, relayed_headers(reply.headers))
-        span.finish(chat)
-
-    async def stream(
-        self,
-        call: Call,
-        body: dict[str, Any],
-        tool_map: ToolMap,
-        headers: dict[str, str],
-        send: Send,
-        span: CallSpan,
-        turn: Turn,
-        created_at: int,
-    ) -> None:
-        """The streamed answer (also a background run's, with a `send` that keeps the events)."""
-        stream = await self.open_chat_stream(call, headers, span)
-        writer = ResponsesStreamTranslator(
-            body,
-            tool_map,
-            response_id=turn.response_id,
-            created_at=created_at,
-            model=stream.headers.get(SELECTED_MODEL) or call.route,
-            token_ids=call.wants_token_ids,
-            echo=turn.echo,
-            seal=turn.seal,
-        )
-        injection_finished = kept = False
-        last: list[dict[str, Any]] = []
-        try:
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + relayed_headers(stream.headers)}
-            )
-            await send(
-                {"type": "http.response.body", "body": sse.encode_responses_events(writer.start()), "more_body": True}
-            )
-            async for batch, finished in chat_event_batches(stream, span):
-                events = [event for _, data in batch for event in writer.feed(orjson.loads(data))]
-                if finished:
-                    last = events  # they arrived with [DONE]: they go out with the closing events
-                elif events:  # what arrived in one read leaves in one write
-                    await send(
-                        {"type": "http.response.body", "body": sse.encode_responses_events(events), "more_body": True}
-                    )
-            result = writer.accumulator.result()
-            self.injection_done(call, result, span)  # committed before the client sees the end
-            injection_finished = kept = True  # once queued, the completed record is the call's only one
-
-            def served() -> dict[str, Any]:  # for Gym's token store: the answer with its triple
-                return chat_to_response(
-                    result,
-                    body,
-                    tool_map,
-                    response_id=turn.response_id,
-                    created_at=created_at,
-                    token_ids=True,
-                    completed_at=int(time.time()),
-                )
-
-            await self.save_record(call, result, served=served)  # and the record is in its file
-            closing = writer.finish(completed_at=int(time.time()))
-            # Stored before response.completed goes out (its `store` is set here, before encoding).
-            await turn.keep(writer.response)
-            await send({"type": "http.response.body", "body": sse.encode_responses_events(last + closing) + sse.DONE})
-            if writer.late_tool_deltas:
-                self._warn_once(
-                    "late-tool-delta",
-                    "upstream interleaved tool-call deltas; a closed call's late arguments only reach the final response",
-                )
-            span.finish(result)
-        except OpenAIError as error:
-            failing = writer.fail(error.message, error.code)
-            await turn.keep(writer.response)
-            await send({"type": "http.response.body", "body": sse.encode_responses_events(last + failing) + sse.DONE})
-            self.stream_ended_early(
-                call, span, writer.accumulator, "failed", injection_finished=injection_finished, kept=kept
-            )
-            span.finish(None, error)
-        except asyncio.CancelledError:
-            self.stream_ended_early(
-                call, span, writer.accumulator, "partial", injection_finished=injection_finished, kept=kept
-            )
-            raise
-        finally:
-            await stream.aclose()
 
     # ---- upstream_api: responses --------------------------------------------------------------
 
@@ -282,15 +117,7 @@ class Responses(ModelEndpoint):
         call = self.new_call(corr, route, request, stream)
         await self.admit(call, scope)
         headers = self.upstream_headers(call, scope)
-        span = self.state.telemetry.start_call(
-            api="responses",
-            route=route,
-            request=request,
-            correlation=corr,
-            stream=stream,
-            scope=scope,
-            client_request=body,
-        )
+        span = self.start_span(call, scope, body)
         try:
             async with self.limit():
                 span.upstream_headers(headers)
@@ -344,6 +171,99 @@ class Responses(ModelEndpoint):
         if final is None and call.capture:
             self.save_record_later(call, response_to_chat({}), "failed", _relayed_chat_request(call))
         return final
+
+
+@dataclass(slots=True, eq=False)
+class _ResponsesExchange(Exchange):
+    """A Responses call's answer: the chat answer as a Responses object, or its stream as Responses
+    events; stored (`Turn.keep`) before the client sees its end."""
+
+    body: dict[str, Any]  # the Responses request, expanded
+    tool_map: ToolMap
+    turn: Turn
+    created_at: int
+    writer: ResponsesStreamTranslator = field(init=False)  # a stream's, from `opening`
+
+    def redirect(self, send: Send) -> None:
+        """A background run's: its events go to its event log (`server.stateful.runner`)."""
+        self.send = send
+
+    def _served(self, chat: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+        """For Gym's token store: the answer as a Responses object with its token triple."""
+        return lambda: chat_to_response(
+            chat,
+            self.body,
+            self.tool_map,
+            response_id=self.turn.response_id,
+            created_at=self.created_at,
+            token_ids=True,
+            completed_at=int(time.time()),
+        )
+
+    async def answer(self, chat: dict[str, Any], reply: bytes) -> bytes:
+        call, turn = self.call, self.turn
+        response = chat_to_response(
+            chat,
+            self.body,
+            self.tool_map,
+            response_id=turn.response_id,
+            created_at=self.created_at,
+            token_ids=call.wants_token_ids,
+            completed_at=int(time.time()),
+            echo=turn.echo,
+            seal=turn.seal,
+        )
+        encoded = orjson.dumps(response)  # serialised once: stored, and (most often) the answer as is
+        echoed_store = response["store"]
+        await turn.keep(response, encoded)  # before the answer: a follow-up sent at once finds it
+        served = (lambda: response) if call.wants_token_ids else self._served(chat)
+        await self.endpoint.save_record(call, chat, served=served)  # the record in its file before the answer
+        # Encoded again only if it changed since: keep reports a failed store on it, and the object
+        # itself went to Gym's token store when the client asked for its triple.
+        if response["store"] != echoed_store or call.wants_token_ids:
+            encoded = orjson.dumps(response)
+        return encoded
+
+    def opening(self, stream: UpstreamStream | BufferedStream) -> bytes:
+        turn = self.turn
+        self.writer = writer = ResponsesStreamTranslator(
+            self.body,
+            self.tool_map,
+            response_id=turn.response_id,
+            created_at=self.created_at,
+            model=stream.headers.get(SELECTED_MODEL) or self.call.route,
+            token_ids=self.call.wants_token_ids,
+            echo=turn.echo,
+            seal=turn.seal,
+        )
+        self.accumulator = writer.accumulator
+        return sse.encode_responses_events(writer.start())
+
+    def feed(self, batch: list[tuple[sse.Event, bytes]]) -> list[dict[str, Any]]:
+        feed = self.writer.feed
+        return [event for _, data in batch for event in feed(orjson.loads(data))]
+
+    def encode(self, events: list[dict[str, Any]]) -> bytes:
+        return sse.encode_responses_events(events)
+
+    async def completed(self, result: dict[str, Any] | None, last: list[dict[str, Any]]) -> bytes:
+        assert result is not None  # the writer always accumulates
+        writer = self.writer
+        await self.endpoint.save_record(self.call, result, served=self._served(result))  # the record in its file
+        closing = writer.finish(completed_at=int(time.time()))
+        # Stored before response.completed goes out (its `store` is set here, before encoding).
+        await self.turn.keep(writer.response)
+        if writer.late_tool_deltas:
+            self.endpoint.warn_once(
+                "late-tool-delta",
+                "upstream interleaved tool-call deltas; a closed call's late arguments only reach the final response",
+            )
+        return sse.encode_responses_events(last + closing) + sse.DONE
+
+    async def failed(self, error: OpenAIError, last: list[dict[str, Any]]) -> bytes:
+        failing = self.writer.fail(error.message, error.code)
+        await self.turn.keep(self.writer.response)
+        return sse.encode_responses_events(last + failing) + sse.DONE
 
 
 def _served(response: dict[str, Any]) -> Callable[[], dict[str, Any]]:

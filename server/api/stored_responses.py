@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from server.api.cursor import flag, integer, list_params, not_found, object_id
 from server.api.models import json_response
-from server.api.shared import app_state
+from server.api.shared import response_store
 from server.errors import OpenAIError
 from server.http.asgi import SSE_HEADERS
 from server.stateful.items import cursor_page, list_object
@@ -23,22 +23,10 @@ CANCEL_SETTLE_S = 5.0
 _SSE_HEADERS = {k.decode(): v.decode() for k, v in SSE_HEADERS if k != b"content-type"}
 
 
-def _stateful(request: Request) -> Stateful:
-    """The response store; a 404 while it is turned off."""
-    stateful = app_state(request).response_store
-    if stateful is None:
-        raise OpenAIError(
-            404,
-            "the response store is turned off on this server (response_store: false)",
-            code="response_store_disabled",
-        )
-    return stateful
-
-
 async def _load(request: Request) -> tuple[Stateful, str, StoredResponse]:
     """The dependency of every route here: the store, the caller's owner tag and the path's response,
     which that owner stored (any other is not found)."""
-    stateful = _stateful(request)
+    stateful = response_store(request, "stored responses")
     response_id = object_id(request, "response_id", "response")
     owner = stateful.owner(request.scope)
     stored = await asyncio.to_thread(stateful.responses.get, response_id, owner)

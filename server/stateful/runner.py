@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from starlette.types import Message, Send
 
     from server.telemetry.spans import CallSpan
-    from server.translate.tools import ToolMap
 
 log = logging.getLogger("switchyard_model.stateful")
 
@@ -41,7 +40,33 @@ class RoutedCall(Protocol):
     route: str
 
 
-CallT = TypeVar("CallT", bound=RoutedCall, contravariant=True)
+class BackgroundCall(Protocol):
+    """What a run reads of its call in flight (`server.api.call.Exchange`, the Responses endpoint's)."""
+
+    @property
+    def call(self) -> RoutedCall: ...
+    @property
+    def body(self) -> dict[str, Any]: ...
+    @property
+    def headers(self) -> dict[str, str]: ...
+    @property
+    def span(self) -> CallSpan: ...
+    @property
+    def turn(self) -> Turn: ...
+    @property
+    def created_at(self) -> int: ...
+
+    @property
+    def send(self) -> Send:
+        """The client's, until `redirect` gives the call another."""
+        ...
+
+    def redirect(self, send: Send) -> None:
+        """The stream's events go to `send` (the run's event log), not to the client."""
+        ...
+
+
+CallT = TypeVar("CallT", bound=BackgroundCall, contravariant=True)
 
 
 class StreamingEndpoint(Protocol[CallT]):
@@ -49,39 +74,27 @@ class StreamingEndpoint(Protocol[CallT]):
 
     def limit(self) -> AbstractAsyncContextManager[object]: ...
 
-    async def stream(
-        self,
-        call: CallT,
-        body: dict[str, Any],
-        tool_map: ToolMap,
-        headers: dict[str, str],
-        send: Send,
-        span: CallSpan,
-        turn: Turn,
-        created_at: int,
-    ) -> None: ...
+    async def relay_stream(self, exchange: CallT) -> None: ...
 
 
-async def start_background(
-    endpoints: StreamingEndpoint[CallT],
-    call: CallT,
-    body: dict[str, Any],
-    tool_map: ToolMap,
-    headers: dict[str, str],
-    span: CallSpan,
-    turn: Turn,
-    created_at: int,
-    send: Send,
-) -> None:
-    """`endpoints` is the Responses endpoint: its `limit()` and `stream()` run the call. The run's place
-    is reserved already (`stateful.runs.reserve`, the 429 beyond the bounds, taken before the call was
-    admitted so that a refused run leaves nothing); from here on this gives it back."""
+async def start_background(endpoints: StreamingEndpoint[CallT], exchange: CallT) -> None:
+    """`endpoints` is the Responses endpoint: its `limit()` and `relay_stream()` run the call. The run's
+    place is reserved already (`stateful.runs.reserve`, the 429 beyond the bounds, taken before the call
+    was admitted so that a refused run leaves nothing); from here on this gives it back."""
+    call, body, headers, span, turn, send = (
+        exchange.call,
+        exchange.body,
+        exchange.headers,
+        exchange.span,
+        exchange.turn,
+        exchange.send,
+    )
     stateful = turn.stateful
     assert stateful is not None  # expand() refuses background without the store
     owner = turn.expanded.owner
     try:
         queued = response_base(
-            body, response_id=turn.response_id, created_at=created_at, model=call.route, echo=turn.echo
+            body, response_id=turn.response_id, created_at=exchange.created_at, model=call.route, echo=turn.echo
         )
         queued["status"] = "queued"
         kept = await turn.keep(queued)
@@ -106,7 +119,8 @@ async def start_background(
             async with endpoints.limit():
                 span.upstream_headers(headers)
                 await turn.keep({**queued, "status": "in_progress"})
-                await endpoints.stream(call, body, tool_map, headers, to_event_log, span, turn, created_at)
+                exchange.redirect(to_event_log)
+                await endpoints.relay_stream(exchange)
         except asyncio.CancelledError as exc:
             span.finish(None, exc)
         except Exception as exc:  # the stream path answers upstream errors itself; this is the rest

@@ -19,6 +19,22 @@ class _ToolCallParts:
         self.argument_parts: list[str] = []
 
 
+def first_choice_delta(choice: dict[str, Any]) -> dict[str, Any] | None:
+    """A chunk choice's delta if it is choice 0 (this server never asks for n > 1) and not empty."""
+    if choice.get("index", 0) != 0:
+        return None
+    return choice.get("delta") or None
+
+
+def chunk_delta(chunk: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A stream chunk's choice 0 and its delta, if it has a delta that is not empty."""
+    for choice in chunk.get("choices") or ():
+        delta = first_choice_delta(choice)
+        if delta is not None:
+            return choice, delta
+    return None
+
+
 class ChatStreamAccumulator:
     """Feed each parsed upstream chunk with `feed`; `result()` gives the non-stream equivalent.
 

@@ -1,4 +1,4 @@
-"""The 400s a malformed Responses request gets from translation, and the value checks behind them."""
+"""The 400s a malformed Responses or Messages request gets from translation, and the value checks behind them."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ def wrong_type(param: str, expected: str) -> OpenAIError:
 
 def unsupported(message: str, param: str) -> OpenAIError:
     return OpenAIError(400, message, param=param, code="unsupported_parameter")
+
+
+def text_of(part: dict[str, Any], param: str) -> str:
+    """A content part's (or block's) `text`, which must be a string (the 400 names `<param>.text`)."""
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise wrong_type(f"{param}.text", "a string")
+    return text
 
 
 def is_number(value: Any) -> bool:

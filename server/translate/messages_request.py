@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.translate.checks import invalid, is_int, is_number, unsupported, wrong_type
+from server.translate.checks import invalid, is_int, is_number, text_of, unsupported, wrong_type
 
 # Opens a thinking block's `signature` (or a redacted block's `data`) into the reasoning it seals;
 # raises a 400 naming `param` when it was not sealed by this server's key.
@@ -61,13 +61,6 @@ class MessagesChatRequest:
     dropped_tool_types: list[str] = field(default_factory=list)
 
 
-def _text(block: dict[str, Any], param: str) -> str:
-    text = block.get("text")
-    if not isinstance(text, str):
-        raise wrong_type(f"{param}.text", "a string")
-    return text
-
-
 def _image(block: dict[str, Any], param: str) -> dict[str, Any]:
     source = block.get("source")
     if not isinstance(source, dict):
@@ -83,20 +76,25 @@ def _image(block: dict[str, Any], param: str) -> dict[str, Any]:
     raise unsupported(f"image sources of type {kind!r} cannot be sent to a chat completions upstream", param)
 
 
+def _content_blocks(content: Any, param: str) -> Iterator[tuple[dict[str, Any], str, Any]]:
+    """Each block of a content array with its param name and its `type` (400s for what is not one)."""
+    if not isinstance(content, list):
+        raise wrong_type(param, "a string or an array of content blocks")
+    for k, block in enumerate(content):
+        block_param = f"{param}[{k}]"
+        if not isinstance(block, dict):
+            raise wrong_type(block_param, "a content block object")
+        yield block, block_param, block.get("type")
+
+
 def _parts(content: Any, param: str) -> str | list[dict[str, Any]]:
     """User-side content (a string, or text and image blocks) as chat content."""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise wrong_type(param, "a string or an array of content blocks")
     parts: list[dict[str, Any]] = []
-    for k, block in enumerate(content):
-        part_param = f"{param}[{k}]"
-        if not isinstance(block, dict):
-            raise wrong_type(part_param, "a content block object")
-        kind = block.get("type")
+    for block, part_param, kind in _content_blocks(content, param):
         if kind == "text":
-            parts.append({"type": "text", "text": _text(block, part_param)})
+            parts.append({"type": "text", "text": text_of(block, part_param)})
         elif kind == "image":
             parts.append(_image(block, part_param))
         else:
@@ -151,18 +149,12 @@ def _assistant(content: Any, param: str, messages: list[dict[str, Any]], unseal:
     if isinstance(content, str):
         messages.append({"role": "assistant", "content": content})
         return
-    if not isinstance(content, list):
-        raise wrong_type(param, "a string or an array of content blocks")
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
-    for k, block in enumerate(content):
-        block_param = f"{param}[{k}]"
-        if not isinstance(block, dict):
-            raise wrong_type(block_param, "a content block object")
-        kind = block.get("type")
+    for block, block_param, kind in _content_blocks(content, param):
         if kind == "text":
-            texts.append(_text(block, block_param))
+            texts.append(text_of(block, block_param))
         elif kind == "tool_use":
             call_id, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
             if not isinstance(call_id, str) or not isinstance(name, str):
@@ -204,7 +196,7 @@ def _system_text(value: Any, param: str) -> str:
     for k, block in enumerate(value):
         if not isinstance(block, dict) or block.get("type") != "text":
             raise invalid(f"`{param}[{k}]` must be a text block", f"{param}[{k}]")
-        texts.append(_text(block, f"{param}[{k}]"))
+        texts.append(text_of(block, f"{param}[{k}]"))
     return "\n\n".join(texts)
 
 

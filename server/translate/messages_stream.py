@@ -8,7 +8,7 @@ import orjson
 
 from server.capture.tokens import reasoning_of, token_triple
 from server.errors import OpenAIError, anthropic_error_dict
-from server.translate.accumulate import ChatStreamAccumulator
+from server.translate.accumulate import ChatStreamAccumulator, chunk_delta
 from server.translate.messages_response import (
     Sealer,
     attach_triple,
@@ -17,12 +17,13 @@ from server.translate.messages_response import (
     stop_reason,
     thinking_block,
 )
+from server.translate.tool_calls import ToolCallDeltas
 
 
 class _Block:
     """One content block as it streams: thinking, text or tool_use."""
 
-    __slots__ = ("arguments", "call_id", "index", "kind", "name", "text")
+    __slots__ = ("call_id", "index", "kind", "name", "parts", "text")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -30,10 +31,14 @@ class _Block:
         self.text: list[str] = []
         self.call_id: str | None = None
         self.name = ""
-        self.arguments: list[str] = []  # a call's arguments that arrived before its name
+        self.parts: list[str] = []  # a call's arguments (those that arrived before its name go out when it opens)
+
+    @property
+    def started(self) -> bool:
+        return self.index is not None
 
 
-class MessagesStreamTranslator:
+class MessagesStreamTranslator(ToolCallDeltas[_Block]):
     """Turns upstream chat chunks into Messages stream events as they arrive.
 
     start() -> message_start and a ping; feed(chunk) -> the events that chunk causes (maybe none);
@@ -84,20 +89,18 @@ class MessagesStreamTranslator:
         if not self._started:
             ids = chunk.get("prompt_token_ids")
             out.extend(self.start(len(ids) if isinstance(ids, list) else 0))
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            if not delta:
-                continue
-            reasoning = reasoning_of(delta)
-            if reasoning:
-                self._append(out, "thinking", reasoning)
-            text = delta.get("content") or delta.get("refusal")
-            if text:
-                self._append(out, "text", text)
-            for position, call in enumerate(delta.get("tool_calls") or ()):
-                self._tool_call_delta(out, position, call)
+        found = chunk_delta(chunk)
+        if found is None:
+            return out
+        delta = found[1]
+        reasoning = reasoning_of(delta)
+        if reasoning:
+            self._append(out, "thinking", reasoning)
+        text = delta.get("content") or delta.get("refusal")
+        if text:
+            self._append(out, "text", text)
+        for position, call in enumerate(delta.get("tool_calls") or ()):
+            self._tool_call_delta(out, position, call)
         return out
 
     def finish(self) -> list[dict[str, Any]]:
@@ -152,8 +155,8 @@ class MessagesStreamTranslator:
                 block.call_id = f"toolu_{self._message_id}_{block.index}"
             start = {"type": "tool_use", "id": block.call_id, "name": block.name, "input": {}}
         out.append({"type": "content_block_start", "index": block.index, "content_block": start})
-        if block.arguments:
-            self._input_delta(out, block, "".join(block.arguments))
+        if block.parts:
+            self._arguments_delta(out, block, "".join(block.parts))
 
     def _close_open(self, out: list[dict[str, Any]]) -> None:
         block = self._open
@@ -185,7 +188,7 @@ class MessagesStreamTranslator:
             return  # display: omitted: only the signature goes out
         out.append({"type": "content_block_delta", "index": block.index, "delta": delta})
 
-    def _input_delta(self, out: list[dict[str, Any]], block: _Block, arguments: str) -> None:
+    def _arguments_delta(self, out: list[dict[str, Any]], block: _Block, arguments: str) -> None:
         out.append(
             {
                 "type": "content_block_delta",
@@ -194,28 +197,12 @@ class MessagesStreamTranslator:
             }
         )
 
-    def _tool_call_delta(self, out: list[dict[str, Any]], position: int, delta: dict[str, Any]) -> None:
-        index = delta.get("index", position)
-        block = self._calls.get(index)
-        if block is None:
-            block = self._calls[index] = _Block("tool_use")
-        if delta.get("id") and block.call_id is None:
-            block.call_id = delta["id"]
-        function = delta.get("function") or {}
-        arguments = function.get("arguments") or ""
-        if block.index is None:
-            if arguments:
-                block.arguments.append(arguments)
-            if function.get("name"):
-                block.name = function["name"]
-                self._open_block(out, block)
-            return
-        if not arguments:
-            return
-        if block is self._open:
-            self._input_delta(out, block, arguments)
-        else:
-            self.late_tool_deltas += 1
+    def _new_call(self) -> _Block:
+        return _Block("tool_use")
+
+    def _name_arrived(self, out: list[dict[str, Any]], block: _Block, name: str) -> None:
+        block.name = name
+        self._open_block(out, block)
 
 
 def encode_events(events: list[dict[str, Any]]) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.translate.checks import check_metadata, invalid, is_int, is_number, unsupported, wrong_type
+from server.translate.checks import check_metadata, invalid, is_int, is_number, text_of, unsupported, wrong_type
 from server.translate.custom_tools import encode_input
 from server.translate.tools import ToolMap, translate_tool_choice, translate_tools
 
@@ -86,13 +86,6 @@ class ChatRequest:
 # ---- input items --------------------------------------------------------------------------------
 
 
-def _text_of(part: dict[str, Any], param: str) -> str:
-    text = part.get("text")
-    if not isinstance(text, str):
-        raise wrong_type(f"{param}.text", "a string")
-    return text
-
-
 def _image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
     url = part.get("image_url")
     if not isinstance(url, str):
@@ -116,7 +109,7 @@ def _chat_parts(content: list[Any], param: str, *, allow_refusal: bool) -> tuple
             raise wrong_type(part_param, "a content part object")
         kind = part.get("type")
         if kind in ("input_text", "output_text", "text"):
-            parts.append({"type": "text", "text": _text_of(part, part_param)})
+            parts.append({"type": "text", "text": text_of(part, part_param)})
         elif kind == "input_image":
             parts.append(_image_part(part, part_param))
         elif kind == "refusal" and allow_refusal:
@@ -260,13 +253,13 @@ def _reasoning_item(item: dict[str, Any], param: str, history: _History) -> None
     # Raw reasoning text (what we emit) is preferred; a summary is the best a client may have.
     content = item.get("content")
     if isinstance(content, list) and content:
-        texts = [_text_of(part, f"{param}.content[{k}]") for k, part in enumerate(content) if isinstance(part, dict)]
+        texts = [text_of(part, f"{param}.content[{k}]") for k, part in enumerate(content) if isinstance(part, dict)]
         text = "".join(texts)
     else:
         summary = item.get("summary") or []
         if not isinstance(summary, list):
             raise wrong_type(f"{param}.summary", "an array")
-        texts = [_text_of(part, f"{param}.summary[{k}]") for k, part in enumerate(summary) if isinstance(part, dict)]
+        texts = [text_of(part, f"{param}.summary[{k}]") for k, part in enumerate(summary) if isinstance(part, dict)]
         text = "\n\n".join(texts)
     # An item with only encrypted_content carries nothing a chat upstream could use.
     if text:

@@ -6,7 +6,7 @@ from typing import Any
 
 from server.capture.tokens import reasoning_of, token_triple
 from server.http.sse import responses_error_event
-from server.translate.accumulate import ChatStreamAccumulator
+from server.translate.accumulate import ChatStreamAccumulator, chunk_delta
 from server.translate.custom_tools import InputDecoder, decode_input
 from server.translate.request import wants_output_logprobs
 from server.translate.response import (
@@ -25,6 +25,7 @@ from server.translate.response import (
     status_for,
     text_part,
 )
+from server.translate.tool_calls import ToolCallDeltas
 from server.translate.tools import ToolMap
 
 # `Response.error.code` is a closed set in the openai SDK; other codes are reported as server_error
@@ -81,6 +82,10 @@ class _StreamItem:
         self.status: str | None = None  # set when output_item.done has been sent
         self.decoder: InputDecoder | None = None  # a custom call's input, decoded as the arguments stream
 
+    @property
+    def started(self) -> bool:
+        return self.output_index is not None
+
     def snapshot(self, status: str, seal: Sealer | None = None) -> dict[str, Any]:
         """The item as `output_item.added` shows it (nothing generated yet) or, closed, in full."""
         closing = status != "in_progress"
@@ -104,7 +109,7 @@ class _StreamItem:
 _ITEM_PREFIX = {"text": "msg", "refusal": "msg", "reasoning": "rs", "call": "fc", "custom": "ctc"}
 
 
-class ResponsesStreamTranslator:
+class ResponsesStreamTranslator(ToolCallDeltas[_StreamItem]):
     """Turns upstream chat chunks into Responses stream events (dicts, numbered) as they arrive.
 
     start() -> created + in_progress; feed(chunk) -> the events that chunk causes (maybe none);
@@ -177,34 +182,30 @@ class ResponsesStreamTranslator:
         if not self._started:
             out.extend(self.start())
         self.accumulator.feed(chunk)
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            if not delta:
-                continue
-            reasoning = reasoning_of(delta)
-            if reasoning:
-                self._append(out, "reasoning", reasoning, None)
-            content = delta.get("content")
-            if content:
-                self._append(out, "text", content, choice.get("logprobs"))
-            refusal = delta.get("refusal")
-            if refusal:
-                self._append(out, "refusal", refusal, None)
-            tool_calls = delta.get("tool_calls")
-            if tool_calls:
-                for position, call in enumerate(tool_calls):
-                    self._tool_call_delta(out, position, call)
+        found = chunk_delta(chunk)
+        if found is None:
+            return out
+        choice, delta = found
+        reasoning = reasoning_of(delta)
+        if reasoning:
+            self._append(out, "reasoning", reasoning, None)
+        content = delta.get("content")
+        if content:
+            self._append(out, "text", content, choice.get("logprobs"))
+        refusal = delta.get("refusal")
+        if refusal:
+            self._append(out, "refusal", refusal, None)
+        tool_calls = delta.get("tool_calls")
+        if tool_calls:
+            for position, call in enumerate(tool_calls):
+                self._tool_call_delta(out, position, call)
         return out
 
     def finish(self, completed_at: int) -> list[dict[str, Any]]:
         """The closing events; `completed_at` is the caller's clock (Unix seconds)."""
         if self._ended:
             return []
-        out: list[dict[str, Any]] = []
-        if not self._started:
-            out.extend(self.start())
+        out = self.start()  # [] once started
         self._ended = True
         for item in self._calls.values():
             if item.output_index is None:  # a call whose name never came: still the model's output
@@ -233,9 +234,7 @@ class ResponsesStreamTranslator:
     def fail(self, message: str, code: str | None = None) -> list[dict[str, Any]]:
         if self._ended:
             return []
-        out: list[dict[str, Any]] = []
-        if not self._started:
-            out.extend(self.start())
+        out = self.start()  # [] once started
         self._ended = True
         self._emit(out, responses_error_event(message, code))
         # Items still open are left unfinished: a client (Codex) keeps every item it saw
@@ -343,6 +342,12 @@ class ResponsesStreamTranslator:
         else:
             self._emit(out, {"type": "response.reasoning_text.delta", **ids, "delta": delta})
 
+    def _name_arrived(self, out: list[dict[str, Any]], item: _StreamItem, name: str) -> None:
+        item.name, item.namespace = self._tool_map.response_name(name)
+        if self._tool_map.is_custom(name):
+            item.kind = "custom"
+        self._open_call(out, item)
+
     def _open_call(self, out: list[dict[str, Any]], item: _StreamItem) -> None:
         if item.kind == "custom":
             item.decoder = InputDecoder()
@@ -382,29 +387,5 @@ class ResponsesStreamTranslator:
             },
         )
 
-    def _tool_call_delta(self, out: list[dict[str, Any]], position: int, delta: dict[str, Any]) -> None:
-        index = delta.get("index", position)
-        item = self._calls.get(index)
-        if item is None:
-            item = self._calls[index] = _StreamItem("call")
-        if delta.get("id") and item.call_id is None:
-            item.call_id = delta["id"]
-        function = delta.get("function") or {}
-        arguments = function.get("arguments") or ""
-        if item.output_index is None:
-            name = function.get("name")
-            if arguments:
-                item.parts.append(arguments)
-            if name:
-                item.name, item.namespace = self._tool_map.response_name(name)
-                if self._tool_map.is_custom(name):
-                    item.kind = "custom"
-                self._open_call(out, item)
-            return
-        if not arguments:
-            return
-        item.parts.append(arguments)
-        if item is self._open:
-            self._arguments_delta(out, item, arguments)
-        else:
-            self.late_tool_deltas += 1
+    def _new_call(self) -> _StreamItem:
+        return _StreamItem("call")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from server.api.call import chat_event_batches
+from server.api.upstream_chat import chat_event_batches
 from server.errors import OpenAIError
 from server.http import sse
 
