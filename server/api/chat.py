@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.types import Scope, Send
@@ -16,9 +16,6 @@ from server.errors import OpenAIError
 from server.http import sse
 from server.translate.accumulate import ChatStreamAccumulator
 from server.upstream.client import BufferedStream, UpstreamStream
-
-if TYPE_CHECKING:
-    pass
 
 
 class ChatCompletions(ModelEndpoint):

@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.types import Scope, Send
@@ -24,9 +24,6 @@ from server.translate.messages_request import MESSAGES_FIELDS, MessagesChatReque
 from server.translate.messages_response import chat_to_message
 from server.translate.messages_stream import MessagesStreamTranslator, encode_events
 from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamStream
-
-if TYPE_CHECKING:
-    pass
 
 
 class _Seals:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.types import Scope, Send
@@ -26,10 +26,6 @@ from server.translate.response import chat_to_response, response_to_chat
 from server.translate.stream import ResponsesStreamTranslator
 from server.translate.tools import ToolMap
 from server.upstream.client import SELECTED_MODEL, BufferedStream, UpstreamStream, relayed_headers
-
-if TYPE_CHECKING:
-    pass
-
 
 _TERMINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _TERMINAL_MARKERS = tuple(kind.encode() for kind in _TERMINAL_RESPONSE_EVENTS)
