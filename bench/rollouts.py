@@ -5,8 +5,10 @@ engine (a prefill wait before the first token, then tokens at a steady pace), th
 tool call, the conversation one exchange longer at each turn. Every loop opens a fresh connection
 per call, as many clients do between turns, so connections track the calls in flight; the pacing
 keeps the calls in flight near 37% of the loops (~12 s of call in every 32 s: 2 s to the first token,
-then ~10 chunks 1 s apart), which for 16,384 loops is ~6,100 (peaks ~25% higher), what one process
-here may hold under the 20,000 open-file limit on the direct path (Switchyard: two per call).
+then ~10 chunks 1 s apart). From 16,384 loops calls and tool calls are slower (45 s and 80 s) so that
+the call rate stays that of 4,096 loops: ~5,900 calls in flight, what one process here may hold
+under the 20,000 open-file limit on the direct path (Switchyard: two per call), at a rate the
+2-core host's direct path holds.
 
 The server runs its Switchyard in a process of its own (`switchyard_command`), the same Switchyard
 the direct rounds call, so both paths meet the same Switchyard and this server's process holds only
@@ -41,6 +43,12 @@ FULL_LOOPS = (1024, 4096, 16384)
 QUICK_LOOPS = (256,)
 # (prefill ms, tokens, ms between tokens, pause s): full, about 12 s a call and 20 s a tool call.
 FULL_PACE = (2000, 8, 1000, 20.0)
+# From GYM_SCALE loops on, calls last 45 s and tool calls 80 s: the same ~37% of loops in flight
+# (~5,900 of 16,384), at the call rate FULL_PACE asks of 4,096 loops (~130 calls/s). At FULL_PACE,
+# 16,384 loops asked 512 calls/s of a host that also runs the generator, Switchyard and the
+# engine: calls took twice their pace, 12,049 were in flight, and the direct path itself failed.
+GYM_SCALE = 16384
+GYM_PACE = (5000, 8, 5000, 80.0)
 QUICK_PACE = (500, 4, 250, 3.0)
 WORKERS_AT = 4096  # the N also run through `--workers 2`
 PROBE_EVERY_S = 0.5
@@ -73,11 +81,10 @@ def rollout_turns(pace: tuple[int, int, int, float], token_fields: bool) -> list
 
 def rollouts(bench: Bench) -> None:
     loops = _env_ints("BENCH_ROLLOUTS_LOOPS") or (QUICK_LOOPS if bench.quick else FULL_LOOPS)
-    pace = QUICK_PACE if bench.quick else FULL_PACE
     seconds = float(os.environ.get("BENCH_ROLLOUTS_SECONDS") or (10 if bench.quick else 45))
     rounds = int(os.environ.get("BENCH_ROLLOUTS_ROUNDS") or (1 if bench.quick else 2))
     command = f"{PY} -m server.switchyard.host --config {{deployment}} --port {{port}}"
-    out: dict[str, Any] = {"pace": pace, "turns": TURNS, "seconds": seconds, "runs": {}}
+    out: dict[str, Any] = {"turns": TURNS, "seconds": seconds, "runs": {}}
     bench.data["rollouts"] = out
     workers_at = int(os.environ.get("BENCH_ROLLOUTS_WORKERS_AT") or WORKERS_AT)
     variants = [(n, 1) for n in loops] + [(n, 2) for n in loops if n == workers_at]
@@ -93,7 +100,9 @@ def rollouts(bench: Bench) -> None:
             settings={"switchyard_command": command, "workers": workers},
         )
         try:
+            pace = QUICK_PACE if bench.quick else GYM_PACE if n >= GYM_SCALE else FULL_PACE
             result = _run(bench, server, cap_dir, n, pace, seconds, rounds)
+            result["pace"] = pace
         finally:
             server.proc.stop(timeout=60)
         out["runs"][label] = result
