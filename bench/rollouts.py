@@ -5,8 +5,9 @@ engine (a prefill wait before the first token, then tokens at a steady pace), th
 tool call, the conversation one exchange longer at each turn. Every loop opens a fresh connection
 per call, as many clients do between turns, so connections track the calls in flight; the pacing
 keeps the calls in flight near 37% of the loops (~12 s of call in every 32 s: 2 s to the first token,
-then ~10 chunks 1 s apart), which for 16,384 loops is ~6,100 (peaks ~25% higher), what one process
-here may hold under the 20,000 open-file limit on the direct path (Switchyard: two per call).
+then ~10 chunks 1 s apart). From 16,384 loops calls and tool calls are slower (paced 45 s and 100 s):
+~6,300-7,000 calls in flight, what one process here may hold under the 20,000 open-file limit on the
+direct path (Switchyard: two per call), at ~95 calls/s, a rate the 2-core host's direct path holds.
 
 The server runs its Switchyard in a process of its own (`switchyard_command`), the same Switchyard
 the direct rounds call, so both paths meet the same Switchyard and this server's process holds only
@@ -41,6 +42,12 @@ FULL_LOOPS = (1024, 4096, 16384)
 QUICK_LOOPS = (256,)
 # (prefill ms, tokens, ms between tokens, pause s): full, about 12 s a call and 20 s a tool call.
 FULL_PACE = (2000, 8, 1000, 20.0)
+# From GYM_SCALE loops on, calls are paced at 45 s (~60 s as they ran here) and tool calls last
+# 100 s: ~7,000 of 16,384 loops in flight at ~95 calls/s, less than FULL_PACE asks of 4,096 loops.
+# At FULL_PACE, 16,384 loops asked 512 calls/s of a host that also runs the generator, Switchyard
+# and the engine: calls took twice their pace, 12,049 were in flight, and the direct path failed.
+GYM_SCALE = 16384
+GYM_PACE = (5000, 8, 5000, 100.0)
 QUICK_PACE = (500, 4, 250, 3.0)
 WORKERS_AT = 4096  # the N also run through `--workers 2`
 PROBE_EVERY_S = 0.5
@@ -73,17 +80,16 @@ def rollout_turns(pace: tuple[int, int, int, float], token_fields: bool) -> list
 
 def rollouts(bench: Bench) -> None:
     loops = _env_ints("BENCH_ROLLOUTS_LOOPS") or (QUICK_LOOPS if bench.quick else FULL_LOOPS)
-    pace = QUICK_PACE if bench.quick else FULL_PACE
     seconds = float(os.environ.get("BENCH_ROLLOUTS_SECONDS") or (10 if bench.quick else 45))
     rounds = int(os.environ.get("BENCH_ROLLOUTS_ROUNDS") or (1 if bench.quick else 2))
     command = f"{PY} -m server.switchyard.host --config {{deployment}} --port {{port}}"
-    out: dict[str, Any] = {"pace": pace, "turns": TURNS, "seconds": seconds, "runs": {}}
+    out: dict[str, Any] = {"turns": TURNS, "seconds": seconds, "runs": {}}
     bench.data["rollouts"] = out
     workers_at = int(os.environ.get("BENCH_ROLLOUTS_WORKERS_AT") or WORKERS_AT)
     variants = [(n, 1) for n in loops] + [(n, 2) for n in loops if n == workers_at]
     for n, workers in variants:
         label = f"{n} loops" + (", --workers 2" if workers > 1 else "")
-        bench.log(f"rollouts: {label}, {rounds} round(s) of {seconds:.0f} s each way")
+        bench.log(f"rollouts: {label}, {rounds} round(s) each way")
         cap_dir = bench.log_dir / f"captures-rollouts-{n}-{workers}"
         server = Server(
             f"server-rollouts-{n}-{workers}",
@@ -93,7 +99,11 @@ def rollouts(bench: Bench) -> None:
             settings={"switchyard_command": command, "workers": workers},
         )
         try:
-            result = _run(bench, server, cap_dir, n, pace, seconds, rounds)
+            pace = QUICK_PACE if bench.quick else GYM_PACE if n >= GYM_SCALE else FULL_PACE
+            # A call counts when it starts and ends in the window: the window outlasts two calls.
+            window = max(seconds, 2 * (pace[0] + pace[1] * pace[2]) / 1000)
+            result = _run(bench, server, cap_dir, n, pace, window, rounds)
+            result.update(pace=pace, window_s=window)
         finally:
             server.proc.stop(timeout=60)
         out["runs"][label] = result
@@ -154,7 +164,9 @@ def _run(bench, server: Server, cap_dir: Path, n: int, pace, seconds: float, rou
                 samples.extend(probe.samples)
                 server.wait_capture_idle(timeout=120)
                 # Records are written by the workers; the files say how many, whichever worker wrote them.
-                records.append((_count_records(cap_dir) - before, result["ok"] + result["errors"]))
+                # A call refused at admission (503) is never recorded, by design.
+                answered = result["ok"] + result["errors"] - result["error_kinds"].get("http_503", 0)
+                records.append((_count_records(cap_dir) - before, answered))
     return _summarise(res, probes, samples, records, idle_rss, n)
 
 
