@@ -17,24 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import httpx
-import yaml
 
-from tests.support.procs import start_server, wait_for
+from tests.support.procs import start_attached, wait_for
 
 TRICKLERS = 64
 BODY_DEADLINE_S = 5
-
-
-def serve(tmp_path, mock_upstream, **settings):
-    config = tmp_path / "cfg.yaml"
-    values = {
-        "switchyard_base_url": mock_upstream + "/v1",
-        "switchyard_model": "route-a",
-        "capture_dir": str(tmp_path / "cap"),
-        **settings,
-    }
-    config.write_text(yaml.safe_dump(values))
-    return start_server("--config", str(config))
 
 
 class Tricklers:
@@ -97,7 +84,7 @@ def chat(url: str, content: str = "quick", timeout: float = 30.0, **kw) -> httpx
 
 def test_trickling_bodies_leave_health_and_fresh_calls_answering_then_get_408(mock_upstream, tmp_path):
     # Fewer call places than tricklers: a trickler holds a connection, never a call's place.
-    proc, url = serve(tmp_path, mock_upstream, request_body_timeout_s=BODY_DEADLINE_S, max_calls_in_flight=16)
+    proc, url = start_attached(tmp_path, mock_upstream, request_body_timeout_s=BODY_DEADLINE_S, max_calls_in_flight=16)
     tricklers = Tricklers(url, TRICKLERS)
     try:
         assert tricklers.connected.wait(20)
@@ -121,7 +108,7 @@ def test_trickling_bodies_leave_health_and_fresh_calls_answering_then_get_408(mo
 
 def test_negative_control_without_room_for_others_health_waits_for_the_deadline(mock_upstream, tmp_path):
     # Fewer connections than tricklers: /health queues behind them until deadlines free connections.
-    proc, url = serve(
+    proc, url = start_attached(
         tmp_path, mock_upstream, request_body_timeout_s=BODY_DEADLINE_S, max_connections_per_worker=TRICKLERS // 2
     )
     tricklers = Tricklers(url, TRICKLERS)
@@ -137,7 +124,7 @@ def test_negative_control_without_room_for_others_health_waits_for_the_deadline(
 
 
 def test_calls_beyond_the_limit_get_a_fast_503_with_retry_after(mock_upstream, tmp_path):
-    proc, url = serve(tmp_path, mock_upstream, max_calls_in_flight=3)
+    proc, url = start_attached(tmp_path, mock_upstream, max_calls_in_flight=3)
     try:
         with ThreadPoolExecutor(3) as pool:
             held = [pool.submit(chat, url, "hold [[mock:sleep 6000]]", 60) for _ in range(3)]

@@ -14,9 +14,8 @@ import threading
 import httpx
 import orjson
 import pytest
-import yaml
 
-from tests.support.procs import start_server
+from tests.support.procs import start_attached
 
 MAX_BODY = 1024 * 1024
 HOLD_MS = 6000  # how long each taken call stays in flight (the mock sleeps)
@@ -30,19 +29,7 @@ def body_of(size: int, sleep_ms: int = HOLD_MS) -> bytes:
 
 
 def serve(tmp_path, mock_upstream: str, budget: int):
-    config = tmp_path / "cfg.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "switchyard_base_url": mock_upstream + "/v1",
-                "switchyard_model": "route-a",
-                "capture_dir": str(tmp_path / "cap"),
-                "max_body_bytes": MAX_BODY,
-                "max_body_bytes_in_flight": budget,
-            }
-        )
-    )
-    return start_server("--config", str(config))
+    return start_attached(tmp_path, mock_upstream, max_body_bytes=MAX_BODY, max_body_bytes_in_flight=budget)
 
 
 def post_all(url: str, bodies: list[bytes | object]) -> list[httpx.Response]:

@@ -11,12 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import orjson
-import yaml
 
 from server.capture.store import CaptureStore
 from tests.support.captures import captured_call, chat_response, records_in, submit_all
 from tests.support.memory import TreePeak
-from tests.support.procs import Proc, start_server, wait_for
+from tests.support.procs import Proc, start_attached, wait_for
 
 KEY_A, KEY_B = "key-a-0123456789", "key-b-0123456789"
 A = {"authorization": f"Bearer {KEY_A}"}
@@ -24,16 +23,7 @@ B = {"authorization": f"Bearer {KEY_B}"}
 
 
 def serve(tmp_path, mock_upstream, **settings) -> tuple[Proc, str]:
-    config = tmp_path / "cfg.yaml"
-    values = {
-        "switchyard_base_url": mock_upstream + "/v1",
-        "switchyard_model": "route-a",
-        "capture_dir": str(tmp_path / "cap"),
-        "api_keys": [KEY_A, KEY_B],
-        **settings,
-    }
-    config.write_text(yaml.safe_dump(values))
-    return start_server("--config", str(config))
+    return start_attached(tmp_path, mock_upstream, **{"api_keys": [KEY_A, KEY_B], **settings})
 
 
 def background(url: str, headers: dict, text: str = "slow [[mock:sleep 4000]]") -> httpx.Response:

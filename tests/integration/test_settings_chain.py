@@ -6,25 +6,8 @@ import threading
 import time
 
 import httpx
-import yaml
 
-from tests.support.procs import start_server
-
-
-def serve(tmp_path, mock_upstream, **settings):
-    """This server attached straight to the mock (no Switchyard between), so the mock sees our headers."""
-    config = tmp_path / "cfg.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "switchyard_base_url": mock_upstream + "/v1",
-                "switchyard_model": "route-a",
-                "capture_dir": str(tmp_path / "cap"),
-                **settings,
-            }
-        )
-    )
-    return start_server("--config", str(config))
+from tests.support.procs import start_attached
 
 
 def last_request(mock_upstream) -> dict:
@@ -38,7 +21,7 @@ def post(url, path="/v1/chat/completions", headers=None, **body):
 
 
 def test_headers_body_and_route_sent_upstream(tmp_path, mock_upstream):
-    proc, url = serve(
+    proc, url = start_attached(
         tmp_path,
         mock_upstream,
         switchyard_api_key="sy-key",
@@ -72,7 +55,7 @@ def test_headers_body_and_route_sent_upstream(tmp_path, mock_upstream):
 
 
 def test_forward_session_id_off(tmp_path, mock_upstream):
-    proc, url = serve(tmp_path, mock_upstream, forward_session_id=False)
+    proc, url = start_attached(tmp_path, mock_upstream, forward_session_id=False)
     try:
         assert post(url, headers={"x-session-id": "s1"}).status_code == 200
         assert "x-switchyard-session-id" not in {k.lower() for k in last_request(mock_upstream)["headers"]}
@@ -81,7 +64,7 @@ def test_forward_session_id_off(tmp_path, mock_upstream):
 
 
 def test_aliases_strict_mode_and_auth(tmp_path, mock_upstream):
-    proc, url = serve(
+    proc, url = start_attached(
         tmp_path,
         mock_upstream,
         model_aliases={"default": "mock-model"},
@@ -109,7 +92,7 @@ def test_aliases_strict_mode_and_auth(tmp_path, mock_upstream):
 
 
 def test_forward_client_authorization(tmp_path, mock_upstream):
-    proc, url = serve(tmp_path, mock_upstream, forward_client_authorization=True)
+    proc, url = start_attached(tmp_path, mock_upstream, forward_client_authorization=True)
     try:
         post(url, headers={"authorization": "Bearer caller-secret"})
         assert last_request(mock_upstream)["headers"].get("authorization") == "Bearer caller-secret"
@@ -118,7 +101,7 @@ def test_forward_client_authorization(tmp_path, mock_upstream):
 
 
 def test_max_concurrent_requests_caps_upstream_calls(tmp_path, mock_upstream):
-    proc, url = serve(tmp_path, mock_upstream, max_concurrent_requests=2)
+    proc, url = start_attached(tmp_path, mock_upstream, max_concurrent_requests=2)
     peak = 0
     done = threading.Event()
 
@@ -149,7 +132,7 @@ def test_max_concurrent_requests_caps_upstream_calls(tmp_path, mock_upstream):
 
 
 def test_buffered_upstream_streams_still_stream_to_the_client_with_token_ids(tmp_path, mock_upstream):
-    proc, url = serve(tmp_path, mock_upstream, buffer_upstream_streams=True)
+    proc, url = start_attached(tmp_path, mock_upstream, buffer_upstream_streams=True)
     try:
         with httpx.stream(
             "POST",
@@ -170,7 +153,7 @@ def test_buffered_upstream_streams_still_stream_to_the_client_with_token_ids(tmp
 
 def test_extra_body_goes_under_the_body_of_the_api_called(tmp_path, mock_upstream):
     """Gym's `extra_body: {max_output_tokens: 16}` is a Responses field; a vLLM knob reaches the chat body."""
-    proc, url = serve(
+    proc, url = start_attached(
         tmp_path,
         mock_upstream,
         extra_body={"max_output_tokens": 16, "chat_template_kwargs": {"enable_thinking": False}},
@@ -187,7 +170,7 @@ def test_extra_body_goes_under_the_body_of_the_api_called(tmp_path, mock_upstrea
 
 
 def test_return_token_id_information_on_chat_returns_vllm_token_fields(tmp_path, mock_upstream):
-    proc, url = serve(tmp_path, mock_upstream)
+    proc, url = start_attached(tmp_path, mock_upstream)
     try:
         reply = post(url, return_token_id_information=True).json()
         assert reply["prompt_token_ids"] and reply["choices"][0]["token_ids"]

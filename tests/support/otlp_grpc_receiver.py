@@ -15,17 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 from concurrent import futures
 from pathlib import Path
-from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's `tests` package
+from tests.support.otlp_values import attributes  # noqa: E402
 
 _KINDS = {
     Span.SPAN_KIND_INTERNAL: "INTERNAL",
@@ -36,19 +38,6 @@ _KINDS = {
 }
 
 
-def plain(value: AnyValue) -> Any:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [plain(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: plain(kv.value) for kv in value.kvlist_value.values}
-    if kind == "bytes_value":
-        return value.bytes_value.hex()
-    return getattr(value, kind)
-
-
 class Traces(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, out: Path) -> None:
         self._out = out.open("a", encoding="utf-8")
@@ -57,7 +46,7 @@ class Traces(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request, context):  # noqa: N802 (gRPC's naming)
         lines = []
         for resource_spans in request.resource_spans:
-            resource = {kv.key: plain(kv.value) for kv in resource_spans.resource.attributes}
+            resource = attributes(resource_spans.resource.attributes)
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
                     lines.append(
@@ -68,7 +57,7 @@ class Traces(trace_service_pb2_grpc.TraceServiceServicer):
                                 "parent_span_id": span.parent_span_id.hex(),
                                 "name": span.name,
                                 "kind": _KINDS.get(span.kind, "UNSPECIFIED"),
-                                "attributes": {kv.key: plain(kv.value) for kv in span.attributes},
+                                "attributes": attributes(span.attributes),
                                 "service_name": resource.get("service.name"),
                                 "resource": resource,
                             }

@@ -18,9 +18,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from tests.support.otlp_values import attributes
 from tests.support.procs import wait_for
 
 _KINDS = {
@@ -62,22 +62,6 @@ class ReceivedRequest:
     content_type: str
     user_agent: str
     size: int
-
-
-def any_value(value: AnyValue) -> Any:
-    """An OTLP AnyValue as the plain Python value it carries."""
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [any_value(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
-    return getattr(value, kind)
-
-
-def attributes(key_values) -> dict[str, Any]:
-    return {kv.key: any_value(kv.value) for kv in key_values}
 
 
 class OtlpReceiver:

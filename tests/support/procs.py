@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,6 +153,20 @@ def start_server(
     if wait:
         proc.wait_http(url + "/health")
     return proc, url
+
+
+def start_attached(tmp_path: Path, mock_upstream: str, **settings: object) -> tuple[Proc, str]:
+    """This server attached straight to the mock engine (route "route-a", no Switchyard between, so the
+    mock sees what this server sends), capturing into `tmp_path/cap`, with `settings` on top."""
+    config = tmp_path / "cfg.yaml"
+    values = {
+        "switchyard_base_url": mock_upstream + "/v1",
+        "switchyard_model": "route-a",
+        "capture_dir": str(tmp_path / "cap"),
+        **settings,
+    }
+    config.write_text(yaml.safe_dump(values))
+    return start_server("--config", str(config))
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
