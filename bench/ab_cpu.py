@@ -58,15 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         mock = Mock(log_dir)
         procs.append(mock.proc)
         servers = {}
-        here = bench_procs.REPO
-        this = Path(args.this) if args.this else here
+        this = Path(args.this) if args.this else bench_procs.REPO
         for name, directory, extra in (("a", this, args.settings_a), ("b", Path(args.other), args.settings_b)):
-            bench_procs.REPO = directory.resolve()  # the server runs from this checkout's code
-            try:
-                settings = yaml.safe_load(extra) if extra else None
-                servers[name] = Server(f"server-{name}", mock, log_dir, capture_dir=log_dir / name, settings=settings)
-            finally:
-                bench_procs.REPO = here
+            settings = yaml.safe_load(extra) if extra else None
+            servers[name] = Server(
+                f"server-{name}", mock, log_dir, capture_dir=log_dir / name, settings=settings, tree=directory.resolve()
+            )  # each server runs from its checkout's code
             procs.append(servers[name].proc)
         for server in servers.values():  # warm-up: lazy imports and first connections
             templates = [template(path, body) for path, body in BODIES.values()]

@@ -173,9 +173,9 @@ class Server:
         # `launcher` replaces `-m server.cli` (bench/otel_side.py wraps the CLI to split the exporters).
         args = [*(launcher or ["-m", "server.cli"]), "serve", "--deployment", "demo", "--port", str(self.port)]
         args += ["--capture-dir", str(capture_dir)] if capture_dir is not None else ["--no-capture"]
-        if tree is None:
+        if "session_inference" in ((tree or REPO) / "server" / "config.py").read_text():
             # The bench's uncaptured rows are calls without a session id: keep them unrecorded, as
-            # before sessions were inferred (an older tree, `tree`, knows no such setting).
+            # before sessions were inferred (a tree from before then knows no such setting).
             settings = {"session_inference": False, **(settings or {})}
         if settings:
             config = log_dir / f"{name}.yaml"

@@ -46,7 +46,7 @@ def one_call() -> tuple[dict[str, Any], list[dict[str, Any]]]:
         "usage": {"input_tokens": 12, "output_tokens": 8, "total_tokens": 20},
         "store": True,
     }
-    items = normalize_input([{"role": "user", "content": "Say hello in one short sentence, please."}])
+    items = normalize_input([{"role": "user", "content": "Say hello in one short sentence, please."}], response["id"])
     assert isinstance(items, list)
     return response, items
 

@@ -55,7 +55,8 @@ class Responses(ModelEndpoint):
             body = {**self._extra_for_responses, **body}
         stateful = self.state.response_store
         owner = stateful.owner(scope) if stateful is not None else ""
-        expanded = await expand(body, stateful, owner, has_session=corr.session_id is not None)
+        response_id = new_id("resp")  # before expanding: the input's items are named after it
+        expanded = await expand(body, stateful, owner, has_session=corr.session_id is not None, response_id=response_id)
         if expanded.session_id is not None:  # the previous response's, or the conversation's
             corr = replace(corr, session_id=expanded.session_id, source="stored:" + expanded.session_source)
         body = expanded.body
@@ -75,7 +76,7 @@ class Responses(ModelEndpoint):
             stateful.runs.reserve(expanded.owner)
             try:
                 span = await self.begin(call, scope, sent, stream)
-                turn = Turn(stateful, expanded, new_id("resp"), corr.session_id)
+                turn = Turn(stateful, expanded, response_id, corr.session_id)
             except BaseException:
                 stateful.runs.release(expanded.owner)
                 raise
@@ -91,7 +92,7 @@ class Responses(ModelEndpoint):
             return
         span = await self.begin(call, scope, sent)
         headers = self.upstream_headers(call, scope)
-        response_id = call.response_id = new_id("resp")
+        call.response_id = response_id
         turn = Turn(stateful, expanded, response_id, corr.session_id)
         await self.run(
             _ResponsesExchange(self, call, span, headers, send, body, translated.tool_map, turn, int(time.time()))

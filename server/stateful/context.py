@@ -165,8 +165,13 @@ async def resolve_references(items: list[Any], stateful: Stateful | None, owner:
         items[index] = found[item_id]
 
 
-async def expand(body: dict[str, Any], stateful: Stateful | None, owner: str, has_session: bool) -> Expanded:
-    """The request with its stored context; OpenAIError (400/404) for what cannot be honoured."""
+async def expand(
+    body: dict[str, Any], stateful: Stateful | None, owner: str, has_session: bool, response_id: str | None = None
+) -> Expanded:
+    """The request with its stored context; OpenAIError (400/404) for what cannot be honoured.
+
+    `response_id`: the id the response will have; its input's items without an id are named after it.
+    """
     store = _flag(body, "store", True)
     background = _flag(body, "background", False)
     previous_id = body.get("previous_response_id")
@@ -202,7 +207,7 @@ async def expand(body: dict[str, Any], stateful: Stateful | None, owner: str, ha
     if background and not store:
         raise OpenAIError(400, "`background: true` needs `store: true`", param="background", code="invalid_request")
 
-    new_items = normalize_input(body.get("input"))
+    new_items = normalize_input(body.get("input"), response_id)
     open_sealed_reasoning(new_items, stateful, owner)
     if isinstance(new_items, list):  # referenced items are stored ones, their reasoning already open
         await resolve_references(new_items, stateful, owner)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+from collections.abc import Callable
 from typing import Any
+
+from server.translate.response import id_base
 
 _ID_PREFIX = {
     "message": "msg",
@@ -51,7 +54,7 @@ def new_item_id(prefix: str) -> str:
     return f"{prefix}_{_ITEM_ID_PREFIX}{next(_item_counter):012x}"
 
 
-def _normalize(item: dict[str, Any]) -> dict[str, Any]:
+def _normalize(item: dict[str, Any], new_id: Callable[[str], str]) -> dict[str, Any]:
     item = dict(item)
     kind = item.get("type")
     if kind is None and "role" in item:
@@ -65,21 +68,32 @@ def _normalize(item: dict[str, Any]) -> dict[str, Any]:
     if kind == "item_reference":  # its id names a stored item: never made up here
         return item
     if not isinstance(item.get("id"), str) or not item["id"]:
-        item["id"] = new_item_id(
-            _ID_PREFIX.get(kind, "item") if isinstance(kind, str) else "item"
-        )  # kind may be any JSON
+        item["id"] = new_id(_ID_PREFIX.get(kind, "item") if isinstance(kind, str) else "item")  # kind may be any JSON
     if isinstance(kind, str) and kind in _WITH_STATUS and item.get("status") is None:
         item["status"] = "completed"
     return item
 
 
-def normalize_input(value: Any) -> Any:
-    """The input as full items; anything malformed is left as is for the translator to reject by name."""
+def normalize_input(value: Any, response_id: str | None = None) -> Any:
+    """The input as full items; anything malformed is left as is for the translator to reject by name.
+
+    `response_id`: the response this input is for. Items that come without an id are then named after
+    it (`<prefix>_<its hex>_in<n>`), so the store finds them by that name as it finds the response's
+    output items, and writes no item-index row for them (a page to write on every stored response,
+    and one more at its eviction).
+    """
+    name = new_item_id if response_id is None else _named_after(response_id)
     if isinstance(value, str):
-        return [_normalize({"type": "message", "role": "user", "content": value})]
+        return [_normalize({"type": "message", "role": "user", "content": value}, name)]
     if not isinstance(value, list):
         return value
-    return [_normalize(item) if isinstance(item, dict) else item for item in value]
+    return [_normalize(item, name) if isinstance(item, dict) else item for item in value]
+
+
+def _named_after(response_id: str) -> Callable[[str], str]:
+    base = id_base(response_id)
+    count = itertools.count()
+    return lambda prefix: f"{prefix}_{base}_in{next(count)}"
 
 
 def stored_output(output: list[Any]) -> list[dict[str, Any]]:

@@ -112,21 +112,24 @@ def item_ids(response: dict[str, Any], input_items: list[dict[str, Any]]) -> tup
     """The ids of a response's items that the item index holds (what an `item_reference` may name):
     its input items' and its output items', but for those named after the response itself, which
     `find_items` finds by their name (each row costs a commit a page to write, and its eviction one)."""
-    ids = {item["id"]: None for item in input_items if isinstance(item, dict) and isinstance(item.get("id"), str)}
+    own = response["id"]
     output = response.get("output")
-    if isinstance(output, list):
-        own = response.get("id")
-        for item in output:
-            if isinstance(item, dict) and isinstance(item.get("id"), str) and named_after(item["id"]) != own:
-                ids[item["id"]] = None
+    items = [*input_items, *(output if isinstance(output, list) else ())]
+    ids = {
+        item["id"]: None
+        for item in items
+        if isinstance(item, dict) and isinstance(item.get("id"), str) and named_after(item["id"]) != own
+    }
     return tuple(ids)
 
 
 def named_after(item_id: str) -> str | None:
-    """The response an output item's id names, when it has the shape the translator gives it
-    (`translate.response.item_id`: `<prefix>_<the response id's hex>_<output index>`); else None."""
+    """The response an item's id names, when it has the shape of an output item's id
+    (`translate.response.item_id`: `<prefix>_<the response id's hex>_<output index>`) or of an input
+    item's named by `normalize_input` (`..._in<index>`); else None."""
     prefix, _, rest = item_id.partition("_")
     base, _, index = rest.rpartition("_")
+    index = index.removeprefix("in")
     if not (prefix and base and index.isdigit()):
         return None
     return "resp_" + base

@@ -115,3 +115,19 @@ def test_unknown_field_is_a_400_naming_it(chain):
     response = chain.client.post("/v1/responses", json={"model": "x", "input": "hi", "frobnicate": 1})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "frobnicate"
+
+
+def test_a_plain_call_writes_no_item_index_row_and_its_items_can_be_referenced(sdk, chain):
+    """The input's items are named after the response (`msg_<its hex>_in0`) and found by that name, as its
+    output items are: storing a call whose client gave no item ids writes no row into the item index."""
+    index = chain.state.response_store.db.connection()
+    rows_before = index.execute("SELECT COUNT(*) FROM response_items").fetchone()[0]
+    first = sdk.responses.create(model="whatever", input="Say hello")
+    (item,) = sdk.responses.input_items.list(first.id).data
+    assert item.id == "msg_" + first.id.removeprefix("resp_") + "_in0"
+    assert index.execute("SELECT COUNT(*) FROM response_items").fetchone()[0] == rows_before
+    second = sdk.responses.create(
+        model="whatever",
+        input=[{"type": "item_reference", "id": item.id}, {"type": "item_reference", "id": first.output[-1].id}],
+    )
+    assert [i.id for i in sdk.responses.input_items.list(second.id, order="asc").data] == [item.id, first.output[-1].id]

@@ -225,6 +225,41 @@ def test_output_items_named_after_their_response_are_found_without_index_rows(st
     assert caught.value.status == 404 and named["id"] in caught.value.message
 
 
+def test_input_items_named_after_their_response_are_found_without_index_rows(stateful):
+    """Items the client sent without an id are named after the response they are input to: no index
+    row for them (a plain call writes none at all), found by that name, and, carried on into a later
+    turn, indexed there and findable after their first response is gone."""
+    from server.stateful.items import normalize_input
+
+    first = normalize_input(
+        [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "c", "output": "x"}],
+        "resp_0af1",
+    )
+    assert [item["id"] for item in first] == ["msg_0af1_in0", "fco_0af1_in1"]
+    store(stateful, "resp_0af1", output=(), input_items=first)
+    assert _index_rows(stateful) == set()
+    assert run(expand({"input": refs("fco_0af1_in1")}, stateful, "alice", has_session=True)).body["input"] == [first[1]]
+    with pytest.raises(OpenAIError) as caught:  # another key's
+        run(expand({"input": refs("msg_0af1_in0")}, stateful, "bob", has_session=True))
+    assert caught.value.status == 404
+    store(stateful, "resp_0bf2", output=(), input_items=first)
+    assert {row[1:] for row in _index_rows(stateful)} == {("msg_0af1_in0", "resp_0bf2"), ("fco_0af1_in1", "resp_0bf2")}
+    assert stateful.responses.delete("resp_0af1", "alice")
+    assert run(expand({"input": refs("msg_0af1_in0")}, stateful, "alice", has_session=True)).body["input"] == [first[0]]
+
+
+def test_a_requests_items_are_named_after_the_response_it_gets(stateful):
+    expanded = run(expand({"input": "hi"}, stateful, "alice", has_session=True, response_id="resp_0cf3"))
+    assert [item["id"] for item in expanded.body["input"]] == ["msg_0cf3_in0"]
+    kept = {"type": "message", "role": "user", "id": "msg_mine", "content": "hi"}  # a client's own id is kept
+    assert (
+        run(expand({"input": [kept]}, stateful, "alice", has_session=True, response_id="resp_0cf3")).body["input"][0][
+            "id"
+        ]
+        == "msg_mine"
+    )
+
+
 def test_names_of_unstored_responses_count_for_nothing_in_the_read_bound(stateful, monkeypatch):
     from server.stateful import context
 
