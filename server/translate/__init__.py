@@ -8,7 +8,7 @@ from server.translate.messages_request import MESSAGES_FIELDS, MessagesChatReque
 from server.translate.messages_response import chat_to_message
 from server.translate.messages_stream import MessagesStreamTranslator, encode_events
 from server.translate.request import RESPONSES_FIELDS, responses_to_chat
-from server.translate.response import chat_to_response, response_base, response_to_chat
+from server.translate.response import chat_to_response, id_base, response_base, response_to_chat
 from server.translate.stream import ResponsesStreamTranslator
 from server.translate.tools import ToolMap
 
@@ -20,6 +20,7 @@ __all__ = [
     "check_metadata",
     "chunks_from_completion",
     "encode_events",
+    "id_base",
     "MESSAGES_FIELDS",
     "messages_to_chat",
     "MessagesChatRequest",

@@ -408,9 +408,20 @@ else:
         ]
         if case.path not in MODEL_ENDPOINTS:
             checks.append(openapi_checks.negative_data_rejection)
-        if case.method == "GET":
+        if case.method == "GET" and not _filters_that_exclude_each_other(case):
             checks.append(openapi_checks.positive_data_acceptance)
         case.call_and_validate(base_url=chain.url, checks=checks)
+
+    def _filters_that_exclude_each_other(case) -> bool:
+        """`roots_only=true` with `kind=child` on the session list: each value valid, the two together the
+        documented 400 naming `kind` (test_session_views.py); OpenAPI cannot say that two parameters
+        exclude each other, so schemathesis sends the pair now and then as valid data."""
+        query = case.query or {}
+        return (
+            case.path == "/v1/sessions"
+            and str(query.get("roots_only", "")).lower() in {"true", "1", "yes"}
+            and query.get("kind") == "child"
+        )
 
 
 def test_server_is_healthy_after_fuzzing(chain, http):
