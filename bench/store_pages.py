@@ -1,6 +1,6 @@
 """Pages (WAL frames) and CPU a one-response commit of the response store costs, the store full.
 
-Usage: PYTHONPATH=CHECKOUT python bench/store_pages.py [--responses N]
+Usage: PYTHONPATH=CHECKOUT python bench/store_pages.py [--responses N] [--batch N]
 
 The store writer mostly commits one response a transaction at c=64 (docs/benchmarks.md), and such a
 commit's cost goes with the pages it writes: each is a WAL frame, copied again into the file at the
@@ -8,7 +8,8 @@ next checkpoint. The frame count is exact, so two commits compare on a busy host
 swing; the CPU figure (writer thread, checkpoints left out) is printed beside it. Run it with
 PYTHONPATH pointed at another checkout (a `git worktree`) to measure that commit's store (from
 `376d2c5` on, where `server.stateful` exports what it uses; `f6ec135`'s 8.9 frames in docs/benchmarks.md
-were counted the same way through its modules).
+were counted the same way through its modules). `--batch N` commits N responses a transaction, as
+the writer does under load, and prints the figures per response.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def one_call() -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/store_pages.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--responses", type=int, default=500, help="one-response commits measured")
+    parser.add_argument("--responses", type=int, default=500, help="responses stored while measured")
+    parser.add_argument("--batch", type=int, default=1, help="responses a commit (more than one: put_many)")
     args = parser.parse_args(argv)
     directory = tempfile.mkdtemp(prefix="store-pages-")
     settings = Settings(
@@ -70,6 +72,16 @@ def main(argv: list[str] | None = None) -> int:
         def put(call: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
             store.put(call[0], owner="", session_id=None, input_items=call[1])
 
+        def put_batch(calls: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> None:
+            if len(calls) == 1:
+                put(calls[0])
+                return
+            from server.stateful.responses import Put  # from 376d2c5 on, like put_many
+
+            store.put_many(
+                [Put.of(response, owner="", session_id=None, input_items=items) for response, items in calls]
+            )
+
         for _ in range(_FULL + 200):
             put(one_call())
         conn = service.db.connection()
@@ -77,13 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         calls = [one_call() for _ in range(args.responses)]
         started = time.thread_time()
-        for call in calls:
-            put(call)
+        for start in range(0, len(calls), args.batch):
+            put_batch(calls[start : start + args.batch])
         cpu = time.thread_time() - started
         _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         print(
             f"{frames / args.responses:.1f} WAL frames and {cpu / args.responses * 1e6:.0f} us of CPU (the body"
-            f" encoded too) a one-response commit, store full ({_FULL}); code from {sys.modules['server'].__path__[0]}"
+            f" encoded too) a response, in commits of {args.batch}, store full ({_FULL}); code from"
+            f" {sys.modules['server'].__path__[0]}"
         )
     finally:
         service.close()
