@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             if len(calls) == 1:
                 put(calls[0])
                 return
-            from server.stateful.responses import Put  # from 376d2c5 on, like put_many
+            from server.stateful import Put  # a response to write, as the writer thread hands them over
 
             store.put_many(
                 [Put.of(response, owner="", session_id=None, input_items=items) for response, items in calls]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from server.stateful.context import check_items, expand, open_sealed_reasoning, resolve_references
 from server.stateful.items import cursor_page, list_object, normalize_input
 from server.stateful.replay import follow
-from server.stateful.responses import StoredResponse
+from server.stateful.responses import Put, StoredResponse
 from server.stateful.runner import start_background
 from server.stateful.sealing import ReasoningSeal, SealError, load_key
 from server.stateful.service import Stateful
@@ -20,6 +20,7 @@ __all__ = [
     "load_key",
     "normalize_input",
     "open_sealed_reasoning",
+    "Put",
     "ReasoningSeal",
     "resolve_references",
     "SealError",
